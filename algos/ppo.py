@@ -1,0 +1,493 @@
+"""Proximal Policy Optimization (Schulman et al., 2017) as one pure, compiled function.
+
+    config = ppo.Config(env_name="CartPole-v1")
+    train = jax.jit(ppo.make_train(config))
+    state, metrics = jax.vmap(train)(jax.random.split(key, 8))          # 8 seeds, one program
+
+Read top to bottom, this file is the algorithm:
+  1. Config and the hyper-parameters that may vary inside one program (`HParams`, pytree leaves);
+  2. the pure pieces: GAE and the clipped-surrogate loss, each checked against NumPy in tests;
+  3. one update: roll out `num_steps` in `num_envs` environments, estimate advantages, then
+     `num_epochs` passes of `num_minibatches` gradient steps;
+  4. `make_train` (the whole run as one `lax.scan`) and `make_train_chunk` (a slice of it over a
+     batch of seeds, for host loops that checkpoint and log between chunks);
+  5. evaluation of the deterministic policy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+
+import envs
+from jaxrl import evaluation
+from jaxrl.config import ConfigError, divisors, require, require_in_range, require_positive
+from jaxrl.nets import ACTIVATIONS, ActorCritic
+from jaxrl.types import Metrics, Params, PRNGKey, Transition
+
+# --------------------------------------------------------------------------------------------
+# 1. Configuration
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """PPO settings. Defaults are the PureJaxRL / CleanRL CartPole settings."""
+
+    env_name: str = "CartPole-v1"
+    total_timesteps: int = 500_000  # per seed
+    num_envs: int = 4
+    num_steps: int = 128  # rollout length per environment per update
+    num_epochs: int = 4
+    num_minibatches: int = 4
+    learning_rate: float = 2.5e-4
+    anneal_lr: bool = True  # linear decay to zero over all gradient steps
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    clip_eps: float = 0.2
+    clip_value: bool = True  # clip the value update to clip_eps around the old value (PPO2)
+    ent_coef: float = 0.01
+    vf_coef: float = 0.5
+    max_grad_norm: float = 0.5
+    normalize_advantages: bool = True  # per minibatch
+    normalize_observations: bool = False
+    normalize_rewards: bool = False
+    hidden_sizes: tuple[int, ...] = (64, 64)
+    activation: str = "tanh"
+    adam_eps: float = 1e-5
+    eval_episodes: int = 32
+
+    def __post_init__(self) -> None:
+        # ml_collections hands us lists; the config must stay hashable.
+        object.__setattr__(self, "hidden_sizes", tuple(self.hidden_sizes))
+        require_positive(
+            self,
+            "total_timesteps",
+            "num_envs",
+            "num_steps",
+            "num_epochs",
+            "num_minibatches",
+            "learning_rate",
+            "clip_eps",
+            "max_grad_norm",
+            "adam_eps",
+            "eval_episodes",
+        )
+        require_in_range(self, "gamma", 0.0, 1.0)
+        require_in_range(self, "gae_lambda", 0.0, 1.0)
+        require(
+            self.ent_coef >= 0, "ent_coef", f"must be >= 0, got {self.ent_coef}", "set ent_coef >= 0"
+        )
+        require(
+            self.vf_coef >= 0, "vf_coef", f"must be >= 0, got {self.vf_coef}", "set vf_coef >= 0"
+        )
+        require(
+            all(h > 0 for h in self.hidden_sizes),
+            "hidden_sizes",
+            f"every layer width must be positive, got {self.hidden_sizes}",
+            "e.g. hidden_sizes=(64, 64)",
+        )
+        require(
+            self.activation in ACTIVATIONS,
+            "activation",
+            f"unknown activation {self.activation!r}",
+            f"choose one of {sorted(ACTIVATIONS)}",
+        )
+        batch = self.num_envs * self.num_steps
+        require(
+            batch % self.num_minibatches == 0,
+            "num_minibatches",
+            f"num_envs * num_steps ({batch}) must be divisible by num_minibatches "
+            f"({self.num_minibatches})",
+            f"choose num_minibatches among {divisors(batch)[:12]}",
+        )
+        require(
+            self.total_timesteps >= batch,
+            "total_timesteps",
+            f"({self.total_timesteps}) is less than one rollout, num_envs * num_steps ({batch})",
+            f"set total_timesteps >= {batch}",
+        )
+        if self.env_name not in envs.registered():
+            try:
+                envs.make(self.env_name)
+            except ValueError as error:
+                raise ConfigError(f"env_name: {error}") from None
+
+    @property
+    def batch_size(self) -> int:
+        return self.num_envs * self.num_steps
+
+    @property
+    def minibatch_size(self) -> int:
+        return self.batch_size // self.num_minibatches
+
+    @property
+    def num_updates(self) -> int:
+        return self.total_timesteps // self.batch_size
+
+    def hparams(self) -> HParams:
+        return HParams(
+            learning_rate=jnp.float32(self.learning_rate),
+            ent_coef=jnp.float32(self.ent_coef),
+            clip_eps=jnp.float32(self.clip_eps),
+            vf_coef=jnp.float32(self.vf_coef),
+            gamma=jnp.float32(self.gamma),
+            gae_lambda=jnp.float32(self.gae_lambda),
+            max_grad_norm=jnp.float32(self.max_grad_norm),
+        )
+
+
+@struct.dataclass
+class HParams:
+    """The continuous hyper-parameters, as arrays: `jax.vmap` over them makes a sweep one program."""
+
+    learning_rate: jax.Array
+    ent_coef: jax.Array
+    clip_eps: jax.Array
+    vf_coef: jax.Array
+    gamma: jax.Array
+    gae_lambda: jax.Array
+    max_grad_norm: jax.Array
+
+
+def sweep(config: Config, **values: list[float]) -> HParams:
+    """HParams with a leading sweep axis: every combination (outer product) of the given values.
+
+    `sweep(config, learning_rate=[1e-3, 3e-4], ent_coef=[0.0, 0.01])` has 4 entries; fields not
+    named keep the config's value.
+    """
+    base = config.hparams()
+    unknown = sorted(set(values) - {f.name for f in dataclasses.fields(HParams)})
+    if unknown:
+        raise ConfigError(f"sweep: {unknown} are not HParams fields; use {HParams.__annotations__}")
+    grids = jnp.meshgrid(*[jnp.asarray(v, jnp.float32) for v in values.values()], indexing="ij")
+    size = grids[0].size if grids else 1
+    columns = dict(zip(values, (g.reshape(-1) for g in grids), strict=True))
+    return jax.tree.map(
+        lambda leaf: jnp.broadcast_to(leaf, (size,)), base.replace(**columns)
+    )
+
+
+@struct.dataclass
+class TrainState:
+    params: Params
+    opt_state: optax.OptState
+    env_state: Any
+    obs: jax.Array
+    key: PRNGKey
+    update_step: jax.Array  # number of updates done
+
+
+# --------------------------------------------------------------------------------------------
+# 2. Pure pieces
+
+
+def gae(
+    rewards: jax.Array,
+    values: jax.Array,
+    next_values: jax.Array,
+    terminated: jax.Array,
+    done: jax.Array,
+    gamma: float | jax.Array,
+    gae_lambda: float | jax.Array,
+) -> tuple[jax.Array, jax.Array]:
+    """Generalised advantage estimation over a rollout (time on axis 0).
+
+    `next_values[t]` is the value of the observation step t led to (the true final observation when
+    the episode ended). A termination zeroes the bootstrap; a truncation keeps it. Either ends the
+    episode, so the recursion does not carry advantages across the boundary.
+    Returns (advantages, value targets).
+    """
+    not_terminated = 1.0 - terminated.astype(jnp.float32)
+    not_done = 1.0 - done.astype(jnp.float32)
+    deltas = rewards + gamma * next_values * not_terminated - values
+
+    def backwards(next_advantage, step):
+        delta, continues = step
+        advantage = delta + gamma * gae_lambda * continues * next_advantage
+        return advantage, advantage
+
+    _, advantages = jax.lax.scan(
+        backwards, jnp.zeros_like(deltas[0]), (deltas, not_done), reverse=True
+    )
+    return advantages, advantages + values
+
+
+def ppo_loss_terms(
+    log_prob: jax.Array,
+    old_log_prob: jax.Array,
+    advantages: jax.Array,
+    value: jax.Array,
+    old_value: jax.Array,
+    returns: jax.Array,
+    entropy: jax.Array,
+    clip_eps: float | jax.Array,
+    vf_coef: float | jax.Array,
+    ent_coef: float | jax.Array,
+    clip_value: bool = True,
+    normalize_advantages: bool = True,
+) -> tuple[jax.Array, Metrics]:
+    """The PPO objective on a minibatch of per-sample quantities (no network inside)."""
+    if normalize_advantages:
+        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    log_ratio = log_prob - old_log_prob
+    ratio = jnp.exp(log_ratio)
+    clipped_ratio = jnp.clip(ratio, 1.0 - clip_eps, 1.0 + clip_eps)
+    policy_loss = -jnp.minimum(ratio * advantages, clipped_ratio * advantages).mean()
+
+    value_error = jnp.square(value - returns)
+    if clip_value:
+        clipped_value = old_value + jnp.clip(value - old_value, -clip_eps, clip_eps)
+        value_error = jnp.maximum(value_error, jnp.square(clipped_value - returns))
+    value_loss = 0.5 * value_error.mean()
+
+    entropy = entropy.mean()
+    loss = policy_loss + vf_coef * value_loss - ent_coef * entropy
+    metrics = {
+        "loss": loss,
+        "policy_loss": policy_loss,
+        "value_loss": value_loss,
+        "entropy": entropy,
+        # Schulman's low-variance estimator of KL(old || new).
+        "approx_kl": ((ratio - 1.0) - log_ratio).mean(),
+        "clip_fraction": (jnp.abs(ratio - 1.0) > clip_eps).astype(jnp.float32).mean(),
+    }
+    return loss, metrics
+
+
+# --------------------------------------------------------------------------------------------
+# 3. Building blocks: environment, network, optimiser, initial state
+
+
+def make_env(config: Config) -> envs.Wrapper:
+    return envs.make_vec(
+        config.env_name,
+        config.num_envs,
+        normalize_observation=config.normalize_observations,
+        normalize_reward=config.normalize_rewards,
+        gamma=config.gamma,
+    )
+
+
+def make_network(config: Config) -> ActorCritic:
+    probe = envs.make(config.env_name)
+    return ActorCritic(
+        action_dim=envs.action_dim(probe.action_space),
+        discrete=envs.is_discrete(probe.action_space),
+        hidden_sizes=config.hidden_sizes,
+        activation=config.activation,
+        obs_ndim=len(probe.observation_space.shape),
+    )
+
+
+def make_optimizer(hp: HParams, learning_rate: jax.Array, adam_eps: float):
+    """Clip by global norm, Adam, then step by -learning_rate. Built from (possibly traced)
+    hyper-parameters, so each vmapped member of a sweep has its own clip norm and step size."""
+    return optax.chain(
+        optax.clip_by_global_norm(hp.max_grad_norm),
+        optax.scale_by_adam(eps=adam_eps),
+        optax.scale(-learning_rate),
+    )
+
+
+def init(config: Config, key: PRNGKey, hparams: HParams | None = None) -> TrainState:
+    hp = config.hparams() if hparams is None else hparams
+    env, network = make_env(config), make_network(config)
+    key, params_key, env_key = jax.random.split(key, 3)
+    obs, env_state = env.reset(env_key)
+    params = network.init(params_key, obs)
+    opt_state = make_optimizer(hp, hp.learning_rate, config.adam_eps).init(params)
+    return TrainState(params, opt_state, env_state, obs, key, jnp.zeros((), jnp.int32))
+
+
+# --------------------------------------------------------------------------------------------
+# 4. One update: rollout, advantages, epochs of minibatch gradient steps
+
+
+def make_update(config: Config) -> Callable[[TrainState, HParams], tuple[TrainState, Metrics]]:
+    env, network = make_env(config), make_network(config)
+    gradient_steps_per_update = config.num_epochs * config.num_minibatches
+    total_gradient_steps = config.num_updates * gradient_steps_per_update
+
+    def rollout_step(carry, _):
+        params, env_state, obs, key = carry
+        key, action_key, step_key = jax.random.split(key, 3)
+        dist, value = network.apply(params, obs)
+        action, log_prob = dist.sample_and_log_prob(seed=action_key)
+        result = env.step(step_key, env_state, action)
+        # Only the critic's output is used here; XLA removes the unused actor computation.
+        _, next_value = network.apply(params, result.info["final_obs"])
+        transition = Transition(
+            obs=obs,
+            action=action,
+            reward=result.reward,
+            terminated=result.terminated,
+            done=jnp.logical_or(result.terminated, result.truncated),
+            value=value,
+            log_prob=log_prob,
+            next_value=next_value,
+        )
+        return (params, result.state, result.obs, key), transition
+
+    def loss_fn(params, batch, hp):
+        dist, value = network.apply(params, batch["obs"])
+        return ppo_loss_terms(
+            log_prob=dist.log_prob(batch["action"]),
+            old_log_prob=batch["log_prob"],
+            advantages=batch["advantages"],
+            value=value,
+            old_value=batch["value"],
+            returns=batch["returns"],
+            entropy=dist.entropy(),
+            clip_eps=hp.clip_eps,
+            vf_coef=hp.vf_coef,
+            ent_coef=hp.ent_coef,
+            clip_value=config.clip_value,
+            normalize_advantages=config.normalize_advantages,
+        )
+
+    def update(state: TrainState, hp: HParams) -> tuple[TrainState, Metrics]:
+        key, rollout_key, shuffle_key = jax.random.split(state.key, 3)
+        (_, env_state, obs, _), traj = jax.lax.scan(
+            rollout_step,
+            (state.params, state.env_state, state.obs, rollout_key),
+            None,
+            length=config.num_steps,
+        )
+        advantages, returns = gae(
+            traj.reward, traj.value, traj.next_value, traj.terminated, traj.done,
+            hp.gamma, hp.gae_lambda,
+        )  # fmt: skip
+        # Flatten [time, env] into one batch of samples for the minibatch epochs.
+        samples = {
+            "obs": traj.obs,
+            "action": traj.action,
+            "log_prob": traj.log_prob,
+            "value": traj.value,
+            "advantages": advantages,
+            "returns": returns,
+        }
+        samples = jax.tree.map(lambda x: x.reshape((config.batch_size,) + x.shape[2:]), samples)
+
+        def gradient_step(carry, minibatch):
+            params, opt_state, step = carry
+            grads, metrics = jax.grad(loss_fn, has_aux=True)(params, minibatch, hp)
+            fraction_left = 1.0 - step / total_gradient_steps
+            learning_rate = hp.learning_rate * (fraction_left if config.anneal_lr else 1.0)
+            optimizer = make_optimizer(hp, learning_rate, config.adam_eps)
+            updates, opt_state = optimizer.update(grads, opt_state, params)
+            params = optax.apply_updates(params, updates)
+            return (params, opt_state, step + 1), metrics
+
+        def epoch(carry, epoch_key):
+            permutation = jax.random.permutation(epoch_key, config.batch_size)
+            minibatches = jax.tree.map(
+                lambda x: x[permutation].reshape(
+                    (config.num_minibatches, config.minibatch_size) + x.shape[1:]
+                ),
+                samples,
+            )
+            return jax.lax.scan(gradient_step, carry, minibatches)
+
+        first_step = state.update_step * gradient_steps_per_update
+        (params, opt_state, _), metrics = jax.lax.scan(
+            epoch,
+            (state.params, state.opt_state, first_step.astype(jnp.float32)),
+            jax.random.split(shuffle_key, config.num_epochs),
+        )
+        metrics = jax.tree.map(jnp.mean, metrics)
+        stats = envs.find_state(env_state, envs.EpisodeStatisticsState)
+        metrics["episode_return"] = stats.last_return.mean()
+        metrics["episode_length"] = stats.last_length.astype(jnp.float32).mean()
+        new_state = TrainState(params, opt_state, env_state, obs, key, state.update_step + 1)
+        return new_state, metrics
+
+    return update
+
+
+# --------------------------------------------------------------------------------------------
+# 5. Evaluation and whole runs
+
+
+def make_policy(config: Config) -> Callable[[TrainState, jax.Array, PRNGKey], jax.Array]:
+    """The deterministic evaluation policy: the distribution's mode, on observations normalised
+    with the training run's (frozen) statistics."""
+    network = make_network(config)
+
+    def act(state: TrainState, obs: jax.Array, key: PRNGKey) -> jax.Array:
+        del key
+        if config.normalize_observations:
+            obs_stats = envs.find_state(state.env_state, envs.NormalizeObservationState).obs_stats
+            obs = obs_stats.normalize(obs)
+        dist, _ = network.apply(state.params, obs)
+        return dist.mode()
+
+    return act
+
+
+def make_evaluate(config: Config) -> Callable[[TrainState, PRNGKey], jax.Array]:
+    """`evaluate(state, key) -> returns[eval_episodes]`, undiscounted, from fresh episodes."""
+    env = envs.ClipAction(envs.make(config.env_name))
+    act = make_policy(config)
+
+    def evaluate(state: TrainState, key: PRNGKey) -> jax.Array:
+        return evaluation.evaluate_episodes(
+            env, lambda obs, k: act(state, obs, k), key, config.eval_episodes
+        )
+
+    return evaluate
+
+
+def make_train(
+    config: Config,
+) -> Callable[[PRNGKey, HParams | None], tuple[TrainState, Metrics]]:
+    """`train(key, hparams=None) -> (state, metrics)`: the whole run, then a final evaluation.
+
+    `metrics` holds one value per update for each training scalar, plus `eval_return` (the mean
+    undiscounted return of the deterministic policy over `config.eval_episodes` episodes).
+    """
+    update = make_update(config)
+    evaluate = make_evaluate(config)
+
+    def train(key: PRNGKey, hparams: HParams | None = None) -> tuple[TrainState, Metrics]:
+        hp = config.hparams() if hparams is None else hparams
+        init_key, eval_key = jax.random.split(key)
+        state = init(config, init_key, hp)
+        state, metrics = jax.lax.scan(
+            lambda s, _: update(s, hp), state, None, length=config.num_updates
+        )
+        metrics["eval_return"] = evaluate(state, eval_key).mean()
+        return state, metrics
+
+    return train
+
+
+def make_train_chunk(
+    config: Config,
+    num_updates: int,
+    callback: Callable[[jax.Array, Metrics], None] | None = None,
+) -> Callable[[TrainState, HParams], tuple[TrainState, Metrics]]:
+    """`chunk(states, hparams) -> (states, metrics)`: `num_updates` updates of a batch of runs.
+
+    `states` and `hparams` carry a leading run axis (seeds and/or sweep members): the update is
+    vmapped inside the scan, so `callback(update_step, metrics)` runs on the host once per update
+    with every run's metrics at once; this is how progress bars and metric files are fed from inside
+    the compiled loop.
+    """
+    batched_update = jax.vmap(make_update(config))
+
+    def chunk(states: TrainState, hparams: HParams) -> tuple[TrainState, Metrics]:
+        def body(states, _):
+            states, metrics = batched_update(states, hparams)
+            if callback is not None:
+                jax.debug.callback(callback, states.update_step[0], metrics)
+            return states, metrics
+
+        return jax.lax.scan(body, states, None, length=num_updates)
+
+    return chunk

@@ -1,0 +1,101 @@
+"""JAX environments: a registry over gymnax plus the wrappers training needs.
+
+    env = envs.make("CartPole-v1")                      # single env, no auto-reset
+    venv = envs.make_vec("CartPole-v1", num_envs=64)     # auto-reset, stats, vectorised
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from typing import Any
+
+import gymnax
+
+from envs.core import GymnaxEnv, StepResult, Wrapper, action_dim, is_discrete
+from envs.wrappers import (
+    AutoReset,
+    ClipAction,
+    EpisodeStatistics,
+    EpisodeStatisticsState,
+    NormalizeObservation,
+    NormalizeObservationState,
+    NormalizeReward,
+    RunningMeanStd,
+    Vectorize,
+    find_state,
+)
+
+
+
+def registered() -> list[str]:
+    """All environment names `make` accepts."""
+    return list(gymnax.registered_envs)
+
+
+def make(name: str, **env_params: Any) -> GymnaxEnv:
+    """Build one environment by name; keyword arguments override its gymnax `EnvParams` fields.
+
+    An unknown name raises a ValueError listing the closest registered names.
+    """
+    names = registered()
+    if name not in names:
+        close = difflib.get_close_matches(name, names, n=5, cutoff=0.4)
+        hint = f" Did you mean: {', '.join(close)}?" if close else ""
+        raise ValueError(
+            f"Unknown environment {name!r}.{hint} See envs.registered() for all {len(names)} names."
+        )
+    gymnax_env, params = gymnax.make(name)
+    if env_params:
+        fields = {f.name for f in dataclasses.fields(params)}
+        unknown = sorted(set(env_params) - fields)
+        if unknown:
+            raise ValueError(
+                f"Environment {name!r} has no parameter(s) {unknown}; its parameters are "
+                f"{sorted(fields)}."
+            )
+        params = params.replace(**env_params)
+    return GymnaxEnv(name, gymnax_env, params)
+
+
+def make_vec(
+    name: str,
+    num_envs: int,
+    *,
+    normalize_observation: bool = False,
+    normalize_reward: bool = False,
+    gamma: float = 0.99,
+    **env_params: Any,
+) -> Wrapper:
+    """The standard training stack: clipped actions, auto-reset, episode stats, `num_envs` copies,
+    and optional observation / reward normalisation (`gamma` is the reward normaliser's discount)."""
+    env: Any = make(name, **env_params)
+    env = EpisodeStatistics(AutoReset(ClipAction(env)))
+    env = Vectorize(env, num_envs)
+    if normalize_observation:
+        env = NormalizeObservation(env)
+    if normalize_reward:
+        env = NormalizeReward(env, gamma)
+    return env
+
+
+__all__ = [
+    "AutoReset",
+    "ClipAction",
+    "EpisodeStatistics",
+    "EpisodeStatisticsState",
+    "GymnaxEnv",
+    "NormalizeObservation",
+    "NormalizeObservationState",
+    "NormalizeReward",
+    "RunningMeanStd",
+    "StepResult",
+    "Vectorize",
+    "Wrapper",
+    "action_dim",
+    "find_state",
+    "is_discrete",
+    "make",
+    "make_vec",
+    "registered",
+]

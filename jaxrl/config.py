@@ -1,0 +1,37 @@
+"""Validation helpers shared by every algorithm's frozen `Config`.
+
+A bad setting must fail before anything compiles, with one line that names the field and the fix.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the field and how to fix it."""
+
+
+def require(condition: bool, field: str, problem: str, fix: str) -> None:
+    if not condition:
+        raise ConfigError(f"{field}: {problem}; {fix}")
+
+
+def require_positive(config: Any, *fields: str) -> None:
+    for field in fields:
+        value = getattr(config, field)
+        require(value > 0, field, f"must be positive, got {value}", f"set {field} > 0")
+
+
+def require_in_range(config: Any, field: str, low: float, high: float) -> None:
+    value = getattr(config, field)
+    require(
+        low <= value <= high,
+        field,
+        f"must lie in [{low}, {high}], got {value}",
+        f"choose {field} between {low} and {high}",
+    )
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]

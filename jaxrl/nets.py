@@ -1,0 +1,113 @@
+"""Networks, as Flax linen modules whose `apply(params, inputs)` is all an algorithm uses.
+
+Policy heads return distrax distributions so that losses read `dist.log_prob(a)` and
+`dist.entropy()` whatever the action space.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import distrax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
+    "tanh": nn.tanh,
+    "relu": nn.relu,
+    "gelu": nn.gelu,
+    "silu": nn.silu,
+}
+
+
+def orthogonal(scale: float) -> nn.initializers.Initializer:
+    return nn.initializers.orthogonal(scale)
+
+
+class MLP(nn.Module):
+    """Fully connected torso with orthogonal(sqrt 2) weights, the PPO-standard initialisation."""
+
+    hidden_sizes: Sequence[int] = (64, 64)
+    activation: str = "tanh"
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        act = ACTIVATIONS[self.activation]
+        for size in self.hidden_sizes:
+            x = act(nn.Dense(size, kernel_init=orthogonal(np.sqrt(2)))(x))
+        return x
+
+
+def tanh_normal(mean: jax.Array, log_std: jax.Array) -> distrax.Distribution:
+    """A diagonal Normal squashed by tanh into (-1, 1), with the change-of-variables log-prob."""
+    base = distrax.MultivariateNormalDiag(mean, jnp.exp(log_std))
+    return distrax.Transformed(base, distrax.Block(distrax.Tanh(), ndims=1))
+
+
+class CategoricalHead(nn.Module):
+    num_actions: int
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> distrax.Distribution:
+        # Small final-layer scale: the initial policy is near uniform (Andrychowicz et al., 2021).
+        logits = nn.Dense(self.num_actions, kernel_init=orthogonal(0.01))(x)
+        return distrax.Categorical(logits=logits)
+
+
+class GaussianHead(nn.Module):
+    """Diagonal Gaussian with a state-independent learned log standard deviation (PPO style)."""
+
+    action_dim: int
+    init_log_std: float = 0.0
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> distrax.Distribution:
+        mean = nn.Dense(self.action_dim, kernel_init=orthogonal(0.01))(x)
+        log_std = self.param(
+            "log_std", nn.initializers.constant(self.init_log_std), (self.action_dim,)
+        )
+        return distrax.MultivariateNormalDiag(mean, jnp.exp(jnp.broadcast_to(log_std, mean.shape)))
+
+
+class TanhGaussianHead(nn.Module):
+    """State-dependent tanh-squashed Gaussian (SAC style); log-std is clipped for stability."""
+
+    action_dim: int
+    log_std_min: float = -5.0
+    log_std_max: float = 2.0
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> distrax.Distribution:
+        mean = nn.Dense(self.action_dim)(x)
+        log_std = nn.Dense(self.action_dim)(x)
+        log_std = jnp.clip(log_std, self.log_std_min, self.log_std_max)
+        return tanh_normal(mean, log_std)
+
+
+class ActorCritic(nn.Module):
+    """Separate actor and critic MLPs (sharing a torso hurts PPO on small control tasks).
+
+    `apply(params, obs) -> (distribution, value)`. Observations with `obs_ndim` axes (3 for
+    MinAtar images) are flattened; any leading axes are batch axes.
+    """
+
+    action_dim: int
+    discrete: bool
+    hidden_sizes: Sequence[int] = (64, 64)
+    activation: str = "tanh"
+    obs_ndim: int = 1
+
+    @nn.compact
+    def __call__(self, obs: jax.Array) -> tuple[distrax.Distribution, jax.Array]:
+        obs = obs.reshape(obs.shape[: obs.ndim - self.obs_ndim] + (-1,)).astype(jnp.float32)
+        actor = MLP(self.hidden_sizes, self.activation, name="actor_torso")(obs)
+        if self.discrete:
+            dist = CategoricalHead(self.action_dim, name="actor_head")(actor)
+        else:
+            dist = GaussianHead(self.action_dim, name="actor_head")(actor)
+        critic = MLP(self.hidden_sizes, self.activation, name="critic_torso")(obs)
+        value = nn.Dense(1, kernel_init=orthogonal(1.0), name="critic_head")(critic)
+        return dist, value.squeeze(-1)
+

@@ -1,0 +1,28 @@
+"""Pytrees shared across algorithms."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+from flax import struct
+
+PRNGKey = jax.Array
+Params = Any
+Metrics = dict[str, jax.Array]
+
+
+@struct.dataclass
+class Transition:
+    """One vectorised environment step as a policy-gradient learner stores it (axes: [env])."""
+
+    obs: jax.Array
+    action: jax.Array
+    reward: jax.Array
+    terminated: jax.Array  # absorbing state reached: the value after it is zero
+    done: jax.Array  # terminated or truncated: the episode (and GAE's recursion) ends here
+    value: jax.Array  # V(obs) under the acting parameters
+    log_prob: jax.Array  # log pi(action | obs) under the acting parameters
+    # V of the observation this step led to; the true final observation when the episode ended,
+    # so that truncated episodes bootstrap from where they were cut, not from the next reset.
+    next_value: jax.Array
