@@ -43,3 +43,44 @@ def evaluate_episodes(
 
     init = (0, obs, state, jnp.zeros(num_episodes), jnp.zeros(num_episodes, bool), loop_key)
     return jax.lax.while_loop(cond, body, init)[3]
+
+
+def plot_learning_curves(
+    metrics_path: str,
+    out_path: str,
+    x: str = "env_steps",
+    y: str = "episode_return",
+    title: str | None = None,
+) -> str | None:
+    """Plot `y` against `x` from a metrics.jsonl: one thin line per run and the mean across runs.
+    Returns the written path, or None if there is nothing to plot."""
+    import json
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    with open(metrics_path) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    rows = [r for r in rows if y in r]
+    if not rows:
+        return None
+    xs = np.array([r[x] for r in rows], dtype=float)
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+    per_run = f"{y}_per_run"
+    if per_run in rows[0]:
+        runs = np.array([r[per_run] for r in rows], dtype=float)
+        for i in range(runs.shape[1]):
+            ax.plot(xs, runs[:, i], lw=0.8, alpha=0.4, color="tab:blue")
+    ax.plot(xs, [r[y] for r in rows], lw=2.0, color="tab:blue", label=f"mean over runs")
+    ax.set_xlabel(x.replace("_", " "))
+    ax.set_ylabel(y.replace("_", " "))
+    ax.set_title(title or y)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(out_path)
+    plt.close(fig)
+    return out_path

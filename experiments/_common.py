@@ -1,0 +1,51 @@
+"""What every experiment script shares: config conversion, run-directory checks, error reporting."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from typing import Any
+
+import ml_collections
+
+from jaxrl.config import ConfigError
+
+# Scripts run as `python experiments/x.py` from a clone: make the repo's packages importable.
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def fail(message: str) -> None:
+    """Exit with one clear line (no traceback): bad settings are the user's to fix, not bugs."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def build_config(config_cls: type, flat: ml_collections.ConfigDict) -> Any:
+    """Instantiate a frozen algorithm Config from the top-level fields of an ml_collections config,
+    turning validation errors into one `error: config.<field>: ...` line."""
+    fields = {f.name for f in dataclasses.fields(config_cls)}
+    values = {k: v for k, v in flat.items() if k in fields}
+    unknown = sorted(k for k in flat.keys() if k not in fields and k != "run")
+    if unknown:
+        fail(f"config.{unknown[0]}: not a setting of {config_cls.__module__}.Config; "
+             f"valid settings are {sorted(fields)}")  # fmt: skip
+    try:
+        return config_cls(**values)
+    except ConfigError as error:
+        fail(f"config.{error}")
+    except TypeError as error:
+        fail(f"config: {error}")
+
+
+def check_resumable(saved: dict[str, Any] | None, current: dict[str, Any], workdir: str) -> None:
+    """A workdir may only be resumed with the settings it was started with."""
+    if saved is None:
+        return
+    changed = [k for k in sorted(set(saved) | set(current)) if saved.get(k) != current.get(k)]
+    if changed:
+        k = changed[0]
+        fail(
+            f"--workdir={workdir} holds a run with config.{k}={saved.get(k)!r}, not "
+            f"{current.get(k)!r}; resume with the same settings or pass a new --workdir"
+        )

@@ -1,0 +1,63 @@
+"""PPO presets for `experiments/ppo.py`: `--config=experiments/configs/ppo.py:NAME`.
+
+Top-level fields are `algos.ppo.Config` fields (override with `--config.learning_rate=1e-3`);
+`run` holds how the experiment is driven (chunking, checkpoints, logging), not the algorithm.
+"""
+
+import ml_collections
+
+PRESETS = {
+    # PureJaxRL / CleanRL CartPole settings: 4 envs x 128 steps, 4 epochs x 4 minibatches.
+    "cartpole": dict(env_name="CartPole-v1", total_timesteps=500_000),
+    # Continuous control: a shorter horizon (gamma 0.95), normalised observations and rewards,
+    # more parallel data and epochs, no entropy bonus.
+    "pendulum": dict(
+        env_name="Pendulum-v1",
+        total_timesteps=2_000_000,
+        num_envs=32,
+        num_steps=128,
+        num_epochs=10,
+        num_minibatches=16,
+        learning_rate=1e-3,
+        gamma=0.95,
+        gae_lambda=0.95,
+        ent_coef=0.0,
+        normalize_observations=True,
+        normalize_rewards=True,
+        hidden_sizes=(64, 64),
+    ),
+    # MinAtar Breakout with an MLP on the flattened 10x10x4 image.
+    "breakout": dict(
+        env_name="Breakout-MinAtar",
+        total_timesteps=5_000_000,
+        num_envs=64,
+        num_steps=128,
+        num_epochs=4,
+        num_minibatches=8,
+        learning_rate=5e-4,
+        ent_coef=0.01,
+        hidden_sizes=(256, 256),
+        activation="relu",
+    ),
+}
+
+
+def get_config(preset: str = "cartpole") -> ml_collections.ConfigDict:
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
+    from algos import ppo
+
+    config = ml_collections.ConfigDict(ppo.Config().__dict__)
+    config.update(PRESETS[preset])
+    config.hidden_sizes = tuple(config.hidden_sizes)
+    config.run = ml_collections.ConfigDict(
+        dict(
+            num_chunks=10,  # the host loop checkpoints and evaluates between compiled chunks
+            checkpoint_every=1,  # chunks
+            keep_checkpoints=3,
+            log_every=10,  # updates
+            tensorboard=True,
+            progress=True,
+        )
+    )
+    return config

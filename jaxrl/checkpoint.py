@@ -1,0 +1,64 @@
+"""Atomic, resumable checkpoints of a training-state pytree (a thin wrapper over orbax).
+
+Orbax writes each checkpoint into a temporary directory and renames it into place when complete,
+so a run killed mid-save leaves the previous checkpoint intact; `restore` reads the newest
+complete one.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+
+
+class Checkpointer:
+    """Save a state pytree plus JSON metadata every `save_every` steps, keeping the newest `keep`."""
+
+    def __init__(self, directory: str, save_every: int = 1, keep: int = 3):
+        if save_every < 1 or keep < 1:
+            raise ValueError(f"save_every ({save_every}) and keep ({keep}) must be >= 1")
+        self.directory = os.path.abspath(directory)
+        self.save_every = save_every
+        self._manager = ocp.CheckpointManager(
+            self.directory,
+            options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True),
+        )
+
+    def latest_step(self) -> int | None:
+        return self._manager.latest_step()
+
+    def save(self, step: int, state: Any, metadata: dict[str, Any], force: bool = False) -> bool:
+        """Save at `step` if it falls on the interval (or `force`); returns whether it saved."""
+        if not force and step % self.save_every != 0:
+            return False
+        saved = self._manager.save(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardSave(state), metadata=ocp.args.JsonSave(metadata)
+            ),
+            force=True,
+        )
+        # Block until the files are renamed into place: "saved" then means durable.
+        self._manager.wait_until_finished()
+        return bool(saved)
+
+    def restore(self, like: Any, step: int | None = None) -> tuple[Any, dict[str, Any]]:
+        """Restore the state at `step` (default newest) with the structure, shapes, dtypes and
+        shardings of `like`, and its metadata."""
+        step = self.latest_step() if step is None else step
+        if step is None:
+            raise FileNotFoundError(f"no checkpoint in {self.directory}")
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
+        restored = self._manager.restore(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(abstract), metadata=ocp.args.JsonRestore()
+            ),
+        )
+        return restored["state"], dict(restored["metadata"])
+
+    def close(self) -> None:
+        self._manager.close()

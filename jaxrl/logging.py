@@ -1,0 +1,209 @@
+"""Run directories and the metrics sink that compiled training loops stream into.
+
+A run directory holds, as DESIGN.md fixes: `config.json`, `versions.json` (package versions and git
+commit), `metrics.jsonl` (one JSON object per logging step), TensorBoard event files under `tb/`,
+orbax checkpoints under `checkpoints/`, and `summary.json` at the end.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+PACKAGES = (
+    "jax",
+    "jaxlib",
+    "flax",
+    "optax",
+    "chex",
+    "distrax",
+    "orbax-checkpoint",
+    "gymnax",
+    "numpy",
+    "ml-collections",
+    "jaxrl",
+)
+
+
+def package_versions() -> dict[str, str]:
+    versions = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    return versions
+
+
+def git_commit(path: str) -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "-C", path, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def to_jsonable(value: Any) -> Any:
+    """numpy/jax scalars and arrays -> Python numbers and lists; NaN/inf -> None (valid JSON)."""
+    if isinstance(value, Mapping):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [to_jsonable(v) for v in value]
+    if hasattr(value, "tolist"):
+        return to_jsonable(np.asarray(value).tolist())
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def write_json(path: str, obj: Any) -> None:
+    """Write atomically: a reader never sees a half-written file."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(to_jsonable(obj), f, indent=2, sort_keys=True)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+class RunDirectory:
+    """The files of one experiment run."""
+
+    def __init__(self, workdir: str):
+        self.path = os.path.abspath(workdir)
+        os.makedirs(self.path, exist_ok=True)
+
+    def file(self, name: str) -> str:
+        return os.path.join(self.path, name)
+
+    @property
+    def checkpoint_dir(self) -> str:
+        return self.file("checkpoints")
+
+    @property
+    def metrics_path(self) -> str:
+        return self.file("metrics.jsonl")
+
+    def saved_config(self) -> dict[str, Any] | None:
+        if not os.path.exists(self.file("config.json")):
+            return None
+        with open(self.file("config.json")) as f:
+            return json.load(f)
+
+    def write_config(self, config: Mapping[str, Any]) -> None:
+        write_json(self.file("config.json"), config)
+        repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        write_json(
+            self.file("versions.json"),
+            {"packages": package_versions(), "git_commit": git_commit(repo), "argv": sys.argv},
+        )
+
+    def write_summary(self, summary: Mapping[str, Any]) -> None:
+        write_json(self.file("summary.json"), summary)
+
+    def truncate_metrics(self, last_step: int, step_key: str = "update") -> None:
+        """Drop metric lines logged after `last_step`: a resumed run re-logs them identically."""
+        if not os.path.exists(self.metrics_path):
+            return
+        with open(self.metrics_path) as f:
+            rows = [line for line in f if line.strip()]
+        kept = [line for line in rows if json.loads(line).get(step_key, 0) <= last_step]
+        with open(self.metrics_path, "w") as f:
+            f.writelines(kept)
+
+
+class MetricsSink:
+    """Host-side receiver of per-update metrics from inside a compiled loop.
+
+    Called (through `jax.debug.callback`) as `sink(update_step, metrics)`, where each metric has a
+    leading axis over runs (seeds). It advances a progress bar showing env-steps/s and ETA every
+    call, and every `log_every` updates writes the across-run mean (and per-run values of the
+    `per_run` keys) to `metrics.jsonl`, TensorBoard and the bar's postfix.
+    """
+
+    def __init__(
+        self,
+        run_dir: RunDirectory,
+        total_updates: int,
+        steps_per_update: int,
+        log_every: int = 10,
+        start_update: int = 0,
+        per_run: tuple[str, ...] = ("episode_return",),
+        tensorboard: bool = True,
+        progress: bool = True,
+        description: str = "train",
+    ):
+        self.run_dir = run_dir
+        self.total_updates = total_updates
+        self.steps_per_update = steps_per_update
+        self.log_every = max(1, log_every)
+        self.per_run = per_run
+        self.start_time = time.time()
+        self.last_update = start_update
+        self.latest: dict[str, float] = {}
+        self._metrics_file = open(run_dir.metrics_path, "a")  # noqa: SIM115 (closed in close())
+        self._writer = None
+        if tensorboard:
+            from tensorboardX import SummaryWriter
+
+            # purge_step drops events a previous, interrupted attempt logged past the checkpoint.
+            self._writer = SummaryWriter(run_dir.file("tb"), purge_step=start_update + 1)
+        self._bar = None
+        if progress:
+            from tqdm import tqdm
+
+            self._bar = tqdm(
+                total=total_updates * steps_per_update,
+                initial=start_update * steps_per_update,
+                desc=description,
+                unit="step",
+                unit_scale=True,
+                dynamic_ncols=True,
+                mininterval=1.0,
+                file=sys.stderr,
+            )
+
+    def __call__(self, update_step: Any, metrics: Mapping[str, Any]) -> None:
+        update = int(update_step)
+        if self._bar is not None:
+            self._bar.update((update - self.last_update) * self.steps_per_update)
+        self.last_update = update
+        if update % self.log_every != 0 and update != self.total_updates:
+            return
+        row: dict[str, Any] = {
+            "update": update,
+            "env_steps": update * self.steps_per_update,
+            "wall_seconds": round(time.time() - self.start_time, 3),
+        }
+        for name, value in metrics.items():
+            value = np.asarray(value, dtype=np.float64)
+            row[name] = float(np.nanmean(value))
+            if name in self.per_run:
+                row[f"{name}_per_run"] = value.reshape(-1).tolist()
+        self.latest = row
+        self._metrics_file.write(json.dumps(to_jsonable(row)) + "\n")
+        self._metrics_file.flush()
+        if self._writer is not None:
+            for name, value in row.items():
+                if isinstance(value, float) and name != "wall_seconds":
+                    self._writer.add_scalar(name, value, row["env_steps"])
+        if self._bar is not None and "episode_return" in row:
+            self._bar.set_postfix(episode_return=f"{row['episode_return']:.1f}", refresh=False)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+        if self._writer is not None:
+            self._writer.close()
+        self._metrics_file.close()
