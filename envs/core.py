@@ -12,6 +12,7 @@ parameters (gymnax `EnvParams`) are bound at construction: they are constants of
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 import jax
@@ -110,4 +111,4 @@ def action_dim(space: spaces.Space) -> int:
     """Number of logits for a discrete space, number of action dimensions for a box."""
     if is_discrete(space):
         return int(space.n)
-    return int(jnp.prod(jnp.asarray(space.shape))) if space.shape else 1
+    return int(math.prod(space.shape))

@@ -93,7 +93,8 @@ def main(argv: list[str]) -> None:
     sink = MetricsSink(
         run_dir,
         total_updates=config.num_updates,
-        steps_per_update=config.batch_size * num_seeds,
+        steps_per_update=config.batch_size,
+        num_runs=num_seeds,
         log_every=run.log_every,
         start_update=done_updates,
         tensorboard=run.tensorboard,

@@ -128,7 +128,8 @@ class MetricsSink:
 
     Called (through `jax.debug.callback`) as `sink(update_step, metrics)`, where each metric has a
     leading axis over runs (seeds). It advances a progress bar showing env-steps/s and ETA every
-    call, and every `log_every` updates writes the across-run mean (and per-run values of the
+    call (counting the env steps of all runs, so its rate is the program's throughput), and every
+    `log_every` updates writes the across-run mean (and per-run values of the
     `per_run` keys) to `metrics.jsonl`, TensorBoard and the bar's postfix.
     """
 
@@ -137,6 +138,7 @@ class MetricsSink:
         run_dir: RunDirectory,
         total_updates: int,
         steps_per_update: int,
+        num_runs: int = 1,
         log_every: int = 10,
         start_update: int = 0,
         per_run: tuple[str, ...] = ("episode_return",),
@@ -146,7 +148,8 @@ class MetricsSink:
     ):
         self.run_dir = run_dir
         self.total_updates = total_updates
-        self.steps_per_update = steps_per_update
+        self.steps_per_update = steps_per_update  # per run: what metrics.jsonl's env_steps counts
+        self.num_runs = num_runs
         self.log_every = max(1, log_every)
         self.per_run = per_run
         self.start_time = time.time()
@@ -164,8 +167,8 @@ class MetricsSink:
             from tqdm import tqdm
 
             self._bar = tqdm(
-                total=total_updates * steps_per_update,
-                initial=start_update * steps_per_update,
+                total=total_updates * steps_per_update * num_runs,
+                initial=start_update * steps_per_update * num_runs,
                 desc=description,
                 unit="step",
                 unit_scale=True,
@@ -177,7 +180,7 @@ class MetricsSink:
     def __call__(self, update_step: Any, metrics: Mapping[str, Any]) -> None:
         update = int(update_step)
         if self._bar is not None:
-            self._bar.update((update - self.last_update) * self.steps_per_update)
+            self._bar.update((update - self.last_update) * self.steps_per_update * self.num_runs)
         self.last_update = update
         if update % self.log_every != 0 and update != self.total_updates:
             return
