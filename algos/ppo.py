@@ -81,7 +81,10 @@ class Config:
         require_in_range(self, "gamma", 0.0, 1.0)
         require_in_range(self, "gae_lambda", 0.0, 1.0)
         require(
-            self.ent_coef >= 0, "ent_coef", f"must be >= 0, got {self.ent_coef}", "set ent_coef >= 0"
+            self.ent_coef >= 0,
+            "ent_coef",
+            f"must be >= 0, got {self.ent_coef}",
+            "set ent_coef >= 0",
         )
         require(
             self.vf_coef >= 0, "vf_coef", f"must be >= 0, got {self.vf_coef}", "set vf_coef >= 0"
@@ -144,7 +147,7 @@ class Config:
 
 @struct.dataclass
 class HParams:
-    """The continuous hyper-parameters, as arrays: `jax.vmap` over them makes a sweep one program."""
+    """Continuous hyper-parameters as arrays: `jax.vmap` over them makes a sweep one program."""
 
     learning_rate: jax.Array
     ent_coef: jax.Array
@@ -168,9 +171,7 @@ def sweep(config: Config, **values: list[float]) -> HParams:
     grids = jnp.meshgrid(*[jnp.asarray(v, jnp.float32) for v in values.values()], indexing="ij")
     size = grids[0].size if grids else 1
     columns = dict(zip(values, (g.reshape(-1) for g in grids), strict=True))
-    return jax.tree.map(
-        lambda leaf: jnp.broadcast_to(leaf, (size,)), base.replace(**columns)
-    )
+    return jax.tree.map(lambda leaf: jnp.broadcast_to(leaf, (size,)), base.replace(**columns))
 
 
 @struct.dataclass

@@ -1,10 +1,14 @@
 """JAX environments: a registry over gymnax plus the wrappers training needs.
 
-    env = envs.make("CartPole-v1")                      # single env, no auto-reset
-    venv = envs.make_vec("CartPole-v1", num_envs=64)     # auto-reset, stats, vectorised
+env = envs.make("CartPole-v1")                      # single env, no auto-reset
+venv = envs.make_vec("CartPole-v1", num_envs=64)     # auto-reset, stats, vectorised
 """
 
 from __future__ import annotations
+
+# isort: off
+import jaxrl  # noqa: F401  sets XLA CPU runtime flags; must precede gymnax, which computes on import
+# isort: on
 
 import dataclasses
 import difflib
@@ -25,7 +29,6 @@ from envs.wrappers import (
     Vectorize,
     find_state,
 )
-
 
 
 def registered() -> list[str]:
@@ -68,7 +71,7 @@ def make_vec(
     **env_params: Any,
 ) -> Wrapper:
     """The standard training stack: clipped actions, auto-reset, episode stats, `num_envs` copies,
-    and optional observation / reward normalisation (`gamma` is the reward normaliser's discount)."""
+    and optional observation / reward normalisation (`gamma`: the reward normaliser's discount)."""
     env: Any = make(name, **env_params)
     env = EpisodeStatistics(AutoReset(ClipAction(env)))
     env = Vectorize(env, num_envs)

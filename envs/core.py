@@ -94,7 +94,7 @@ class Wrapper:
         return self.env.step(key, state, action)
 
     def __getattr__(self, name: str) -> Any:
-        # Only reached for attributes not found normally; `env` itself must exist to avoid recursion.
+        # Reached only for attributes not found normally; guard `env` itself against recursion.
         if name == "env":
             raise AttributeError(name)
         return getattr(self.env, name)

@@ -7,7 +7,7 @@ The order used by `envs.make_vec` is, from the inside out:
 
 Statistics sit below normalisation so that reported returns are the environment's own; the
 normalisers sit above vectorisation so that their running moments pool every parallel environment.
-Each wrapper's state is a pytree holding the wrapped state, so the whole stack vmaps and checkpoints.
+Each wrapper's state is a pytree holding the wrapped state: the whole stack vmaps and checkpoints.
 """
 
 from __future__ import annotations
@@ -73,9 +73,7 @@ class EpisodeStatistics(Wrapper):
         zero_f, zero_i = jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32)
         return obs, EpisodeStatisticsState(inner, zero_f, zero_i, zero_f, zero_i)
 
-    def step(
-        self, key: jax.Array, state: EpisodeStatisticsState, action: jax.Array
-    ) -> StepResult:
+    def step(self, key: jax.Array, state: EpisodeStatisticsState, action: jax.Array) -> StepResult:
         result = self.env.step(key, state.inner, action)
         done = jnp.logical_or(result.terminated, result.truncated)
         episode_return = state.episode_return + result.reward
@@ -127,7 +125,7 @@ class RunningMeanStd:
         return cls(jnp.zeros(shape), jnp.ones(shape), jnp.asarray(1e-4, jnp.float32))
 
     def update(self, batch: jax.Array) -> RunningMeanStd:
-        """Merge the moments of `batch` (leading axis = samples) with Chan et al.'s parallel rule."""
+        """Merge the moments of `batch` (leading axis: samples) by Chan et al.'s parallel rule."""
         batch_mean = batch.mean(axis=0)
         batch_var = batch.var(axis=0)
         batch_count = batch.shape[0]

@@ -26,7 +26,7 @@ def build_config(config_cls: type, flat: ml_collections.ConfigDict) -> Any:
     turning validation errors into one `error: config.<field>: ...` line."""
     fields = {f.name for f in dataclasses.fields(config_cls)}
     values = {k: v for k, v in flat.items() if k in fields}
-    unknown = sorted(k for k in flat.keys() if k not in fields and k != "run")
+    unknown = sorted(k for k in flat if k not in fields and k != "run")
     if unknown:
         fail(f"config.{unknown[0]}: not a setting of {config_cls.__module__}.Config; "
              f"valid settings are {sorted(fields)}")  # fmt: skip

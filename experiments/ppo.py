@@ -14,6 +14,7 @@ return.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 
@@ -41,6 +42,9 @@ _WORKDIR = flags.DEFINE_string(
 )
 _NUM_SEEDS = flags.DEFINE_integer("num_seeds", 4, "Independent seeds, vmapped in one program.")
 _SEED = flags.DEFINE_integer("seed", 0, "Base seed; run i uses fold i of PRNGKey(seed).")
+_KILL_AFTER_CHUNK = flags.DEFINE_integer(
+    "kill_after_chunk", None, "Testing aid: SIGKILL this process right after chunk K's checkpoint."
+)
 
 
 def validate_run_settings(run, num_seeds: int) -> None:
@@ -118,6 +122,8 @@ def main(argv: list[str]) -> None:
         updates += length
         is_last = chunk_index == len(chunk_lengths) - 1
         checkpointer.save(chunk_index + 1, states, {"updates": updates}, force=is_last)
+        if _KILL_AFTER_CHUNK.value == chunk_index + 1:
+            os.kill(os.getpid(), signal.SIGKILL)
     jax.block_until_ready(states)
     sink.close()
     checkpointer.close()
@@ -137,7 +143,8 @@ def main(argv: list[str]) -> None:
         "compile_seconds": round(compile_seconds, 2),
         "env_steps": env_steps,  # per seed
         "env_steps_per_second": round(
-            (env_steps - done_updates * config.batch_size) * num_seeds
+            (env_steps - done_updates * config.batch_size)
+            * num_seeds
             / max(train_seconds - compile_seconds, 1e-9)
         ),  # fmt: skip
         "updates": config.num_updates,

@@ -15,7 +15,7 @@ import orbax.checkpoint as ocp
 
 
 class Checkpointer:
-    """Save a state pytree plus JSON metadata every `save_every` steps, keeping the newest `keep`."""
+    """Save a state pytree and JSON metadata every `save_every` steps, keeping the newest `keep`."""
 
     def __init__(self, directory: str, save_every: int = 1, keep: int = 3):
         if save_every < 1 or keep < 1:

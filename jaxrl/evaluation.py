@@ -74,7 +74,7 @@ def plot_learning_curves(
         runs = np.array([r[per_run] for r in rows], dtype=float)
         for i in range(runs.shape[1]):
             ax.plot(xs, runs[:, i], lw=0.8, alpha=0.4, color="tab:blue")
-    ax.plot(xs, [r[y] for r in rows], lw=2.0, color="tab:blue", label=f"mean over runs")
+    ax.plot(xs, [r[y] for r in rows], lw=2.0, color="tab:blue", label="mean over runs")
     ax.set_xlabel(x.replace("_", " "))
     ax.set_ylabel(y.replace("_", " "))
     ax.set_title(title or y)

@@ -110,4 +110,3 @@ class ActorCritic(nn.Module):
         critic = MLP(self.hidden_sizes, self.activation, name="critic_torso")(obs)
         value = nn.Dense(1, kernel_init=orthogonal(1.0), name="critic_head")(critic)
         return dist, value.squeeze(-1)
-

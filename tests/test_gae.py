@@ -69,7 +69,9 @@ def test_truncation_differs_from_termination():
     rewards = np.zeros(1, np.float32)
     values = np.zeros(1, np.float32)
     next_values = np.ones(1, np.float32)
-    adv_trunc, _ = gae(rewards, values, next_values, np.array([False]), np.array([True]), 0.99, 0.95)
+    adv_trunc, _ = gae(
+        rewards, values, next_values, np.array([False]), np.array([True]), 0.99, 0.95
+    )
     adv_term, _ = gae(rewards, values, next_values, np.array([True]), np.array([True]), 0.99, 0.95)
     np.testing.assert_allclose(adv_trunc, [0.99])
     np.testing.assert_allclose(adv_term, [0.0])

@@ -35,6 +35,11 @@ def test_invalid_config_names_field_and_fix(change, field):
         assert "CartPole-v1" in message  # the close match is suggested
 
 
+def member(tree, i):
+    """Run i of a tree whose leaves have a leading run axis."""
+    return jax.tree.map(lambda x: x[i], tree)
+
+
 def assert_trees_close(a, b, atol=1e-5):
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=atol, rtol=1e-5)
@@ -47,8 +52,10 @@ def test_vmap_over_seeds_equals_separate_runs():
     single = jax.jit(train)
     for i in range(4):
         state, metrics = single(keys[i])
-        assert_trees_close(jax.tree.map(lambda x: x[i], batched_state.params), state.params)
-        np.testing.assert_allclose(batched_metrics["loss"][i], metrics["loss"], rtol=1e-4, atol=1e-5)
+        assert_trees_close(member(batched_state.params, i), state.params)
+        np.testing.assert_allclose(
+            batched_metrics["loss"][i], metrics["loss"], rtol=1e-4, atol=1e-5
+        )
 
 
 def test_vmap_over_hyperparameters_equals_separate_configs():
@@ -68,9 +75,9 @@ def test_vmap_over_hyperparameters_equals_separate_configs():
             clip_eps=float(hps.clip_eps[i]),
         )
         state, _ = single(key, config.hparams())
-        assert_trees_close(jax.tree.map(lambda x: x[i], swept.params), state.params)
+        assert_trees_close(member(swept.params, i), state.params)
     # Different hyper-parameters really do give different runs.
-    first, last = (jax.tree.leaves(jax.tree.map(lambda x: x[i], swept.params)) for i in (0, 3))
+    first, last = (jax.tree.leaves(member(swept.params, i)) for i in (0, 3))
     assert any(not np.allclose(a, b) for a, b in zip(first, last, strict=True))
 
 

@@ -40,7 +40,8 @@ def test_loss_matches_reference(clip_value, normalize):
     entropy = rng.random(n).astype(np.float32)
     loss, metrics = ppo.ppo_loss_terms(
         logp, old_logp, adv, value, old_value, ret, entropy,
-        clip_eps=0.2, vf_coef=0.5, ent_coef=0.01, clip_value=clip_value, normalize_advantages=normalize,
+        clip_eps=0.2, vf_coef=0.5, ent_coef=0.01,
+        clip_value=clip_value, normalize_advantages=normalize,
     )  # fmt: skip
     ref_loss, ref_pg, ref_v = ppo_loss_reference(
         logp, old_logp, adv, value, old_value, ret, entropy, 0.2, 0.5, 0.01, clip_value, normalize
@@ -60,7 +61,9 @@ def test_categorical_log_prob_and_entropy_are_exact():
     logits = np.asarray(dist.logits, np.float64)
     log_softmax = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
     actions = np.array([0, 1, 2, 1, 0])
-    np.testing.assert_allclose(dist.log_prob(actions), log_softmax[np.arange(5), actions], rtol=1e-5)
+    np.testing.assert_allclose(
+        dist.log_prob(actions), log_softmax[np.arange(5), actions], rtol=1e-5
+    )
     probs = np.exp(log_softmax)
     np.testing.assert_allclose(dist.entropy(), -(probs * log_softmax).sum(-1), rtol=1e-5)
 
@@ -88,6 +91,6 @@ def test_tanh_normal_log_prob_includes_jacobian():
     u = np.array([0.3, -1.2])
     a = np.tanh(u)
     std = np.exp(np.asarray(log_std, np.float64))
-    base = (-0.5 * ((u - np.asarray(mean)) / std) ** 2 - np.log(std) - 0.5 * np.log(2 * np.pi))
+    base = -0.5 * ((u - np.asarray(mean)) / std) ** 2 - np.log(std) - 0.5 * np.log(2 * np.pi)
     ref = (base - np.log(1 - a**2)).sum()
     np.testing.assert_allclose(dist.log_prob(jnp.asarray(a, jnp.float32)), ref, rtol=1e-4)
