@@ -104,3 +104,20 @@ def test_cartpole_learns():
     _, metrics = jax.jit(jax.vmap(ppo.make_train(config)))(keys)
     eval_return = np.asarray(metrics["eval_return"])
     assert eval_return.mean() >= 475, eval_return
+
+
+def test_pendulum_continuous_learns():
+    """Continuous PPO (Gaussian policy, normalised observations and rewards) on Pendulum-v1."""
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), "..", "experiments", "configs", "ppo.py")
+    spec = importlib.util.spec_from_file_location("ppo_configs", path)
+    presets = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(presets)
+    settings = dict(presets.PRESETS["pendulum"], total_timesteps=1_000_000, eval_episodes=16)
+    config = ppo.Config(**settings)
+    keys = jax.random.split(jax.random.PRNGKey(0), 2)
+    _, metrics = jax.jit(jax.vmap(ppo.make_train(config)))(keys)
+    eval_return = np.asarray(metrics["eval_return"])
+    assert eval_return.mean() >= -300, eval_return
