@@ -117,7 +117,7 @@ class Config:
         )
         if self.env_name not in envs.registered():
             try:
-                envs.make(self.env_name)
+                envs.make(self.env_name)  # raises with the closest registered names
             except ValueError as error:
                 raise ConfigError(f"env_name: {error}") from None
 
@@ -165,9 +165,10 @@ def sweep(config: Config, **values: list[float]) -> HParams:
     named keep the config's value.
     """
     base = config.hparams()
-    unknown = sorted(set(values) - {f.name for f in dataclasses.fields(HParams)})
+    known = [f.name for f in dataclasses.fields(HParams)]
+    unknown = sorted(set(values) - set(known))
     if unknown:
-        raise ConfigError(f"sweep: {unknown} are not HParams fields; use {HParams.__annotations__}")
+        raise ConfigError(f"sweep: {unknown} are not HParams fields; choose among {known}")
     grids = jnp.meshgrid(*[jnp.asarray(v, jnp.float32) for v in values.values()], indexing="ij")
     size = grids[0].size if grids else 1
     columns = dict(zip(values, (g.reshape(-1) for g in grids), strict=True))

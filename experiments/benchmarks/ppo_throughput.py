@@ -8,9 +8,16 @@ What is measured, per cell (environment x num_envs x num_seeds):
   the best of `--repeats` calls of the compiled function, each followed by
   `jax.block_until_ready` on everything it returns. Seeds run as one program:
   `jax.jit(jax.vmap(train))(keys)` (plain `jax.jit(train)(key)` for a single seed).
-  A run is the whole training run plus one final evaluation of 128 episodes on both sides; the
-  evaluation steps are not counted as env steps.
+* evaluation:  by default (`--eval none`) a run is training only. With `--eval final` it also
+  evaluates 128 episodes at the end on both sides, as `ppo.make_train` and rejax's `train` do;
+  those steps are not counted, and since rejax samples actions while we take the mode, episode
+  lengths differ: evaluation time depends on the two policies, not on the two implementations.
 * peak RSS:    `resource.getrusage(RUSAGE_SELF).ru_maxrss` of the process that measured the cell.
+* run length:  by default every cell does the same work, `--env_steps` (2**19) env steps summed
+  over seeds, so cells differ in their number of updates (a column of the table); `--updates N`
+  runs N updates in every cell instead.
+* timeouts:    a worker still running after `--timeout` seconds is killed and its cell shows
+  "timeout" (with the compile time, when compilation had finished); the sweep goes on.
 
 Every measurement runs in a fresh worker process (this script re-invoked with a hidden `--worker`
 flag), ours with this interpreter and rejax's with `--rejax_python`: rejax 0.1.3 needs gymnax
@@ -37,7 +44,7 @@ Then, from the repository root:
     python experiments/benchmarks/ppo_throughput.py --envs CartPole-v1 --num_envs 4 --seeds 1 \\
         --updates 8 --rejax_python /tmp/rejax/bin/python                  # a quick check
 
-Throughput on a shared machine is noisy: use `--repeats 3` for numbers worth quoting.
+Throughput on a shared machine is noisy: use `--repeats 3` or more for numbers worth quoting.
 """
 
 from __future__ import annotations
@@ -66,25 +73,39 @@ NUM_MINIBATCHES = 4
 LEARNING_RATE = 2.5e-4
 HIDDEN_SIZES = (64, 64)
 ACTIVATION = "tanh"
-# rejax always evaluates on 128 episodes, so ours does too (one final evaluation each).
+# rejax always evaluates on 128 episodes, so with --eval final ours does too.
 EVAL_EPISODES = 128
 
 DEFAULT_ENVS = "CartPole-v1,Breakout-MinAtar"
 DEFAULT_NUM_ENVS = "4,64,512"
 DEFAULT_SEEDS = "1,8"
-DEFAULT_UPDATES = 32
-# 32 updates of 512 envs x 8 seeds would be 16.8M steps per run, minutes on a small CPU; capping
-# each run's env steps keeps every cell to a few seconds (see `cell_updates`).
-DEFAULT_MAX_ENV_STEPS = 2_097_152
+# Every cell does the same work, this many env steps summed over seeds, unless --updates fixes
+# the number of updates instead: a fixed count (32 updates of 512 envs x 8 seeds is 16.8M steps)
+# makes large cells take minutes on a small CPU and small ones a tenth of a second. 2**19 steps
+# is one update of the largest cell (512 envs x 8 seeds x 128 steps), and a few seconds per run
+# on a 2-core CPU (about 4 s for CartPole, 10 s for Breakout-MinAtar).
+DEFAULT_ENV_STEPS = 524_288
+# The first call of a compiled function is slower (buffer allocation, cold caches): up to twice as
+# slow for sub-second runs. Reporting the best of two calls leaves that out.
+DEFAULT_REPEATS = 2
+# A worker that has not finished by then is killed and its cell reported as timed out, so that one
+# stuck program does not stop the sweep.
+DEFAULT_TIMEOUT_S = 150
 
-WORKER_MARKER = "PPO_THROUGHPUT_RESULT "
+# Lines a worker prints on stdout for the parent: after compiling, and the final result.
+COMPILED_MARKER = "PPO_THROUGHPUT_COMPILED "
+RESULT_MARKER = "PPO_THROUGHPUT_RESULT "
 
 
 # --------------------------------------------------------------------------------------------
 # Worker side: build one train function, compile it, time it, print one JSON line.
 
 
-def _ours_train(env_name: str, num_envs: int, total_timesteps: int) -> Callable[..., Any]:
+def _ours_train(
+    env_name: str, num_envs: int, total_timesteps: int, evaluate: bool
+) -> Callable[..., Any]:
+    import jax
+
     from algos import ppo
 
     config = ppo.Config(
@@ -109,10 +130,25 @@ def _ours_train(env_name: str, num_envs: int, total_timesteps: int) -> Callable[
         activation=ACTIVATION,
         eval_episodes=EVAL_EPISODES,
     )
-    return ppo.make_train(config)
+    if evaluate:
+        return ppo.make_train(config)
+
+    # `ppo.make_train` without its final evaluation: the same initialisation and update scan.
+    update = ppo.make_update(config)
+
+    def train(key: jax.Array) -> tuple[Any, Any]:
+        hparams = config.hparams()
+        return jax.lax.scan(
+            lambda state, _: update(state, hparams),
+            ppo.init(config, key, hparams),
+            None,
+            length=config.num_updates,
+        )
+
+    return train
 
 
-def _rejax_algo(env_name: str, num_envs: int, total_timesteps: int) -> Any:
+def _rejax_algo(env_name: str, num_envs: int, total_timesteps: int, evaluate: bool) -> Any:
     """rejax's PPO with our settings. Differences that its options cannot remove (none of them
     changes the amount of work much, so none should move throughput by more than noise):
 
@@ -123,19 +159,21 @@ def _rejax_algo(env_name: str, num_envs: int, total_timesteps: int) -> Any:
     * initialisation: rejax uses Flax's default (LeCun normal), ours orthogonal;
     * bootstrapping: rejax treats time-limit truncation as termination; we bootstrap from the
       final observation, which costs one extra critic forward pass per environment step;
-    * evaluation: rejax samples actions, we take the mode, so episode lengths (and the few
-      milliseconds the final evaluation takes) differ.
+    * evaluation (only with --eval final): rejax samples actions, we take the mode, so episode
+      lengths, and the time the final evaluation takes, differ.
 
     Made identical on purpose: rejax does not anneal the learning rate by default, but it hands
     `learning_rate` straight to `optax.adam`, so a linear schedule over all gradient steps gives
-    exactly our annealing; its initial evaluation is skipped because we only evaluate at the end.
+    exactly our annealing; its initial evaluation is skipped because we only evaluate at the end,
+    and without --eval final its evaluation callback is replaced by one that does nothing.
     """
+    import jax.numpy as jnp
     import optax
     from rejax import PPO
 
     num_updates = total_timesteps // (num_envs * NUM_STEPS)
     gradient_steps = num_updates * NUM_EPOCHS * NUM_MINIBATCHES
-    return PPO.create(
+    algo = PPO.create(
         env=env_name,
         num_envs=num_envs,
         num_steps=NUM_STEPS,
@@ -155,10 +193,21 @@ def _rejax_algo(env_name: str, num_envs: int, total_timesteps: int) -> Any:
         normalize_rewards=False,
         agent_kwargs={"hidden_layer_sizes": HIDDEN_SIZES, "activation": ACTIVATION},
     )
+    if not evaluate:
+        # rejax's `train` always calls the callback once per `eval_freq` steps; it returns
+        # (episode lengths, returns).
+        algo = algo.replace(eval_callback=lambda algo, ts, rng: (jnp.zeros(1), jnp.zeros(1)))
+    return algo
 
 
 def run_worker(
-    side: str, env_name: str, num_envs: int, num_seeds: int, updates: int, repeats: int
+    side: str,
+    env_name: str,
+    num_envs: int,
+    num_seeds: int,
+    updates: int,
+    repeats: int,
+    evaluate: bool,
 ) -> dict[str, Any]:
     """Compile and time one cell in this process; returns the measurements."""
     import jax
@@ -168,9 +217,9 @@ def run_worker(
 
     total_timesteps = updates * num_envs * NUM_STEPS
     if side == "ours":
-        train = _ours_train(env_name, num_envs, total_timesteps)
+        train = _ours_train(env_name, num_envs, total_timesteps, evaluate)
     else:
-        train = _rejax_algo(env_name, num_envs, total_timesteps).train
+        train = _rejax_algo(env_name, num_envs, total_timesteps, evaluate).train
 
     key = jax.random.PRNGKey(0)
     if num_seeds > 1:
@@ -181,6 +230,8 @@ def run_worker(
     start = time.perf_counter()
     compiled = fn.lower(args).compile()
     compile_s = time.perf_counter() - start
+    # Reported now, so that a run that never finishes still has its compile time.
+    print(COMPILED_MARKER + json.dumps({"compile_s": compile_s}), flush=True)
 
     run_times = []
     for _ in range(repeats):
@@ -212,112 +263,125 @@ def run_worker(
 # Parent side: the sweep, one worker process per side and cell, then the table.
 
 
-def cell_updates(updates: int, max_env_steps: int, num_envs: int, num_seeds: int) -> int:
-    """Updates for one cell: `updates`, reduced so that a run takes at most `max_env_steps` env
-    steps over all seeds (at least one update). Every run is a whole number of updates, so
-    total_timesteps is always a multiple of num_envs * num_steps."""
-    steps_per_update = num_seeds * num_envs * NUM_STEPS
-    return max(1, min(updates, max_env_steps // steps_per_update))
+def cell_updates(updates: int | None, env_steps: int, num_envs: int, num_seeds: int) -> int:
+    """Updates per run for one cell: `updates` if given, else as many as fit in `env_steps` env
+    steps over all seeds (at least one). Runs are whole numbers of updates, so total_timesteps is
+    always a multiple of num_envs * num_steps."""
+    if updates is not None:
+        return updates
+    return max(1, env_steps // (num_seeds * num_envs * NUM_STEPS))
+
+
+def _marked_json(stdout: str | bytes | None, marker: str) -> dict[str, Any] | None:
+    """The JSON after the last line of `stdout` that starts with `marker`, if any."""
+    if isinstance(stdout, bytes):  # TimeoutExpired carries undecoded output
+        stdout = stdout.decode(errors="replace")
+    for line in reversed((stdout or "").splitlines()):
+        if line.startswith(marker):
+            return json.loads(line[len(marker) :])
+    return None
 
 
 def measure(
-    python: str, side: str, env_name: str, num_envs: int, num_seeds: int, updates: int, repeats: int
+    python: str, side: str, cell: dict[str, Any], args: argparse.Namespace
 ) -> dict[str, Any]:
-    """Run one worker process and return the result it printed."""
-    command = [
-        python,
-        str(Path(__file__).resolve()),
-        "--worker",
-        side,
-        "--envs",
-        env_name,
-        "--num_envs",
-        str(num_envs),
-        "--seeds",
-        str(num_seeds),
-        "--updates",
-        str(updates),
-        "--repeats",
-        str(repeats),
-    ]
-    # Run from the repository root so that the worker for our side can import `algos`.
-    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO_ROOT, check=False)
-    for line in reversed(done.stdout.splitlines()):
-        if line.startswith(WORKER_MARKER):
-            return json.loads(line[len(WORKER_MARKER) :])
-    raise RuntimeError(
-        f"{side} worker failed (exit {done.returncode}): {' '.join(command)}\n"
-        f"--- stdout ---\n{done.stdout[-3000:]}\n--- stderr ---\n{done.stderr[-3000:]}"
-    )
+    """Measure one side of one cell in a worker process.
+
+    Returns the worker's result with status "ok", or status "timeout" (with the compile time if
+    compilation had finished) or "error" (with the end of the worker's stderr).
+    """
+    flags = {
+        "--worker": side,
+        "--envs": cell["env"],
+        "--num_envs": cell["num_envs"],
+        "--seeds": cell["seeds"],
+        "--updates": cell["updates"],
+        "--repeats": args.repeats,
+        "--eval": args.eval,
+    }
+    command = [python, str(Path(__file__).resolve())]
+    command += [str(item) for flag_and_value in flags.items() for item in flag_and_value]
+    try:
+        # From the repository root, so that the worker for our side can import `algos`.
+        done = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            cwd=REPO_ROOT,
+            timeout=args.timeout,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as expired:
+        compiled = _marked_json(expired.stdout, COMPILED_MARKER) or {}
+        return {"status": "timeout", "timeout_s": args.timeout, **compiled}
+    result = _marked_json(done.stdout, RESULT_MARKER)
+    if result is None:
+        return {"status": "error", "returncode": done.returncode, "stderr": done.stderr[-3000:]}
+    return {"status": "ok", **result}
+
+
+def _describe(result: dict[str, Any]) -> str:
+    if result["status"] == "ok":
+        return (
+            f"{result['steps_per_s']:,.0f} steps/s, compile {result['compile_s']:.1f} s, "
+            f"run {result['run_s']:.2f} s, peak RSS {result['peak_rss_mib']:.0f} MiB"
+        )
+    if result["status"] == "timeout":
+        compiled = f"compiled in {result['compile_s']:.1f} s, " if "compile_s" in result else ""
+        return f"TIMEOUT ({compiled}killed after {result['timeout_s']} s)"
+    return f"ERROR (exit {result['returncode']}):\n{result['stderr']}"
+
+
+def _side_columns(result: dict[str, Any]) -> list[str]:
+    """steps/s, compile s and peak RSS for the table; a failed run shows its status instead."""
+    compile_s = f"{result['compile_s']:.1f}" if "compile_s" in result else "-"
+    if result["status"] != "ok":
+        return [result["status"], compile_s, "-"]
+    return [f"{result['steps_per_s']:,.0f}", compile_s, f"{result['peak_rss_mib']:.0f}"]
 
 
 def format_table(rows: list[dict[str, Any]], with_rejax: bool) -> str:
-    header = [
-        "env",
-        "num_envs",
-        "seeds",
-        "updates",
-        "ours steps/s",
-        "ours compile s",
-        "ours RSS MiB",
-    ]
+    """A markdown table, one line per cell."""
+    header = ["env", "num_envs", "seeds", "updates"]
+    header += ["ours steps/s", "ours compile s", "ours RSS MiB"]
     if with_rejax:
         header += ["rejax steps/s", "rejax compile s", "rejax RSS MiB", "ratio (ours/rejax)"]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     for row in rows:
-        ours = row["ours"]
-        cells = [
-            row["env"],
-            str(row["num_envs"]),
-            str(row["seeds"]),
-            str(row["updates"]),
-            f"{ours['steps_per_s']:,.0f}",
-            f"{ours['compile_s']:.1f}",
-            f"{ours['peak_rss_mib']:.0f}",
-        ]
+        cells = [row["env"], str(row["num_envs"]), str(row["seeds"]), str(row["updates"])]
+        cells += _side_columns(row["ours"])
         if with_rejax:
-            rejax = row["rejax"]
-            cells += [
-                f"{rejax['steps_per_s']:,.0f}",
-                f"{rejax['compile_s']:.1f}",
-                f"{rejax['peak_rss_mib']:.0f}",
-                f"{ours['steps_per_s'] / rejax['steps_per_s']:.2f}",
-            ]
+            cells += _side_columns(row["rejax"])
+            both_ok = row["ours"]["status"] == row["rejax"]["status"] == "ok"
+            ratio = row["ours"]["steps_per_s"] / row["rejax"]["steps_per_s"] if both_ok else None
+            cells.append("-" if ratio is None else f"{ratio:.2f}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def run_sweep(args: argparse.Namespace) -> None:
-    with_rejax = args.rejax_python is not None
+    """Every cell, ours then rejax's (never both at once: they would compete for the cores)."""
+    sides = [("ours", sys.executable)]
+    if args.rejax_python:
+        sides.append(("rejax", args.rejax_python))
     rows = []
     for env_name in args.envs:
         for num_envs in args.num_envs:
             for num_seeds in args.seeds:
-                updates = cell_updates(args.updates, args.max_env_steps, num_envs, num_seeds)
-                row: dict[str, Any] = {
-                    "env": env_name,
-                    "num_envs": num_envs,
-                    "seeds": num_seeds,
-                    "updates": updates,
-                }
-                sides = [("ours", sys.executable)]
-                if with_rejax:
-                    sides.append(("rejax", args.rejax_python))
+                updates = cell_updates(args.updates, args.env_steps, num_envs, num_seeds)
+                row = {"env": env_name, "num_envs": num_envs, "seeds": num_seeds}
+                row["updates"] = updates
                 for side, python in sides:
-                    result = measure(
-                        python, side, env_name, num_envs, num_seeds, updates, args.repeats
-                    )
-                    row[side] = result
+                    row[side] = measure(python, side, row, args)
                     print(
                         f"{env_name} num_envs={num_envs} seeds={num_seeds} updates={updates} "
-                        f"{side}: {result['steps_per_s']:,.0f} steps/s, "
-                        f"compile {result['compile_s']:.1f} s, run {result['run_s']:.2f} s",
+                        f"{side}: {_describe(row[side])}",
                         file=sys.stderr,
                         flush=True,
                     )
                 rows.append(row)
 
-    print(format_table(rows, with_rejax))
+    print(format_table(rows, with_rejax=args.rejax_python is not None))
     if args.json_out:
         report = {
             "settings": {
@@ -327,10 +391,11 @@ def run_sweep(args: argparse.Namespace) -> None:
                 "learning_rate": LEARNING_RATE,
                 "hidden_sizes": HIDDEN_SIZES,
                 "activation": ACTIVATION,
-                "eval_episodes": EVAL_EPISODES,
                 "updates": args.updates,
-                "max_env_steps": args.max_env_steps,
+                "env_steps": args.env_steps,
                 "repeats": args.repeats,
+                "eval": args.eval,
+                "eval_episodes": EVAL_EPISODES if args.eval == "final" else 0,
             },
             "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count()},
             "rejax_python": args.rejax_python,
@@ -353,68 +418,82 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description=__doc__.split("\n", 1)[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument(
-        "--envs",
-        type=_comma_list(str),
-        default=DEFAULT_ENVS,
-        help="comma-separated environment names",
-    )
-    parser.add_argument(
+    add = parser.add_argument
+    add("--envs", type=_comma_list(str), default=DEFAULT_ENVS, help="comma-separated env names")
+    add(
         "--num_envs",
         type=_comma_list(int),
         default=DEFAULT_NUM_ENVS,
         help="comma-separated numbers of parallel environments",
     )
-    parser.add_argument(
+    add(
         "--seeds",
         type=_comma_list(int),
         default=DEFAULT_SEEDS,
         help="comma-separated numbers of seeds vmapped into one program",
     )
-    parser.add_argument(
+    add(
         "--updates",
         type=int,
-        default=DEFAULT_UPDATES,
-        help="PPO updates per run (before the --max_env_steps cap)",
+        default=None,
+        help="PPO updates per run in every cell; if not given, as many as fit in --env_steps",
     )
-    parser.add_argument(
-        "--max_env_steps",
+    add(
+        "--env_steps",
         type=int,
-        default=DEFAULT_MAX_ENV_STEPS,
-        help="cap on env steps per run, summed over seeds; lowers --updates for "
-        "large cells (at least one update is always run)",
+        default=DEFAULT_ENV_STEPS,
+        help="env steps per run, summed over seeds, when --updates is not given; a cell runs "
+        "at least one update",
     )
-    parser.add_argument(
+    add(
         "--repeats",
         type=int,
-        default=1,
+        default=DEFAULT_REPEATS,
         help="calls of each compiled function; the fastest is reported",
     )
-    parser.add_argument(
+    add(
+        "--eval",
+        choices=("none", "final"),
+        default="none",
+        help="'final': runs end with a 128-episode evaluation, as the train functions do",
+    )
+    add(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT_S,
+        help="seconds before a worker (compile + runs) is killed and reported as timed out",
+    )
+    add(
         "--rejax_python",
         default=None,
-        help="python of a venv with rejax + gymnax 0.0.9; enables the comparison",
+        help="python of a venv with rejax and gymnax 0.0.9; adds rejax's PPO to every cell",
     )
-    parser.add_argument("--json_out", default=None, help="also write all results to this file")
-    # Internal: measure a single cell in this process (used by the sweep's subprocesses).
-    parser.add_argument("--worker", choices=("ours", "rejax"), default=None, help=argparse.SUPPRESS)
+    add("--json_out", default=None, help="also write every measurement to this JSON file")
+    # Internal: measure one cell in this process (the sweep runs these as subprocesses).
+    add("--worker", choices=("ours", "rejax"), default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.updates < 1 or args.repeats < 1 or args.max_env_steps < 1:
-        parser.error("--updates, --repeats and --max_env_steps must be positive")
-    if args.worker and not (len(args.envs) == len(args.num_envs) == len(args.seeds) == 1):
+    if min(args.updates or 1, args.repeats, args.env_steps, args.timeout) <= 0:
+        parser.error("--updates, --repeats, --env_steps and --timeout must be positive")
+    if args.worker and not len(args.envs) == len(args.num_envs) == len(args.seeds) == 1:
         parser.error("--worker measures one cell: give one env, one num_envs, one seeds value")
     return args
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    if args.worker:
-        result = run_worker(
-            args.worker, args.envs[0], args.num_envs[0], args.seeds[0], args.updates, args.repeats
-        )
-        print(WORKER_MARKER + json.dumps(result), flush=True)
-    else:
+    if args.worker is None:
         run_sweep(args)
+        return
+    result = run_worker(
+        args.worker,
+        args.envs[0],
+        args.num_envs[0],
+        args.seeds[0],
+        cell_updates(args.updates, args.env_steps, args.num_envs[0], args.seeds[0]),
+        args.repeats,
+        evaluate=args.eval == "final",
+    )
+    print(RESULT_MARKER + json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":
