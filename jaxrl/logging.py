@@ -162,23 +162,14 @@ class MetricsSink:
 
             # purge_step drops events a previous, interrupted attempt logged past the checkpoint.
             self._writer = SummaryWriter(run_dir.file("tb"), purge_step=start_update + 1)
-        self._bar = None
-        if progress:
-            from tqdm import tqdm
-
-            self._bar = tqdm(
-                total=total_updates * steps_per_update * num_runs,
-                initial=start_update * steps_per_update * num_runs,
-                desc=description,
-                unit="step",
-                unit_scale=True,
-                dynamic_ncols=True,
-                mininterval=1.0,
-                file=sys.stderr,
-            )
+        self.progress = progress
+        self.description = description
+        self._bar = None  # made at the first update, so its rate and ETA exclude compilation
 
     def __call__(self, update_step: Any, metrics: Mapping[str, Any]) -> None:
         update = int(update_step)
+        if self.progress and self._bar is None:
+            self._bar = self._make_bar()
         if self._bar is not None:
             self._bar.update((update - self.last_update) * self.steps_per_update * self.num_runs)
         self.last_update = update
@@ -203,6 +194,21 @@ class MetricsSink:
                     self._writer.add_scalar(name, value, row["env_steps"])
         if self._bar is not None and "episode_return" in row:
             self._bar.set_postfix(episode_return=f"{row['episode_return']:.1f}", refresh=False)
+
+    def _make_bar(self):
+        from tqdm import tqdm
+
+        steps = self.steps_per_update * self.num_runs
+        return tqdm(
+            total=self.total_updates * steps,
+            initial=self.last_update * steps,
+            desc=self.description,
+            unit="step",
+            unit_scale=True,
+            dynamic_ncols=True,
+            mininterval=1.0,
+            file=sys.stderr,
+        )
 
     def close(self) -> None:
         if self._bar is not None:
