@@ -316,25 +316,22 @@ def make_update(config: Config) -> Callable[[TrainState, HParams], tuple[TrainSt
     gradient_steps_per_update = config.num_epochs * config.num_minibatches
     total_gradient_steps = config.num_updates * gradient_steps_per_update
 
-    def rollout_step(carry, _):
-        params, env_state, obs, key = carry
-        key, action_key, step_key = jax.random.split(key, 3)
-        dist, value = network.apply(params, obs)
+    def rollout_step(carry, keys):
+        params, env_state, obs = carry
+        action_key, step_key = keys
+        dist, _ = network.apply(params, obs)  # acting needs only the actor; XLA drops the critic
         action, log_prob = dist.sample_and_log_prob(seed=action_key)
         result = env.step(step_key, env_state, action)
-        # Only the critic's output is used here; XLA removes the unused actor computation.
-        _, next_value = network.apply(params, result.info["final_obs"])
         transition = Transition(
             obs=obs,
             action=action,
             reward=result.reward,
             terminated=result.terminated,
             done=jnp.logical_or(result.terminated, result.truncated),
-            value=value,
             log_prob=log_prob,
-            next_value=next_value,
+            next_obs=result.info["final_obs"],
         )
-        return (params, result.state, result.obs, key), transition
+        return (params, result.state, result.obs), transition
 
     def loss_fn(params, batch, hp):
         dist, value = network.apply(params, batch["obs"])
@@ -355,22 +352,24 @@ def make_update(config: Config) -> Callable[[TrainState, HParams], tuple[TrainSt
 
     def update(state: TrainState, hp: HParams) -> tuple[TrainState, Metrics]:
         key, rollout_key, shuffle_key = jax.random.split(state.key, 3)
-        (_, env_state, obs, _), traj = jax.lax.scan(
-            rollout_step,
-            (state.params, state.env_state, state.obs, rollout_key),
-            None,
-            length=config.num_steps,
+        # All of the rollout's random keys in one batched call rather than a split per step.
+        rollout_keys = jax.random.split(rollout_key, (config.num_steps, 2))
+        (_, env_state, obs), traj = jax.lax.scan(
+            rollout_step, (state.params, state.env_state, state.obs), rollout_keys
         )
+        # The critic runs once over the whole rollout: a few large matrix products instead of
+        # small ones at every step. next_values[t] is V of the observation step t led to.
+        _, values = network.apply(state.params, traj.obs)
+        _, next_values = network.apply(state.params, traj.next_obs)
         advantages, returns = gae(
-            traj.reward, traj.value, traj.next_value, traj.terminated, traj.done,
-            hp.gamma, hp.gae_lambda,
-        )  # fmt: skip
+            traj.reward, values, next_values, traj.terminated, traj.done, hp.gamma, hp.gae_lambda
+        )
         # Flatten [time, env] into one batch of samples for the minibatch epochs.
         samples = {
             "obs": traj.obs,
             "action": traj.action,
             "log_prob": traj.log_prob,
-            "value": traj.value,
+            "value": values,
             "advantages": advantages,
             "returns": returns,
         }

@@ -11,5 +11,13 @@ __version__ = "0.1.0"
 # when the CPU backend starts, so importing jaxrl (envs and algos do) before computing anything
 # applies it. Set the flag yourself in XLA_FLAGS to override.
 _SCHEDULER_FLAG = "--xla_cpu_enable_concurrency_optimized_scheduler"
-if _SCHEDULER_FLAG not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_SCHEDULER_FLAG}=false".strip()
+
+
+def with_cpu_workarounds(xla_flags: str) -> str:
+    """`xla_flags` plus our XLA CPU runtime workaround, unless that flag is already set there."""
+    if _SCHEDULER_FLAG in xla_flags:
+        return xla_flags
+    return f"{xla_flags} {_SCHEDULER_FLAG}=false".strip()
+
+
+os.environ["XLA_FLAGS"] = with_cpu_workarounds(os.environ.get("XLA_FLAGS", ""))

@@ -14,15 +14,14 @@ Metrics = dict[str, jax.Array]
 
 @struct.dataclass
 class Transition:
-    """One vectorised environment step as a policy-gradient learner stores it (axes: [env])."""
+    """One vectorised environment step as an on-policy learner stores it (axes: [env])."""
 
     obs: jax.Array
     action: jax.Array
     reward: jax.Array
     terminated: jax.Array  # absorbing state reached: the value after it is zero
     done: jax.Array  # terminated or truncated: the episode (and GAE's recursion) ends here
-    value: jax.Array  # V(obs) under the acting parameters
     log_prob: jax.Array  # log pi(action | obs) under the acting parameters
-    # V of the observation this step led to; the true final observation when the episode ended,
-    # so that truncated episodes bootstrap from where they were cut, not from the next reset.
-    next_value: jax.Array
+    # The observation this step led to: the true final observation when the episode ended (not
+    # the next episode's first), so that truncated episodes bootstrap from where they were cut.
+    next_obs: jax.Array

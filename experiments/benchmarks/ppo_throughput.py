@@ -24,7 +24,10 @@ flag), ours with this interpreter and rejax's with `--rejax_python`: rejax 0.1.3
 0.0.9 while we need gymnax 1.x, so the two cannot share a process. A fresh process per cell also
 gives each cell its own peak RSS and keeps in-memory compilation caches from favouring either
 side; the persistent compilation cache is switched off in the workers so compile times are real.
-Ours and rejax's run one after the other for each cell, never concurrently.
+Ours and rejax's run one after the other for each cell, never concurrently. Each side runs as its
+users would run it: ours with the XLA_FLAGS that importing `jaxrl` sets (XLA CPU's
+concurrency-optimised scheduler off, since it can deadlock vmapped PPO programs; this costs us
+about 10% on CartPole), rejax with XLA's defaults. `--rejax_xla_flags=ours` gives rejax our flags.
 
 Hyper-parameters are the same on both sides: num_steps 128, num_epochs 4, num_minibatches 4,
 learning rate 2.5e-4 annealed linearly to zero, gamma 0.99, GAE lambda 0.95, clip 0.2 (policy and
@@ -83,7 +86,7 @@ DEFAULT_SEEDS = "1,8"
 # the number of updates instead: a fixed count (32 updates of 512 envs x 8 seeds is 16.8M steps)
 # makes large cells take minutes on a small CPU and small ones a tenth of a second. 2**19 steps
 # is one update of the largest cell (512 envs x 8 seeds x 128 steps), and a few seconds per run
-# on a 2-core CPU (about 4 s for CartPole, 10 s for Breakout-MinAtar).
+# on a 2-core CPU (3-4 s for CartPole, 10-15 s for Breakout-MinAtar).
 DEFAULT_ENV_STEPS = 524_288
 # The first call of a compiled function is slower (buffer allocation, cold caches): up to twice as
 # slow for sub-second runs. Reporting the best of two calls leaves that out.
@@ -158,7 +161,8 @@ def _rejax_algo(env_name: str, num_envs: int, total_timesteps: int, evaluate: bo
     * Adam epsilon: rejax's is optax's default 1e-8, ours 1e-5;
     * initialisation: rejax uses Flax's default (LeCun normal), ours orthogonal;
     * bootstrapping: rejax treats time-limit truncation as termination; we bootstrap from the
-      final observation, which costs one extra critic forward pass per environment step;
+      final observation, which costs an extra critic forward pass over every step's next
+      observation;
     * evaluation (only with --eval final): rejax samples actions, we take the mode, so episode
       lengths, and the time the final evaluation takes, differ.
 
@@ -299,6 +303,11 @@ def measure(
         "--repeats": args.repeats,
         "--eval": args.eval,
     }
+    env = dict(os.environ)
+    if side == "rejax" and args.rejax_xla_flags == "default":
+        env["XLA_FLAGS"] = USER_XLA_FLAGS
+    elif side == "rejax":
+        env["XLA_FLAGS"] = jaxrl_xla_flags()
     command = [python, str(Path(__file__).resolve())]
     command += [str(item) for flag_and_value in flags.items() for item in flag_and_value]
     try:
@@ -310,6 +319,7 @@ def measure(
             cwd=REPO_ROOT,
             timeout=args.timeout,
             check=False,
+            env=env,
         )
     except subprocess.TimeoutExpired as expired:
         compiled = _marked_json(expired.stdout, COMPILED_MARKER) or {}
@@ -359,8 +369,23 @@ def format_table(rows: list[dict[str, Any]], with_rejax: bool) -> str:
     return "\n".join(lines)
 
 
+# XLA_FLAGS as the user set them, before anything of ours touched them.
+USER_XLA_FLAGS = os.environ.get("XLA_FLAGS", "")
+
+
+def jaxrl_xla_flags() -> str:
+    """XLA_FLAGS as importing jaxrl sets them: the user's plus its CPU runtime workaround."""
+    from jaxrl import with_cpu_workarounds
+
+    return with_cpu_workarounds(USER_XLA_FLAGS)
+
+
 def run_sweep(args: argparse.Namespace) -> None:
     """Every cell, ours then rejax's (never both at once: they would compete for the cores)."""
+    print(f"XLA_FLAGS ours: {jaxrl_xla_flags()!r}", file=sys.stderr)
+    if args.rejax_python:
+        rejax_flags = USER_XLA_FLAGS if args.rejax_xla_flags == "default" else jaxrl_xla_flags()
+        print(f"XLA_FLAGS rejax: {rejax_flags!r}", file=sys.stderr)
     sides = [("ours", sys.executable)]
     if args.rejax_python:
         sides.append(("rejax", args.rejax_python))
@@ -396,6 +421,8 @@ def run_sweep(args: argparse.Namespace) -> None:
                 "repeats": args.repeats,
                 "eval": args.eval,
                 "eval_episodes": EVAL_EPISODES if args.eval == "final" else 0,
+                "xla_flags_ours": jaxrl_xla_flags(),
+                "rejax_xla_flags": args.rejax_xla_flags,
             },
             "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count()},
             "rejax_python": args.rejax_python,
@@ -450,6 +477,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=DEFAULT_REPEATS,
         help="calls of each compiled function; the fastest is reported",
+    )
+    add(
+        "--rejax_xla_flags",
+        choices=("default", "ours"),
+        default="default",
+        help="'default': rejax runs with XLA's default CPU flags, as its users run it; 'ours': "
+        "with the flags importing jaxrl sets",
     )
     add(
         "--eval",
