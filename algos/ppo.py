@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import struct
+from jax.flatten_util import ravel_pytree
 
 import envs
 from jaxrl import evaluation
@@ -303,7 +304,8 @@ def init(config: Config, key: PRNGKey, hparams: HParams | None = None) -> TrainS
     key, params_key, env_key = jax.random.split(key, 3)
     obs, env_state = env.reset(env_key)
     params = network.init(params_key, obs)
-    opt_state = make_optimizer(hp, hp.learning_rate, config.adam_eps).init(params)
+    flat_params, _ = ravel_pytree(params)  # the optimiser state is over the flat vector
+    opt_state = make_optimizer(hp, hp.learning_rate, config.adam_eps).init(flat_params)
     return TrainState(params, opt_state, env_state, obs, key, jnp.zeros((), jnp.int32))
 
 
@@ -375,15 +377,20 @@ def make_update(config: Config) -> Callable[[TrainState, HParams], tuple[TrainSt
         }
         samples = jax.tree.map(lambda x: x.reshape((config.batch_size,) + x.shape[2:]), samples)
 
+        # The optimiser works on all parameters as one flat vector: Adam and the global-norm clip
+        # become a handful of large operations rather than a few per parameter array, which is
+        # what small networks spend their time on (about 10% of a CartPole run on a CPU).
+        _, unravel = ravel_pytree(state.params)
+
         def gradient_step(carry, minibatch):
-            params, opt_state, step = carry
-            grads, metrics = jax.grad(loss_fn, has_aux=True)(params, minibatch, hp)
+            flat_params, opt_state, step = carry
+            flat_loss = lambda p: loss_fn(unravel(p), minibatch, hp)
+            grads, metrics = jax.grad(flat_loss, has_aux=True)(flat_params)
             fraction_left = 1.0 - step / total_gradient_steps
             learning_rate = hp.learning_rate * (fraction_left if config.anneal_lr else 1.0)
             optimizer = make_optimizer(hp, learning_rate, config.adam_eps)
-            updates, opt_state = optimizer.update(grads, opt_state, params)
-            params = optax.apply_updates(params, updates)
-            return (params, opt_state, step + 1), metrics
+            updates, opt_state = optimizer.update(grads, opt_state, flat_params)
+            return (flat_params + updates, opt_state, step + 1), metrics
 
         def epoch(carry, epoch_key):
             permutation = jax.random.permutation(epoch_key, config.batch_size)
@@ -396,11 +403,12 @@ def make_update(config: Config) -> Callable[[TrainState, HParams], tuple[TrainSt
             return jax.lax.scan(gradient_step, carry, minibatches)
 
         first_step = state.update_step * gradient_steps_per_update
-        (params, opt_state, _), metrics = jax.lax.scan(
+        (flat_params, opt_state, _), metrics = jax.lax.scan(
             epoch,
-            (state.params, state.opt_state, first_step.astype(jnp.float32)),
+            (ravel_pytree(state.params)[0], state.opt_state, first_step.astype(jnp.float32)),
             jax.random.split(shuffle_key, config.num_epochs),
         )
+        params = unravel(flat_params)
         metrics = jax.tree.map(jnp.mean, metrics)
         stats = envs.find_state(env_state, envs.EpisodeStatisticsState)
         metrics["episode_return"] = stats.last_return.mean()
