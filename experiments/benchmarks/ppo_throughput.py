@@ -74,6 +74,20 @@ NUM_STEPS = 128
 NUM_EPOCHS = 4
 NUM_MINIBATCHES = 4
 LEARNING_RATE = 2.5e-4
+# Settings both libraries name alike, passed to both as they are.
+SHARED_SETTINGS = dict(
+    num_steps=NUM_STEPS,
+    num_epochs=NUM_EPOCHS,
+    num_minibatches=NUM_MINIBATCHES,
+    gamma=0.99,
+    gae_lambda=0.95,
+    clip_eps=0.2,
+    ent_coef=0.01,
+    vf_coef=0.5,
+    max_grad_norm=0.5,
+    normalize_observations=False,
+    normalize_rewards=False,
+)
 HIDDEN_SIZES = (64, 64)
 ACTIVATION = "tanh"
 # rejax always evaluates on 128 episodes, so with --eval final ours does too.
@@ -115,20 +129,10 @@ def _ours_train(
         env_name=env_name,
         total_timesteps=total_timesteps,
         num_envs=num_envs,
-        num_steps=NUM_STEPS,
-        num_epochs=NUM_EPOCHS,
-        num_minibatches=NUM_MINIBATCHES,
         learning_rate=LEARNING_RATE,
         anneal_lr=True,
-        gamma=0.99,
-        gae_lambda=0.95,
-        clip_eps=0.2,
         clip_value=True,
-        ent_coef=0.01,
-        vf_coef=0.5,
-        max_grad_norm=0.5,
-        normalize_observations=False,
-        normalize_rewards=False,
+        **SHARED_SETTINGS,
         hidden_sizes=HIDDEN_SIZES,
         activation=ACTIVATION,
         eval_episodes=EVAL_EPISODES,
@@ -180,21 +184,11 @@ def _rejax_algo(env_name: str, num_envs: int, total_timesteps: int, evaluate: bo
     algo = PPO.create(
         env=env_name,
         num_envs=num_envs,
-        num_steps=NUM_STEPS,
-        num_epochs=NUM_EPOCHS,
-        num_minibatches=NUM_MINIBATCHES,
         total_timesteps=total_timesteps,
         eval_freq=total_timesteps,  # a single evaluation, at the end
         skip_initial_evaluation=True,
         learning_rate=optax.linear_schedule(LEARNING_RATE, 0.0, gradient_steps),
-        gamma=0.99,
-        gae_lambda=0.95,
-        clip_eps=0.2,
-        ent_coef=0.01,
-        vf_coef=0.5,
-        max_grad_norm=0.5,
-        normalize_observations=False,
-        normalize_rewards=False,
+        **SHARED_SETTINGS,
         agent_kwargs={"hidden_layer_sizes": HIDDEN_SIZES, "activation": ACTIVATION},
     )
     if not evaluate:
