@@ -380,7 +380,7 @@ def make_update(config: Config) -> Callable[[TrainState, HParams], tuple[TrainSt
         # The optimiser works on all parameters as one flat vector: Adam and the global-norm clip
         # become a handful of large operations rather than a few per parameter array, which is
         # what small networks spend their time on (about 10% of a CartPole run on a CPU).
-        _, unravel = ravel_pytree(state.params)
+        flat_params, unravel = ravel_pytree(state.params)
 
         def gradient_step(carry, minibatch):
             flat_params, opt_state, step = carry
@@ -405,7 +405,7 @@ def make_update(config: Config) -> Callable[[TrainState, HParams], tuple[TrainSt
         first_step = state.update_step * gradient_steps_per_update
         (flat_params, opt_state, _), metrics = jax.lax.scan(
             epoch,
-            (ravel_pytree(state.params)[0], state.opt_state, first_step.astype(jnp.float32)),
+            (flat_params, state.opt_state, first_step.astype(jnp.float32)),
             jax.random.split(shuffle_key, config.num_epochs),
         )
         params = unravel(flat_params)
