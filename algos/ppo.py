@@ -453,12 +453,13 @@ def make_evaluate(config: Config) -> Callable[[TrainState, PRNGKey], jax.Array]:
 
 
 def make_train(
-    config: Config,
+    config: Config, final_evaluation: bool = True
 ) -> Callable[[PRNGKey, HParams | None], tuple[TrainState, Metrics]]:
     """`train(key, hparams=None) -> (state, metrics)`: the whole run, then a final evaluation.
 
     `metrics` holds one value per update for each training scalar, plus `eval_return` (the mean
-    undiscounted return of the deterministic policy over `config.eval_episodes` episodes).
+    undiscounted return of the deterministic policy over `config.eval_episodes` episodes) unless
+    `final_evaluation` is False (benchmarks time training alone).
     """
     update = make_update(config)
     evaluate = make_evaluate(config)
@@ -470,7 +471,8 @@ def make_train(
         state, metrics = jax.lax.scan(
             lambda s, _: update(s, hp), state, None, length=config.num_updates
         )
-        metrics["eval_return"] = evaluate(state, eval_key).mean()
+        if final_evaluation:
+            metrics["eval_return"] = evaluate(state, eval_key).mean()
         return state, metrics
 
     return train

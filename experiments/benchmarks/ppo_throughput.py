@@ -121,8 +121,6 @@ RESULT_MARKER = "PPO_THROUGHPUT_RESULT "
 def _ours_train(
     env_name: str, num_envs: int, total_timesteps: int, evaluate: bool
 ) -> Callable[..., Any]:
-    import jax
-
     from algos import ppo
 
     config = ppo.Config(
@@ -137,22 +135,7 @@ def _ours_train(
         activation=ACTIVATION,
         eval_episodes=EVAL_EPISODES,
     )
-    if evaluate:
-        return ppo.make_train(config)
-
-    # `ppo.make_train` without its final evaluation: the same initialisation and update scan.
-    update = ppo.make_update(config)
-
-    def train(key: jax.Array) -> tuple[Any, Any]:
-        hparams = config.hparams()
-        return jax.lax.scan(
-            lambda state, _: update(state, hparams),
-            ppo.init(config, key, hparams),
-            None,
-            length=config.num_updates,
-        )
-
-    return train
+    return ppo.make_train(config, final_evaluation=evaluate)
 
 
 def _rejax_algo(env_name: str, num_envs: int, total_timesteps: int, evaluate: bool) -> Any:
