@@ -1,0 +1,441 @@
+"""A decoder-only transformer of the Llama / Qwen2 family, in Flax.
+
+RMSNorm, rotary position embeddings, grouped-query attention and a SwiGLU MLP, with tied or untied
+embeddings and (Qwen2) biases on the query/key/value projections. Every parameter carries logical
+axis names ("vocab", "embed", "heads", "kv_heads", "kv", "mlp") and the main activations are
+constrained with "act_*" names; `jaxrl/sharding.py` maps both to a device mesh by rules, so the same
+model runs data-parallel, FSDP, tensor-parallel or any mix by changing only the mesh shape.
+
+One call signature serves training, scoring and generation:
+
+    logits, cache = model.apply({"params": params}, tokens, positions, token_mask, cache)
+
+With `cache=None` the sequence attends to itself (causal, padding masked). With a cache (see
+`init_cache`), the new tokens are written into it at `cache["index"]` and attend to everything
+written so far; prefill and single-token decoding are the same code path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jaxrl.config import ConfigError, require, require_positive
+
+Array = jax.Array
+Cache = dict[str, Array]
+Rules = Sequence[tuple[str, Any]]
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int | None = None  # None: hidden_size // num_heads
+    max_position_embeddings: int = 2048
+    rope_theta: float = 10_000.0
+    rms_norm_eps: float = 1e-6
+    tie_embeddings: bool = False
+    qkv_bias: bool = False  # Qwen2 has biases on q, k and v (not on the output projection)
+    dtype: str = "float32"  # compute dtype of the matmuls; norms, softmax and logits stay fp32
+    param_dtype: str = "float32"
+    remat: bool = False  # recompute each layer's activations in the backward pass
+
+    def __post_init__(self) -> None:
+        require_positive(
+            self,
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "max_position_embeddings",
+        )
+        require(
+            self.num_heads % self.num_kv_heads == 0,
+            "num_kv_heads",
+            f"{self.num_kv_heads} does not divide num_heads={self.num_heads}",
+            "grouped-query attention shares each key/value head among num_heads/num_kv_heads "
+            "query heads; choose num_kv_heads dividing num_heads",
+        )
+        if self.head_dim is None:
+            require(
+                self.hidden_size % self.num_heads == 0,
+                "hidden_size",
+                f"{self.hidden_size} is not divisible by num_heads={self.num_heads}",
+                "set head_dim explicitly or choose hidden_size = num_heads * head_dim",
+            )
+        require(
+            self.dims_per_head % 2 == 0,
+            "head_dim",
+            "must be even for rotary",
+            "use an even head_dim",
+        )
+        for field in ("dtype", "param_dtype"):
+            value = getattr(self, field)
+            require(
+                value in ("float32", "bfloat16", "float16"),
+                field,
+                f"unknown dtype {value!r}",
+                "use float32, bfloat16 or float16",
+            )
+
+    @property
+    def dims_per_head(self) -> int:
+        return self.head_dim if self.head_dim is not None else self.hidden_size // self.num_heads
+
+    def num_params(self) -> int:
+        d, h, kv, hd = self.hidden_size, self.num_heads, self.num_kv_heads, self.dims_per_head
+        attention = d * h * hd * 2 + d * kv * hd * 2
+        if self.qkv_bias:
+            attention += h * hd + 2 * kv * hd
+        mlp = 3 * d * self.intermediate_size
+        per_layer = attention + mlp + 2 * d
+        embeddings = self.vocab_size * d * (1 if self.tie_embeddings else 2)
+        return self.num_layers * per_layer + embeddings + d
+
+    def flops_per_token(self, context_length: int) -> float:
+        """Forward-pass FLOPs per token: 2 per weight use plus attention score/value matmuls."""
+        d, h, kv, hd = self.hidden_size, self.num_heads, self.num_kv_heads, self.dims_per_head
+        matmul_params = self.num_layers * (d * h * hd * 2 + d * kv * hd * 2)
+        matmul_params += self.num_layers * 3 * d * self.intermediate_size + self.vocab_size * d
+        attention = self.num_layers * 2 * 2 * h * hd * context_length
+        return 2.0 * matmul_params + attention
+
+
+# --- small pieces -------------------------------------------------------------------------------
+
+
+def _constrain(x: Array, axes: tuple[str | None, ...], mesh: Any, rules: Rules | None) -> Array:
+    """Pin an activation's sharding by logical names; a no-op when no mesh is given."""
+    if mesh is None:
+        return x
+    return nn.with_logical_constraint(x, axes, rules=rules, mesh=mesh)
+
+
+def _param(module: nn.Module, name: str, shape: tuple[int, ...], axes, init, dtype) -> Array:
+    return module.param(name, nn.with_logical_partitioning(init, axes), shape, dtype)
+
+
+class RMSNorm(nn.Module):
+    eps: float
+    param_dtype: Any
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        scale = _param(
+            self, "scale", (x.shape[-1],), ("embed",), nn.initializers.ones, self.param_dtype
+        )
+        x32 = x.astype(jnp.float32)
+        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        # Llama casts back to the activation dtype before scaling; keep that order for parity.
+        return scale.astype(x.dtype) * normed.astype(x.dtype)
+
+
+def rotary_embedding(x: Array, positions: Array, theta: float) -> Array:
+    """Rotate the two halves of each head's features by position-dependent angles (the
+    "rotate_half" convention Llama and Qwen2 checkpoints are trained with). x: [B, T, H, D]."""
+    half = x.shape[-1] // 2
+    inverse_frequency = 1.0 / (theta ** (jnp.arange(0, half, dtype=jnp.float32) * 2 / x.shape[-1]))
+    angles = positions.astype(jnp.float32)[..., None] * inverse_frequency  # [B, T, half]
+    cos = jnp.cos(angles)[:, :, None, :]
+    sin = jnp.sin(angles)[:, :, None, :]
+    x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
+    rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return rotated.astype(x.dtype)
+
+
+# --- attention and MLP -------------------------------------------------------------------------
+
+
+class Attention(nn.Module):
+    config: ModelConfig
+    mesh: Any = None
+    rules: Rules | None = None
+
+    @nn.compact
+    def __call__(
+        self,
+        x: Array,
+        positions: Array,
+        token_mask: Array,
+        layer_cache: Cache | None,
+    ) -> tuple[Array, Cache | None]:
+        cfg = self.config
+        dtype, param_dtype = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
+        d, h, kv, hd = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.dims_per_head
+        init = nn.initializers.normal(0.02)
+
+        def project(name: str, heads: int, head_axis: str) -> Array:
+            kernel = _param(
+                self,
+                f"{name}_kernel",
+                (d, heads, hd),
+                ("embed", head_axis, "kv"),
+                init,
+                param_dtype,
+            )
+            y = jnp.einsum("btd,dhk->bthk", x, kernel.astype(dtype))
+            if cfg.qkv_bias:
+                bias = _param(
+                    self,
+                    f"{name}_bias",
+                    (heads, hd),
+                    (head_axis, "kv"),
+                    nn.initializers.zeros,
+                    param_dtype,
+                )
+                y = y + bias.astype(dtype)
+            return _constrain(
+                y, ("act_batch", "act_length", f"act_{head_axis}", None), self.mesh, self.rules
+            )
+
+        q = rotary_embedding(project("q", h, "heads"), positions, cfg.rope_theta)
+        k = rotary_embedding(project("k", kv, "kv_heads"), positions, cfg.rope_theta)
+        v = project("v", kv, "kv_heads")
+
+        batch, length = x.shape[:2]
+        if layer_cache is None:
+            keys, values, key_mask = k, v, token_mask
+            query_slots = jnp.arange(length)
+            new_cache = None
+        else:
+            # Write the new tokens into the fixed-size cache at `index`; attend to every slot
+            # written so far. Slot order is time order, so causality is slot <= query slot.
+            index = layer_cache["index"]
+            keys = jax.lax.dynamic_update_slice(
+                layer_cache["k"], k.astype(layer_cache["k"].dtype), (0, index, 0, 0)
+            )
+            values = jax.lax.dynamic_update_slice(
+                layer_cache["v"], v.astype(layer_cache["v"].dtype), (0, index, 0, 0)
+            )
+            key_mask = jax.lax.dynamic_update_slice(layer_cache["mask"], token_mask, (0, index))
+            query_slots = index + jnp.arange(length)
+            new_cache = {"k": keys, "v": values, "mask": key_mask, "index": index + length}
+
+        key_slots = jnp.arange(keys.shape[1])
+        allowed = (key_slots[None, :] <= query_slots[:, None])[None] & key_mask[
+            :, None, :
+        ]  # [B, T, S]
+
+        # Grouped-query attention: query heads are grouped over the kv head they share.
+        groups = h // kv
+        q = q.reshape(batch, length, kv, groups, hd)
+        scores = jnp.einsum("btngk,bsnk->bngts", q, keys.astype(dtype)).astype(jnp.float32)
+        scores = scores / jnp.sqrt(jnp.float32(hd))
+        scores = jnp.where(allowed[:, None, None], scores, jnp.finfo(jnp.float32).min)
+        weights = jax.nn.softmax(scores, axis=-1).astype(dtype)
+        out = jnp.einsum("bngts,bsnk->btngk", weights, values.astype(dtype)).reshape(
+            batch, length, h, hd
+        )
+        out = _constrain(out, ("act_batch", "act_length", "act_heads", None), self.mesh, self.rules)
+
+        o_kernel = _param(self, "o_kernel", (h, hd, d), ("heads", "kv", "embed"), init, param_dtype)
+        y = jnp.einsum("bthk,hkd->btd", out, o_kernel.astype(dtype))
+        return y, new_cache
+
+
+class MLP(nn.Module):
+    config: ModelConfig
+    mesh: Any = None
+    rules: Rules | None = None
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        cfg = self.config
+        dtype, param_dtype = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
+        d, f = cfg.hidden_size, cfg.intermediate_size
+        init = nn.initializers.normal(0.02)
+        gate = _param(self, "gate_kernel", (d, f), ("embed", "mlp"), init, param_dtype)
+        up = _param(self, "up_kernel", (d, f), ("embed", "mlp"), init, param_dtype)
+        down = _param(self, "down_kernel", (f, d), ("mlp", "embed"), init, param_dtype)
+        hidden = jax.nn.silu(x @ gate.astype(dtype)) * (x @ up.astype(dtype))
+        hidden = _constrain(hidden, ("act_batch", "act_length", "act_mlp"), self.mesh, self.rules)
+        return hidden @ down.astype(dtype)
+
+
+class DecoderLayer(nn.Module):
+    config: ModelConfig
+    mesh: Any = None
+    rules: Rules | None = None
+
+    @nn.compact
+    def __call__(self, x, positions, token_mask, layer_cache):
+        cfg = self.config
+        param_dtype = jnp.dtype(cfg.param_dtype)
+        attention_in = RMSNorm(cfg.rms_norm_eps, param_dtype, name="input_norm")(x)
+        attended, layer_cache = Attention(cfg, self.mesh, self.rules, name="attention")(
+            attention_in, positions, token_mask, layer_cache
+        )
+        x = x + attended
+        mlp_in = RMSNorm(cfg.rms_norm_eps, param_dtype, name="post_attention_norm")(x)
+        x = x + MLP(cfg, self.mesh, self.rules, name="mlp")(mlp_in)
+        x = _constrain(x, ("act_batch", "act_length", "act_embed"), self.mesh, self.rules)
+        return x, layer_cache
+
+
+class Transformer(nn.Module):
+    """The language model. `__call__` returns fp32 logits [B, T, vocab] and the updated cache."""
+
+    config: ModelConfig
+    mesh: Any = None
+    rules: Rules | None = None
+
+    @nn.compact
+    def __call__(
+        self,
+        tokens: Array,
+        positions: Array | None = None,
+        token_mask: Array | None = None,
+        cache: Cache | None = None,
+    ) -> tuple[Array, Cache | None]:
+        cfg = self.config
+        dtype, param_dtype = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
+        if token_mask is None:
+            token_mask = jnp.ones(tokens.shape, bool)
+        if positions is None:
+            positions = positions_from_mask(token_mask)
+
+        embedding = _param(
+            self,
+            "embedding",
+            (cfg.vocab_size, cfg.hidden_size),
+            ("vocab", "embed"),
+            nn.initializers.normal(0.02),
+            param_dtype,
+        )
+        x = jnp.take(embedding, tokens, axis=0).astype(dtype)
+        x = _constrain(x, ("act_batch", "act_length", "act_embed"), self.mesh, self.rules)
+
+        layer_type = nn.remat(DecoderLayer) if cfg.remat else DecoderLayer
+        new_layers = []
+        for i in range(cfg.num_layers):
+            layer_cache = None
+            if cache is not None:
+                layer_cache = {
+                    "k": cache["k"][i],
+                    "v": cache["v"][i],
+                    "mask": cache["mask"],
+                    "index": cache["index"],
+                }
+            x, layer_cache = layer_type(cfg, self.mesh, self.rules, name=f"layer_{i}")(
+                x, positions, token_mask, layer_cache
+            )
+            new_layers.append(layer_cache)
+
+        x = RMSNorm(cfg.rms_norm_eps, param_dtype, name="final_norm")(x)
+        if cfg.tie_embeddings:
+            logits = x @ embedding.astype(dtype).T
+        else:
+            head = _param(
+                self,
+                "lm_head",
+                (cfg.hidden_size, cfg.vocab_size),
+                ("embed", "vocab"),
+                nn.initializers.normal(0.02),
+                param_dtype,
+            )
+            logits = x @ head.astype(dtype)
+        logits = _constrain(
+            logits.astype(jnp.float32),
+            ("act_batch", "act_length", "act_vocab"),
+            self.mesh,
+            self.rules,
+        )
+
+        new_cache = None
+        if cache is not None:
+            new_cache = {
+                "k": jnp.stack([c["k"] for c in new_layers]),
+                "v": jnp.stack([c["v"] for c in new_layers]),
+                "mask": new_layers[-1]["mask"],
+                "index": new_layers[-1]["index"],
+            }
+        return logits, new_cache
+
+
+# --- helpers ------------------------------------------------------------------------------------
+
+
+def positions_from_mask(token_mask: Array) -> Array:
+    """Position ids that skip padding: a left-padded row's first real token gets position 0."""
+    return jnp.maximum(jnp.cumsum(token_mask.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+def init_cache(config: ModelConfig, batch_size: int, max_length: int, dtype: Any = None) -> Cache:
+    """An empty KV cache with room for `max_length` tokens per row."""
+    dtype = jnp.dtype(dtype or config.dtype)
+    shape = (config.num_layers, batch_size, max_length, config.num_kv_heads, config.dims_per_head)
+    return {
+        "k": jnp.zeros(shape, dtype),
+        "v": jnp.zeros(shape, dtype),
+        "mask": jnp.zeros((batch_size, max_length), bool),
+        "index": jnp.zeros((), jnp.int32),
+    }
+
+
+CACHE_AXES = {
+    "k": ("layers", "act_batch", "act_length", "act_kv_heads", None),
+    "v": ("layers", "act_batch", "act_length", "act_kv_heads", None),
+    "mask": ("act_batch", "act_length"),
+    "index": (),
+}
+
+
+def init_params(config: ModelConfig, key: Array) -> dict:
+    """Random parameters (plain arrays; the logical axis names live in `param_axes`)."""
+    model = Transformer(config)
+    tokens = jnp.zeros((1, 1), jnp.int32)
+    return nn.meta.unbox(model.init(key, tokens)["params"])
+
+
+def param_axes(config: ModelConfig) -> dict:
+    """The logical axis names of every parameter, as a pytree of tuples matching `init_params`."""
+    model = Transformer(config)
+    abstract = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 1), jnp.int32))["params"]
+    return jax.tree.map(
+        lambda p: tuple(p.names), abstract, is_leaf=lambda p: isinstance(p, nn.LogicallyPartitioned)
+    )
+
+
+def token_log_probs(logits: Array, tokens: Array) -> Array:
+    """log p(tokens[t] | tokens[<t]) for t >= 1, from logits of the same sequence; position 0 (no
+    prediction) gets 0. Shapes: logits [B, T, V], tokens [B, T] -> [B, T]."""
+    log_probs = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)
+    picked = jnp.take_along_axis(log_probs, tokens[:, 1:, None], axis=-1)[..., 0]
+    return jnp.pad(picked, ((0, 0), (1, 0)))
+
+
+def validate_tokens(tokens: Any, config: ModelConfig, field: str = "tokens") -> None:
+    """Reject token ids the embedding table does not have, before anything compiles."""
+    import numpy as np
+
+    array = np.asarray(tokens)
+    if array.size and (array.min() < 0 or array.max() >= config.vocab_size):
+        raise ConfigError(
+            f"{field}: ids must lie in [0, {config.vocab_size}), got range "
+            f"[{array.min()}, {array.max()}]; use a tokenizer whose vocabulary matches the model's "
+            "vocab_size"
+        )
+
+
+def param_shardings(config: ModelConfig, mesh: Any, rules: Rules | None = None) -> dict:
+    """A NamedSharding per parameter on `mesh`; raises ConfigError naming the parameter whose
+    dimension the mesh does not divide (before anything compiles)."""
+    from jaxrl import sharding
+
+    rules = sharding.RULES if rules is None else rules
+    axes = param_axes(config)
+    shapes = jax.eval_shape(lambda: init_params(config, jax.random.key(0)))
+    sharding.check_divisible(shapes, axes, mesh, rules, what="params")
+    return sharding.shardings(axes, mesh, rules)

@@ -1,0 +1,145 @@
+"""The transformer's cache, padding and sampler: exact equalities against plain recomputation."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxrl.config import ConfigError
+from jaxrl.lm.model import ModelConfig, Transformer, init_cache, init_params, token_log_probs
+from jaxrl.lm.sampler import SamplingConfig, _filter_logits, generate
+
+CONFIG = ModelConfig(
+    vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4, num_kv_heads=2
+)
+PAD, EOS = 0, 1
+
+
+@pytest.fixture(scope="module")
+def params():
+    return init_params(CONFIG, jax.random.key(0))
+
+
+def forward(params, tokens, mask=None, positions=None):
+    return Transformer(CONFIG).apply({"params": params}, tokens, positions, mask)[0]
+
+
+def test_parameter_count_matches_formula(params):
+    assert sum(x.size for x in jax.tree.leaves(params)) == CONFIG.num_params()
+
+
+def test_prefill_then_decode_equals_full_forward(params):
+    tokens = jax.random.randint(jax.random.key(1), (2, 10), 2, 64)
+    full = forward(params, tokens)
+    model = Transformer(CONFIG)
+    cache = init_cache(CONFIG, 2, 10)
+    positions = jnp.broadcast_to(jnp.arange(10), (2, 10))
+    ones = jnp.ones((2, 10), bool)
+    pieces, cache = model.apply(
+        {"params": params}, tokens[:, :6], positions[:, :6], ones[:, :6], cache
+    )
+    pieces = [pieces]
+    for t in range(6, 10):
+        step = slice(t, t + 1)
+        logits, cache = model.apply(
+            {"params": params}, tokens[:, step], positions[:, step], ones[:, step], cache
+        )
+        pieces.append(logits)
+    np.testing.assert_allclose(jnp.concatenate(pieces, axis=1), full, atol=1e-5)
+
+
+def test_left_padding_does_not_change_real_tokens(params):
+    tokens = jax.random.randint(jax.random.key(2), (1, 7), 2, 64)
+    padded = jnp.concatenate([jnp.zeros((1, 3), jnp.int32), tokens], axis=1)
+    mask = padded != PAD
+    np.testing.assert_allclose(
+        forward(params, padded, mask)[:, 3:], forward(params, tokens), atol=1e-5
+    )
+
+
+def naive_greedy(params, prompt, steps):
+    sequence = list(prompt)
+    for _ in range(steps):
+        logits = forward(params, jnp.array([sequence]))
+        sequence.append(int(jnp.argmax(logits[0, -1])))
+        if sequence[-1] == EOS:
+            break
+    return sequence[len(prompt) :]
+
+
+def test_greedy_cache_decoding_equals_recomputation_without_cache(params):
+    prompts = np.array([[0, 0, 5, 6, 7], [3, 4, 5, 6, 7], [0, 9, 9, 2, 2]])
+    config = SamplingConfig(max_new_tokens=8, eos_id=EOS, pad_id=PAD, temperature=0.0)
+    out = jax.jit(lambda p, t, m, k: generate(CONFIG, p, t, m, k, config))(
+        params, prompts, prompts != PAD, jax.random.key(0)
+    )
+    for row, prompt in enumerate(prompts):
+        expected = naive_greedy(params, [t for t in prompt if t != PAD], 8)
+        got = np.asarray(out.tokens[row])[np.asarray(out.mask[row])]
+        assert got.tolist() == expected
+
+
+def test_sampler_log_probs_equal_scored_log_probs(params):
+    prompts = np.array([[0, 0, 5, 6, 7], [3, 4, 5, 6, 7]])
+    mask = prompts != PAD
+    for temperature, top_k, top_p in [(1.0, 0, 1.0), (0.7, 10, 0.9)]:
+        config = SamplingConfig(
+            max_new_tokens=12,
+            eos_id=EOS,
+            pad_id=PAD,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+        )
+        out = generate(CONFIG, params, prompts, mask, jax.random.key(3), config)
+        sequence = jnp.concatenate([prompts, out.tokens], axis=1)
+        logits = forward(params, sequence, jnp.concatenate([mask, out.mask], axis=1))
+        scored = token_log_probs(logits / temperature, sequence)[:, prompts.shape[1] :]
+        np.testing.assert_allclose(
+            np.where(out.mask, scored, 0.0), np.where(out.mask, out.log_probs, 0.0), atol=1e-5
+        )
+        assert out.lengths.tolist() == out.mask.sum(-1).tolist()
+
+
+def test_eos_stops_a_row_and_pads_after_it():
+    # A model that always prefers EOS: the first token is EOS, then padding, mask covers one token.
+    config = SamplingConfig(max_new_tokens=4, eos_id=EOS, pad_id=PAD, temperature=0.0)
+    params = init_params(CONFIG, jax.random.key(0))
+    params["lm_head"] = params["lm_head"].at[:, EOS].set(0.0) + jnp.zeros_like(params["lm_head"])
+    bias_to_eos = jnp.zeros((CONFIG.hidden_size, CONFIG.vocab_size)).at[:, EOS].set(100.0)
+    params["lm_head"] = params["lm_head"] + bias_to_eos
+    params["final_norm"]["scale"] = jnp.abs(params["final_norm"]["scale"])
+    prompts = np.array([[3, 4, 5]])
+    out = generate(CONFIG, params, prompts, prompts != PAD, jax.random.key(0), config)
+    tokens, mask = np.asarray(out.tokens[0]), np.asarray(out.mask[0])
+    first_eos = int(np.argmax(tokens == EOS))
+    assert mask.tolist() == [i <= first_eos for i in range(4)]
+    assert (tokens[first_eos + 1 :] == PAD).all()
+
+
+def test_top_k_and_top_p_filters_match_numpy():
+    logits = jax.random.normal(jax.random.key(4), (3, 20))
+    kept = np.asarray(_filter_logits(logits, 5, 1.0)) > -1e30
+    for row in range(3):
+        assert set(np.flatnonzero(kept[row])) == set(np.argsort(-np.asarray(logits[row]))[:5])
+    kept = np.asarray(_filter_logits(logits, 0, 0.8)) > -1e30
+    for row in range(3):
+        order = np.argsort(-np.asarray(logits[row]))
+        probs = np.exp(logits[row] - logits[row].max())
+        probs = np.asarray(probs / probs.sum())[order]
+        before = np.cumsum(probs) - probs
+        assert set(np.flatnonzero(kept[row])) == set(order[before < 0.8])
+
+
+def test_bad_model_and_sampling_settings_name_the_field():
+    with pytest.raises(ConfigError, match="num_kv_heads"):
+        ModelConfig(
+            vocab_size=8,
+            hidden_size=8,
+            intermediate_size=8,
+            num_layers=1,
+            num_heads=4,
+            num_kv_heads=3,
+        )
+    with pytest.raises(ConfigError, match="top_p"):
+        SamplingConfig(max_new_tokens=4, eos_id=1, pad_id=0, top_p=1.5)
