@@ -426,7 +426,8 @@ def tokenize_sft(
     max_length: int,
 ) -> dict[str, np.ndarray]:
     """Fixed-shape arrays for N (prompt, completion) pairs, laid out as in `tokenize_preferences`:
-    tokens int32 [N, max_length] right-padded; attention_mask, loss_mask (completion + eos) bool."""
+    tokens int32 [N, max_length] right-padded; attention_mask, loss_mask (completion + eos) bool;
+    prompt_tokens [N, max_prompt_length] left-padded with prompt_mask, for generation."""
     _check_lengths(max_prompt_length, max_length)
     require(
         len(prompts) == len(completions),
@@ -444,7 +445,7 @@ def tokenize_sft(
         max_prompt_length,
         max_length,
     )
-    return {key: packed[key] for key in ("tokens", "attention_mask", "loss_mask")}
+    return packed
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,0 +1,536 @@
+"""Hugging Face checkpoints: load Llama / Qwen2 weights into `Transformer` and write them back.
+
+A Hugging Face checkpoint directory holds `config.json` and either `model.safetensors` or a sharded
+`model.safetensors.index.json` with the files it names. Reading and writing go through
+`safetensors.numpy`, so neither PyTorch nor `transformers` is needed.
+
+    config, params = load_hf_checkpoint("path/to/Qwen2.5-0.5B")
+    logits, _ = Transformer(config).apply({"params": params}, tokens)
+    save_hf_checkpoint("out/", config, params, model_type="qwen2")
+
+Layouts. Hugging Face stores every linear layer as a torch `[out, in]` matrix; ours are `[in, ...]`
+kernels with the head axes split out:
+
+    model.embed_tokens.weight [V, d]                 -> embedding [V, d]
+    lm_head.weight [V, d] (untied only)              -> lm_head [d, V]
+    model.norm.weight [d]                            -> final_norm/scale
+    model.layers.i.input_layernorm.weight [d]        -> layer_i/input_norm/scale
+    model.layers.i.post_attention_layernorm.weight   -> layer_i/post_attention_norm/scale
+    model.layers.i.self_attn.q_proj.weight [h*k, d]  -> layer_i/attention/q_kernel [d, h, k]
+    model.layers.i.self_attn.{k,v}_proj.weight       -> layer_i/attention/{k,v}_kernel [d, kv, k]
+    model.layers.i.self_attn.o_proj.weight [d, h*k]  -> layer_i/attention/o_kernel [h, k, d]
+    model.layers.i.self_attn.{q,k,v}_proj.bias       -> layer_i/attention/{q,k,v}_bias [heads, k]
+    model.layers.i.mlp.{gate,up}_proj.weight [f, d]  -> layer_i/mlp/{gate,up}_kernel [d, f]
+    model.layers.i.mlp.down_proj.weight [d, f]       -> layer_i/mlp/down_kernel [f, d]
+
+Only what `Transformer` computes is accepted: default RoPE (no scaling), SiLU, no MLP bias, no
+output-projection bias, no sliding window. Anything else raises `ConfigError` naming the field,
+rather than loading weights into a model that would compute something different.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+from jaxrl.config import ConfigError
+from jaxrl.lm.model import ModelConfig
+
+__all__ = ["config_from_hf", "config_to_hf", "load_hf_checkpoint", "save_hf_checkpoint"]
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+SUPPORTED = "model_type 'llama' (LlamaForCausalLM) or 'qwen2' (Qwen2ForCausalLM)"
+DTYPES = ("float32", "bfloat16", "float16")
+
+# Buffers some older checkpoints saved alongside the weights; they are recomputed, not loaded.
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def _safetensors():
+    try:
+        import safetensors.numpy
+    except ImportError as error:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "reading and writing Hugging Face checkpoints needs the `safetensors` package "
+            "(pip install safetensors); PyTorch is not needed"
+        ) from error
+    return safetensors
+
+
+# --- config.json <-> ModelConfig -----------------------------------------------------------------
+
+
+def _rope_theta(hf_config: Mapping[str, Any], source: str) -> float:
+    """RoPE base frequency from either spelling, rejecting every scaling variant but the default.
+
+    transformers < 5 writes a top-level `rope_theta` and an optional `rope_scaling` dict;
+    transformers >= 5 writes `rope_parameters: {"rope_theta": ..., "rope_type": "default"}`.
+    """
+    theta = hf_config.get("rope_theta")
+    for field in ("rope_scaling", "rope_parameters"):
+        rope = hf_config.get(field)
+        if rope is None:
+            continue
+        if not isinstance(rope, Mapping):
+            raise ConfigError(f"{source}: {field}: expected an object or null, got {rope!r}")
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type != "default":
+            raise ConfigError(
+                f"{source}: {field}.rope_type={rope_type!r} is not supported; jaxrl implements "
+                "only default RoPE (rope_type 'default' or no rope scaling), so long-context "
+                "variants such as 'linear', 'dynamic', 'yarn' or 'llama3' cannot be loaded"
+            )
+        partial = rope.get("partial_rotary_factor", 1.0)
+        if partial != 1.0:
+            raise ConfigError(
+                f"{source}: {field}.partial_rotary_factor={partial!r} is not supported; jaxrl "
+                "rotates every feature of each head (partial_rotary_factor 1.0)"
+            )
+        if "rope_theta" in rope:
+            if theta is not None and float(theta) != float(rope["rope_theta"]):
+                raise ConfigError(
+                    f"{source}: rope_theta={theta!r} disagrees with "
+                    f"{field}.rope_theta={rope['rope_theta']!r}; make them equal"
+                )
+            theta = rope["rope_theta"]
+    if theta is None:
+        raise ConfigError(
+            f"{source}: rope_theta: missing; give it at the top level or as "
+            "rope_parameters.rope_theta"
+        )
+    return float(theta)
+
+
+def _unsupported(source: str, field: str, value: Any, supported: str) -> ConfigError:
+    return ConfigError(f"{source}: {field}={value!r} is not supported; {supported}")
+
+
+def config_from_hf(hf_config: Mapping[str, Any], source: str = CONFIG_FILE) -> ModelConfig:
+    """A `ModelConfig` from the parsed `config.json` of a Llama or Qwen2 causal LM.
+
+    `source` (the file's path) only names the file in error messages. Raises `ConfigError` for
+    any architecture or feature `Transformer` does not implement.
+    """
+    model_type = hf_config.get("model_type")
+    if model_type not in ARCHITECTURES:
+        raise _unsupported(source, "model_type", model_type, f"jaxrl loads {SUPPORTED}")
+    architectures = hf_config.get("architectures")
+    expected = ARCHITECTURES[model_type]
+    if architectures is not None and list(architectures) != [expected]:
+        raise _unsupported(
+            source,
+            "architectures",
+            architectures,
+            f"a {model_type!r} checkpoint must be [{expected!r}] (a causal LM with an LM head)",
+        )
+
+    def get(field: str, default: Any = None) -> Any:
+        value = hf_config.get(field, default)
+        if value is None:
+            raise ConfigError(f"{source}: {field}: missing; a {expected} config.json sets it")
+        return value
+
+    hidden_act = hf_config.get("hidden_act", "silu")
+    if hidden_act not in ("silu", "swish"):
+        raise _unsupported(source, "hidden_act", hidden_act, "jaxrl's MLP is SwiGLU ('silu')")
+    if hf_config.get("mlp_bias", False):
+        raise _unsupported(source, "mlp_bias", True, "jaxrl's MLP has no biases (mlp_bias false)")
+    if model_type == "llama":
+        # Llama's attention_bias puts a bias on q, k, v AND the output projection; jaxrl's
+        # attention has no output-projection bias.
+        if hf_config.get("attention_bias", False):
+            raise _unsupported(
+                source,
+                "attention_bias",
+                True,
+                "Llama's attention_bias adds an o_proj bias, which jaxrl does not implement "
+                "(q/k/v biases alone are the 'qwen2' model_type)",
+            )
+        qkv_bias = False
+    else:
+        qkv_bias = True  # Qwen2 always has q/k/v biases and never an o_proj bias
+        sliding = _sliding_window_layers(hf_config)
+        if sliding:
+            raise _unsupported(
+                source,
+                "use_sliding_window",
+                True,
+                f"layers {sliding} would use sliding-window attention, which jaxrl does not "
+                "implement; set use_sliding_window false (full attention in every layer)",
+            )
+
+    num_heads = int(get("num_attention_heads"))
+    num_kv_heads = hf_config.get("num_key_value_heads")
+    head_dim = hf_config.get("head_dim")
+    if head_dim is not None and int(head_dim) * num_heads == hf_config.get("hidden_size"):
+        head_dim = None  # the default; keeps configs from different sources equal
+    try:
+        return ModelConfig(
+            vocab_size=int(get("vocab_size")),
+            hidden_size=int(get("hidden_size")),
+            intermediate_size=int(get("intermediate_size")),
+            num_layers=int(get("num_hidden_layers")),
+            num_heads=num_heads,
+            num_kv_heads=num_heads if num_kv_heads is None else int(num_kv_heads),
+            head_dim=None if head_dim is None else int(head_dim),
+            max_position_embeddings=int(get("max_position_embeddings", 2048)),
+            rope_theta=_rope_theta(hf_config, source),
+            rms_norm_eps=float(get("rms_norm_eps", 1e-6)),
+            tie_embeddings=bool(hf_config.get("tie_word_embeddings", False)),
+            qkv_bias=qkv_bias,
+        )
+    except ConfigError as error:
+        if str(error).startswith(source):
+            raise
+        raise ConfigError(f"{source}: {error}") from None
+
+
+def _sliding_window_layers(hf_config: Mapping[str, Any]) -> list[int]:
+    """Indices of the Qwen2 layers that would use sliding-window attention."""
+    layer_types = hf_config.get("layer_types")
+    if layer_types is not None:  # transformers >= 5 spells it out per layer
+        return [i for i, kind in enumerate(layer_types) if kind != "full_attention"]
+    if not hf_config.get("use_sliding_window", False) or hf_config.get("sliding_window") is None:
+        return []
+    first = int(hf_config.get("max_window_layers", 0))
+    return list(range(first, int(hf_config.get("num_hidden_layers", 0))))
+
+
+def config_to_hf(
+    config: ModelConfig, model_type: str = "llama", dtype: str = "float32"
+) -> dict[str, Any]:
+    """The `config.json` contents `transformers` needs to rebuild `config` as `model_type`."""
+    if model_type not in ARCHITECTURES:
+        raise ConfigError(f"model_type: {model_type!r} is not supported; use 'llama' or 'qwen2'")
+    if model_type == "qwen2" and not config.qkv_bias:
+        raise ConfigError(
+            "model_type: 'qwen2' always has q/k/v biases but config.qkv_bias is False; "
+            "export it as model_type='llama'"
+        )
+    if model_type == "llama" and config.qkv_bias:
+        raise ConfigError(
+            "model_type: 'llama' has no q/k/v-only biases but config.qkv_bias is True; "
+            "export it as model_type='qwen2'"
+        )
+    hf = {
+        "architectures": [ARCHITECTURES[model_type]],
+        "model_type": model_type,
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size,
+        "num_hidden_layers": config.num_layers,
+        "num_attention_heads": config.num_heads,
+        "num_key_value_heads": config.num_kv_heads,
+        "head_dim": config.dims_per_head,
+        "hidden_act": "silu",
+        "max_position_embeddings": config.max_position_embeddings,
+        "rms_norm_eps": config.rms_norm_eps,
+        # Both spellings, so that transformers 4.x (rope_theta) and 5.x (rope_parameters) agree.
+        "rope_theta": config.rope_theta,
+        "rope_scaling": None,
+        "rope_parameters": {"rope_theta": config.rope_theta, "rope_type": "default"},
+        "tie_word_embeddings": config.tie_embeddings,
+        "attention_dropout": 0.0,
+        "initializer_range": 0.02,
+        "use_cache": True,
+        "torch_dtype": dtype,
+        "dtype": dtype,
+    }
+    if model_type == "llama":
+        hf.update(attention_bias=False, mlp_bias=False, pretraining_tp=1)
+    else:
+        hf.update(
+            use_sliding_window=False,
+            sliding_window=None,
+            max_window_layers=config.num_layers,
+            layer_types=["full_attention"] * config.num_layers,
+        )
+    return hf
+
+
+# --- the name / layout table ---------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Tensor:
+    """One checkpoint tensor: its Hugging Face name and shape, and where it lives in our params.
+
+    A `transpose`d tensor is a torch `[out, in]` matrix: ours is its transpose, reshaped."""
+
+    hf_name: str
+    path: tuple[str, ...]
+    hf_shape: tuple[int, ...]
+    shape: tuple[int, ...]
+    transpose: bool
+
+    def to_ours(self, array: np.ndarray, dtype: Any) -> np.ndarray:
+        array = array.T if self.transpose else array
+        return np.array(array.reshape(self.shape), dtype=dtype, order="C")  # always a copy
+
+    def to_hf(self, array: np.ndarray) -> np.ndarray:
+        if self.transpose:
+            return np.ascontiguousarray(array.reshape(self.hf_shape[::-1]).T)
+        return np.ascontiguousarray(array.reshape(self.hf_shape))
+
+
+def _tensors(config: ModelConfig) -> list[_Tensor]:
+    d, f, v = config.hidden_size, config.intermediate_size, config.vocab_size
+    h, kv, k = config.num_heads, config.num_kv_heads, config.dims_per_head
+    out = [_Tensor("model.embed_tokens.weight", ("embedding",), (v, d), (v, d), False)]
+    if not config.tie_embeddings:
+        out.append(_Tensor("lm_head.weight", ("lm_head",), (v, d), (d, v), True))
+    out.append(_Tensor("model.norm.weight", ("final_norm", "scale"), (d,), (d,), False))
+
+    # One layer's tensors, named relative to the layer: (HF name, our path, HF shape, ours, T).
+    layer = [
+        ("input_layernorm.weight", ("input_norm", "scale"), (d,), (d,), False),
+        ("post_attention_layernorm.weight", ("post_attention_norm", "scale"), (d,), (d,), False),
+    ]
+    for name, heads in (("q", h), ("k", kv), ("v", kv)):
+        proj, kernel = f"self_attn.{name}_proj", ("attention", f"{name}_kernel")
+        layer.append((f"{proj}.weight", kernel, (heads * k, d), (d, heads, k), True))
+        if config.qkv_bias:
+            bias = ("attention", f"{name}_bias")
+            layer.append((f"{proj}.bias", bias, (heads * k,), (heads, k), False))
+    layer += [
+        ("self_attn.o_proj.weight", ("attention", "o_kernel"), (d, h * k), (h, k, d), True),
+        ("mlp.gate_proj.weight", ("mlp", "gate_kernel"), (f, d), (d, f), True),
+        ("mlp.up_proj.weight", ("mlp", "up_kernel"), (f, d), (d, f), True),
+        ("mlp.down_proj.weight", ("mlp", "down_kernel"), (d, f), (f, d), True),
+    ]
+    for i in range(config.num_layers):
+        for name, path, hf_shape, shape, transpose in layer:
+            hf_name, our_path = f"model.layers.{i}.{name}", (f"layer_{i}", *path)
+            out.append(_Tensor(hf_name, our_path, hf_shape, shape, transpose))
+    return out
+
+
+def _flatten(params: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> Iterator[tuple]:
+    for key, value in params.items():
+        if isinstance(value, Mapping):
+            yield from _flatten(value, (*prefix, key))
+        else:
+            yield (*prefix, key), value
+
+
+def _set(tree: dict, path: tuple[str, ...], value: Any) -> None:
+    for key in path[:-1]:
+        tree = tree.setdefault(key, {})
+    tree[path[-1]] = value
+
+
+def _listing(names: list[str], limit: int = 20) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f", ... ({len(names) - limit} more)" if len(names) > limit else "")
+
+
+# --- loading -------------------------------------------------------------------------------------
+
+
+def _weight_files(directory: str) -> list[str]:
+    single = os.path.join(directory, WEIGHTS_FILE)
+    if os.path.isfile(single):
+        return [single]
+    index = os.path.join(directory, INDEX_FILE)
+    if not os.path.isfile(index):
+        raise FileNotFoundError(
+            f"{directory}: no {WEIGHTS_FILE} or {INDEX_FILE}; a Hugging Face checkpoint saved with "
+            "safe_serialization=True has one of them (PyTorch .bin weights are not read)"
+        )
+    with open(index) as f:
+        weight_map = json.load(f).get("weight_map")
+    if not isinstance(weight_map, Mapping) or not weight_map:
+        raise ValueError(f"{index}: weight_map: missing or empty; expected {{tensor name: file}}")
+    files = [os.path.join(directory, name) for name in sorted(set(weight_map.values()))]
+    missing = [path for path in files if not os.path.isfile(path)]
+    if missing:
+        raise FileNotFoundError(
+            f"{index}: names weight files that do not exist: {_listing(missing)}"
+        )
+    return files
+
+
+def load_hf_checkpoint(
+    directory: str | os.PathLike, dtype: str | None = None
+) -> tuple[ModelConfig, dict]:
+    """Reads a Llama / Qwen2 checkpoint directory into `(ModelConfig, params)`.
+
+    `params` is a nested dict of host NumPy arrays in `init_params`'s layout (place them with
+    `jax.device_put(params, param_shardings(config, mesh))` to shard a large model). `dtype`
+    ("float32", "bfloat16" or "float16") is the parameter dtype and the compute dtype the
+    returned config asks for; None means float32, to which bf16/fp16 weights convert exactly.
+
+    Raises FileNotFoundError for a missing file, `ConfigError` for an unsupported config.json and
+    ValueError when the tensors do not match the config (missing, unexpected or wrong shape; all
+    listed).
+    """
+    directory = os.fspath(directory)
+    dtype = "float32" if dtype is None else dtype
+    if dtype not in DTYPES:
+        raise ConfigError(f"dtype: unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
+    config_path = os.path.join(directory, CONFIG_FILE)
+    if not os.path.isfile(config_path):
+        raise FileNotFoundError(
+            f"{config_path}: no such file; pass the directory a Hugging Face model was saved to "
+            "(it holds config.json and model.safetensors)"
+        )
+    with open(config_path) as f:
+        hf_config = json.load(f)
+    config = config_from_hf(hf_config, source=config_path)
+    config = dataclasses.replace(config, dtype=dtype, param_dtype=dtype)
+    numpy_dtype = _numpy_dtype(dtype)
+
+    expected = {t.hf_name: t for t in _tensors(config)}
+    safetensors = _safetensors()
+    params: dict = {}
+    seen: dict[str, str] = {}
+    unexpected, wrong_shape, duplicated = [], [], []
+    tied_head = None
+    for path in _weight_files(directory):
+        with safetensors.safe_open(path, framework="np") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open is not a Mapping
+                if name in seen:
+                    duplicated.append(f"{name} (in {os.path.basename(seen[name])} and {path})")
+                    continue
+                seen[name] = path
+                if name.endswith(IGNORED_SUFFIXES):
+                    continue
+                if name == "lm_head.weight" and config.tie_embeddings:
+                    tied_head = f.get_tensor(name)  # must equal the embedding; checked below
+                    continue
+                spec = expected.get(name)
+                if spec is None:
+                    unexpected.append(name)
+                    continue
+                array = f.get_tensor(name)
+                if tuple(array.shape) != spec.hf_shape:
+                    wrong_shape.append(f"{name} {tuple(array.shape)} (expected {spec.hf_shape})")
+                    continue
+                _set(params, spec.path, spec.to_ours(array, numpy_dtype))
+
+    missing = sorted(name for name in expected if name not in seen)
+    problems = []
+    if missing:
+        problems.append(f"missing tensors: {_listing(missing)}")
+    if unexpected:
+        problems.append(f"unexpected tensors: {_listing(sorted(unexpected))}")
+    if wrong_shape:
+        problems.append(f"tensors with the wrong shape: {_listing(wrong_shape)}")
+    if duplicated:
+        problems.append(f"tensors stored twice: {_listing(duplicated)}")
+    if problems:
+        raise ValueError(
+            f"{directory}: the weights do not match {config_path} "
+            f"({hf_config.get('model_type')}, {config.num_layers} layers): " + "; ".join(problems)
+        )
+    if tied_head is not None and not np.array_equal(
+        tied_head.astype(np.float32), params["embedding"].astype(np.float32)
+    ):
+        raise ValueError(
+            f"{directory}: lm_head.weight differs from model.embed_tokens.weight although "
+            f"{config_path} sets tie_word_embeddings true; set it false to load both"
+        )
+    return config, params
+
+
+def _numpy_dtype(dtype: str) -> np.dtype:
+    if dtype == "bfloat16":
+        import ml_dtypes  # installed with jax
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(dtype)
+
+
+# --- saving --------------------------------------------------------------------------------------
+
+
+def save_hf_checkpoint(
+    directory: str | os.PathLike,
+    config: ModelConfig,
+    params: Mapping[str, Any],
+    model_type: str = "llama",
+    extra_config: Mapping[str, Any] | None = None,
+) -> None:
+    """Writes `params` as a Hugging Face checkpoint: `config.json` and `model.safetensors`.
+
+    `transformers` loads the result with `AutoModelForCausalLM.from_pretrained(directory)`.
+    Tensors keep the parameters' dtype (all must share one). `extra_config` entries (e.g.
+    bos/eos/pad token ids) are added to config.json; they may not change the architecture fields.
+    Each file is written to a temporary name and renamed, so a crash leaves no half-written file.
+    """
+    directory = os.fspath(directory)
+    specs = _tensors(config)
+    flat = {path: value for path, value in _flatten(params)}
+    expected_paths = {spec.path for spec in specs}
+    missing = sorted("/".join(p) for p in expected_paths - flat.keys())
+    extra = sorted("/".join(p) for p in flat.keys() - expected_paths)
+    if missing or extra:
+        problems = []
+        if missing:
+            problems.append(f"missing parameters: {_listing(missing)}")
+        if extra:
+            problems.append(f"unexpected parameters: {_listing(extra)}")
+        raise ValueError("params do not match the config: " + "; ".join(problems))
+
+    tensors, wrong_shape, dtypes = {}, [], set()
+    for spec in specs:
+        array = np.asarray(flat[spec.path])  # gathers a sharded jax.Array to the host
+        if tuple(array.shape) != spec.shape:
+            wrong_shape.append(
+                f"{'/'.join(spec.path)} {tuple(array.shape)} (expected {spec.shape})"
+            )
+            continue
+        dtypes.add(array.dtype.name)
+        tensors[spec.hf_name] = spec.to_hf(array)
+    if wrong_shape:
+        raise ValueError(f"params with the wrong shape: {_listing(wrong_shape)}")
+    if len(dtypes) != 1 or next(iter(dtypes)) not in DTYPES:
+        raise ValueError(
+            f"params have dtypes {sorted(dtypes)}; cast them all to one of {', '.join(DTYPES)}"
+        )
+    dtype = dtypes.pop()
+
+    hf_config = config_to_hf(config, model_type, dtype)
+    for key, value in (extra_config or {}).items():
+        if key in hf_config and hf_config[key] != value:
+            raise ConfigError(
+                f"extra_config: {key}={value!r} contradicts the model's {key}={hf_config[key]!r}; "
+                "architecture fields come from the ModelConfig"
+            )
+        hf_config[key] = value
+    config_from_hf(hf_config, source="the config.json being written")  # must load back
+
+    os.makedirs(directory, exist_ok=True)
+    safetensors = _safetensors()
+    _write_atomically(
+        os.path.join(directory, WEIGHTS_FILE),
+        lambda path: safetensors.numpy.save_file(tensors, path, metadata={"format": "pt"}),
+    )
+
+    def write_config(path: str) -> None:
+        with open(path, "w") as f:
+            json.dump(hf_config, f, indent=2, sort_keys=True)
+            f.write("\n")
+
+    _write_atomically(os.path.join(directory, CONFIG_FILE), write_config)
+
+
+def _write_atomically(path: str, write) -> None:
+    temporary = f"{path}.tmp-{os.getpid()}"
+    try:
+        write(temporary)
+        os.chmod(temporary, 0o644)  # safetensors creates its files private (0600)
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.remove(temporary)
+        raise
