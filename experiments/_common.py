@@ -21,12 +21,16 @@ def fail(message: str) -> None:
     sys.exit(2)
 
 
+# Config keys that are not algorithm fields: how the run is driven, the model, the task, etc.
+SECTIONS = ("run", "model", "task", "init_from", "seed", "eval_batch_size")
+
+
 def build_config(config_cls: type, flat: ml_collections.ConfigDict) -> Any:
     """Instantiate a frozen algorithm Config from the top-level fields of an ml_collections config,
     turning validation errors into one `error: config.<field>: ...` line."""
     fields = {f.name for f in dataclasses.fields(config_cls)}
     values = {k: v for k, v in flat.items() if k in fields}
-    unknown = sorted(k for k in flat if k not in fields and k != "run")
+    unknown = sorted(k for k in flat if k not in fields and k not in SECTIONS)
     if unknown:
         fail(f"config.{unknown[0]}: not a setting of {config_cls.__module__}.Config; "
              f"valid settings are {sorted(fields)}")  # fmt: skip

@@ -1,0 +1,246 @@
+"""What the language-model experiment scripts (sft.py, dpo.py) share: the model and mesh from the
+config, the task data, deterministic resumable batches, the chunked training loop with checkpoints,
+and greedy-generation task accuracy."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+import orbax.checkpoint as ocp
+
+from envs.text import make_task
+from experiments._common import fail
+from jaxrl import sharding
+from jaxrl.checkpoint import Checkpointer
+from jaxrl.config import ConfigError
+from jaxrl.lm import load_tokenizer, training
+from jaxrl.lm.model import ModelConfig, init_params, param_shardings
+from jaxrl.lm.sampler import SamplingConfig, generate
+from jaxrl.logging import MetricsSink, RunDirectory
+
+PARAMS_DIR = "params"  # final parameters of a run, where the next stage (DPO, GRPO) reads them
+
+
+def model_config(section: ml_collections.ConfigDict) -> ModelConfig:
+    try:
+        return ModelConfig(**section.to_dict())
+    except ConfigError as error:
+        fail(f"config.model.{error}")
+    except TypeError as error:
+        fail(f"config.model: {error}")
+
+
+def make_mesh(mesh_shape: tuple[int, int, int]) -> Any:
+    try:
+        return sharding.make_mesh(*mesh_shape)
+    except ConfigError as error:
+        fail(f"config.mesh_shape: {error}")
+
+
+def task_and_tokenizer(section: ml_collections.ConfigDict):
+    try:
+        task = make_task(section.name, num_digits=section.num_digits)
+        tokenizer = load_tokenizer(section.tokenizer)
+    except (ConfigError, FileNotFoundError, ValueError) as error:
+        fail(f"config.task: {error}")
+    return task, tokenizer
+
+
+def split_problems(task: Any, section: ml_collections.ConfigDict) -> tuple[list[str], list[str]]:
+    """Held-out eval problems first, then training problems that never include them."""
+    rng = np.random.default_rng(section.data_seed)
+    try:
+        eval_problems = task.sample_problems(rng, section.num_eval)
+        train_problems = task.sample_problems(rng, section.num_train, exclude=set(eval_problems))
+    except ConfigError as error:
+        fail(f"config.task.num_train/num_eval: {error}")
+    return train_problems, eval_problems
+
+
+def initial_params(
+    model: ModelConfig, init_from: str, seed: int, mesh: Any
+) -> tuple[Any, ModelConfig, str]:
+    """Random parameters, or those of an earlier run directory (its `params/`), or a Hugging Face
+    checkpoint directory (config.json + model.safetensors), placed on the mesh."""
+    source = "random init"
+    if not init_from:
+        params = init_params(model, jax.random.key(seed))
+    elif os.path.isdir(os.path.join(init_from, PARAMS_DIR)):
+        like = jax.eval_shape(lambda: init_params(model, jax.random.key(0)))
+        with ocp.StandardCheckpointer() as checkpointer:
+            params = checkpointer.restore(
+                os.path.abspath(os.path.join(init_from, PARAMS_DIR)), like
+            )
+        source = f"run {init_from}"
+    elif os.path.isfile(os.path.join(init_from, "config.json")):
+        from jaxrl.lm.hf import load_hf_checkpoint
+
+        model, params = load_hf_checkpoint(init_from)
+        source = f"Hugging Face checkpoint {init_from}"
+    else:
+        fail(
+            f"config.init_from: {init_from!r} holds neither a finished run ({PARAMS_DIR}/) nor a "
+            "Hugging Face checkpoint (config.json); pass a run directory of experiments/sft.py"
+        )
+    try:
+        shardings = param_shardings(model, mesh)
+    except ConfigError as error:
+        fail(f"config.mesh_shape: {error}")
+    return jax.device_put(params, shardings), model, source
+
+
+def save_params(run_dir: RunDirectory, params: Any) -> None:
+    path = os.path.abspath(run_dir.file(PARAMS_DIR))
+    with ocp.StandardCheckpointer() as checkpointer:
+        checkpointer.save(path, params, force=True)
+
+
+def step_batch_indices(num_examples: int, batch_size: int, seed: int, step: int) -> np.ndarray:
+    """The example indices of optimizer step `step` (0-based): epochs are seeded permutations and
+    the remainder of each is dropped, so any step's batch can be recomputed after a restart."""
+    per_epoch = num_examples // batch_size
+    epoch, position = divmod(step, per_epoch)
+    order = np.random.default_rng([seed, epoch]).permutation(num_examples)
+    return order[position * batch_size : (position + 1) * batch_size]
+
+
+def stacked_batches(
+    arrays: dict[str, np.ndarray],
+    config: training.TrainConfig,
+    seed: int,
+    first_step: int,
+    count: int,
+) -> dict[str, np.ndarray]:
+    """`count` steps' batches stacked [count, grad_accum_steps, micro_batch, ...]."""
+    n = len(next(iter(arrays.values())))
+    index = np.stack(
+        [
+            step_batch_indices(n, config.batch_size, seed, s)
+            for s in range(first_step, first_step + count)
+        ]
+    ).reshape(count, config.grad_accum_steps, config.micro_batch_size)
+    return {name: value[index] for name, value in arrays.items()}
+
+
+@dataclasses.dataclass
+class LoopResult:
+    state: training.TrainState
+    compile_seconds: float
+    train_seconds: float
+    resumed_from_step: int
+
+
+def train_in_chunks(
+    make_chunk: Callable[[Callable], Callable],
+    state: training.TrainState,
+    arrays: dict[str, np.ndarray],
+    config: training.TrainConfig,
+    run: ml_collections.ConfigDict,
+    run_dir: RunDirectory,
+    mesh: Any,
+    seed: int,
+    description: str,
+    extra: Any = None,
+    kill_after_chunk: int | None = None,
+) -> LoopResult:
+    """Run config.num_steps optimizer steps as compiled chunks of run.steps_per_chunk, saving a
+    checkpoint after each `run.checkpoint_every` chunks and resuming from the newest one."""
+    checkpointer = Checkpointer(
+        run_dir.checkpoint_dir, save_every=run.checkpoint_every, keep=run.keep_checkpoints
+    )
+    done = 0
+    if checkpointer.latest_step() is not None:
+        state, meta = checkpointer.restore(state)
+        done = int(meta["steps"])
+        run_dir.truncate_metrics(done)
+        print(f"Resuming {run_dir.path} from step {done}/{config.num_steps}.")
+
+    sink = MetricsSink(
+        run_dir,
+        total_updates=config.num_steps,
+        steps_per_update=config.batch_size,
+        log_every=run.log_every,
+        start_update=done,
+        per_run=(),
+        tensorboard=run.tensorboard,
+        progress=run.progress,
+        description=description,
+    )
+    boundaries = list(range(0, config.num_steps, run.steps_per_chunk)) + [config.num_steps]
+    lengths = [b - a for a, b in zip(boundaries[:-1], boundaries[1:], strict=True)]
+    state_sharding = training.state_shardings(state)
+    t0 = time.time()
+    compiled = {}
+    for length in sorted(set(lengths)):
+        example = training.shard_chunk(stacked_batches(arrays, config, seed, 0, length), mesh)
+        jitted = jax.jit(
+            make_chunk(sink),
+            donate_argnums=0,
+            out_shardings=(state_sharding, sharding.replicated(mesh)),
+        )
+        compiled[length] = jitted.lower(state, example, extra).compile()
+    compile_seconds = time.time() - t0
+
+    start = time.time()
+    for index, (first, length) in enumerate(zip(boundaries[:-1], lengths, strict=True)):
+        if first + length <= done:
+            continue
+        batches = training.shard_chunk(stacked_batches(arrays, config, seed, first, length), mesh)
+        state, _ = compiled[length](state, batches, extra)
+        is_last = index == len(lengths) - 1
+        checkpointer.save(index + 1, state, {"steps": first + length}, force=is_last)
+        if kill_after_chunk == index + 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+    jax.block_until_ready(state)
+    sink.close()
+    checkpointer.close()
+    return LoopResult(state, compile_seconds, time.time() - start, done)
+
+
+def task_accuracy(
+    model: ModelConfig,
+    params: Any,
+    task: Any,
+    tokenizer: Any,
+    problems: list[str],
+    prompt_tokens: np.ndarray,
+    prompt_mask: np.ndarray,
+    max_new_tokens: int,
+    mesh: Any,
+    batch_size: int = 256,
+) -> tuple[float, float, list[str]]:
+    """Greedy generations for every problem, scored by the task: exact-match accuracy, mean score,
+    and the decoded completions."""
+    sampling = SamplingConfig(
+        max_new_tokens=max_new_tokens,
+        eos_id=tokenizer.eos_id,
+        pad_id=tokenizer.pad_id,
+        temperature=0.0,
+    )
+    rules = sharding.RULES
+    run = jax.jit(
+        lambda p, t, m: generate(model, p, t, m, jax.random.key(0), sampling, mesh, rules)
+    )
+    n = len(problems)
+    batch_size = max(
+        sharding.batch_size_per_shard(mesh),
+        batch_size - batch_size % sharding.batch_size_per_shard(mesh),
+    )
+    completions: list[str] = []
+    for start in range(0, n, batch_size):
+        index = np.arange(start, start + batch_size) % n
+        tokens = sharding.shard_batch(prompt_tokens[index], mesh)
+        mask = sharding.shard_batch(prompt_mask[index], mesh)
+        out = jax.device_get(run(params, tokens, mask))
+        for row in range(min(batch_size, n - start)):
+            completions.append(tokenizer.decode(out.tokens[row][out.mask[row]]))
+    scores = [task.score(p, c) for p, c in zip(problems, completions, strict=True)]
+    return float(np.mean([s == 1.0 for s in scores])), float(np.mean(scores)), completions

@@ -1,0 +1,20 @@
+"""SFT presets for `experiments/sft.py`: `--config=experiments/configs/sft.py[:NAME]`."""
+
+import ml_collections
+
+from experiments.configs.lm import with_sections
+
+PRESETS = {
+    # Deliberately short: an SFT model that is right on some problems and wrong on many, so DPO
+    # has something to improve (raise num_steps for a strong SFT model).
+    "reverse_digits": dict(num_steps=150, batch_size=64, learning_rate=3e-3),
+}
+
+
+def get_config(preset: str = "reverse_digits") -> ml_collections.ConfigDict:
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
+    from algos import sft
+
+    config = with_sections({**sft.Config().__dict__, **PRESETS[preset]})
+    return config
