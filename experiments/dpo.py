@@ -24,6 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
+import tensorflow_datasets as tfds  # noqa: E402
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
@@ -57,7 +58,9 @@ def preference_files(task, flat, run_dir: RunDirectory) -> tuple[dict[str, str],
     """The JSONL files to build from: the user's, or synthetic task pairs written to the run dir.
     Returns {split: path} and the held-out problems (empty for user files)."""
     section = flat.task
-    if section.get("train_jsonl"):
+    if bool(section.train_jsonl) != bool(section.eval_jsonl):
+        fail("config.task.train_jsonl / eval_jsonl: set both (train and held-out pairs) or neither")
+    if section.train_jsonl:
         return {"train": section.train_jsonl, "eval": section.eval_jsonl}, []
     train_problems, eval_problems = _lm.split_problems(task, section)
     rng = np.random.default_rng(section.data_seed + 1)
@@ -90,6 +93,8 @@ def main(argv: list[str]) -> None:
     workdir = _WORKDIR.value or os.path.join(
         "runs", f"dpo-{task.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     )
+    params, model, source = _lm.initial_params(model, flat.init_from, flat.seed, mesh)
+    reference_params = params  # the SFT model; jax arrays are immutable, so this is a snapshot
     run_dir = RunDirectory(workdir)
     check_resumable(run_dir.saved_config(), to_jsonable(flat.to_dict()), workdir)
     run_dir.write_config(to_jsonable(flat.to_dict()))
@@ -97,6 +102,8 @@ def main(argv: list[str]) -> None:
     # Preference data: JSONL -> tensorflow-datasets (array_record) -> fixed-shape arrays.
     paths, eval_problems = preference_files(task, flat, run_dir)
     try:
+        tfds.disable_progress_bar()
+        logging.set_verbosity(logging.ERROR)  # tfds warns that our builder config is custom
         built = build_preference_dataset(paths, run_dir.file("tfds"))
         splits = {split: list(load_preference_split(built, split)) for split in paths}
         arrays = {
@@ -113,8 +120,7 @@ def main(argv: list[str]) -> None:
             f"{len(splits['train'])} training pairs"
         )
 
-    params, model, source = _lm.initial_params(model, flat.init_from, flat.seed, mesh)
-    reference_params = params  # the SFT model; jax arrays are immutable, so this is a snapshot
+    logging.set_verbosity(logging.WARNING)
 
     # The reference model's log-probs: once over the data here, or inside each step.
     score = jax.jit(

@@ -82,11 +82,11 @@ def main(argv: list[str]) -> None:
             f"config.task.num_train={len(train_problems)}"
         )
 
+    params, model, source = _lm.initial_params(model, flat.init_from, flat.seed, mesh)
     run_dir = RunDirectory(workdir)
     check_resumable(run_dir.saved_config(), to_jsonable(flat.to_dict()), workdir)
     run_dir.write_config(to_jsonable(flat.to_dict()))
 
-    params, model, source = _lm.initial_params(model, flat.init_from, flat.seed, mesh)
     state = training.init_state(params, config.optimizer(), mesh)
     train_arrays = {k: train[k] for k in ("tokens", "attention_mask", "loss_mask")}
     result = _lm.train_in_chunks(

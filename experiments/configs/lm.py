@@ -35,6 +35,10 @@ def task_config() -> ml_collections.ConfigDict:
             data_seed=0,
             max_prompt_length=16,
             max_length=28,
+            # DPO only: your own preference JSONL files (prompt/chosen/rejected) instead of
+            # synthetic pairs from the task; both must be set.
+            train_jsonl="",
+            eval_jsonl="",
         )
     )
 
