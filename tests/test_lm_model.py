@@ -143,3 +143,20 @@ def test_bad_model_and_sampling_settings_name_the_field():
         )
     with pytest.raises(ConfigError, match="top_p"):
         SamplingConfig(max_new_tokens=4, eos_id=1, pad_id=0, top_p=1.5)
+
+
+def test_remat_gives_the_same_gradients_and_bf16_stays_close(params):
+    import dataclasses
+
+    tokens = jax.random.randint(jax.random.key(5), (2, 9), 2, 64)
+
+    def loss(config, p):
+        logits = Transformer(config).apply({"params": p}, tokens)[0]
+        return -token_log_probs(logits, tokens).mean()
+
+    plain = jax.grad(lambda p: loss(CONFIG, p))(params)
+    remat = jax.grad(lambda p: loss(dataclasses.replace(CONFIG, remat=True), p))(params)
+    for a, b in zip(jax.tree.leaves(plain), jax.tree.leaves(remat), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    bf16 = dataclasses.replace(CONFIG, dtype="bfloat16")
+    np.testing.assert_allclose(loss(bf16, params), loss(CONFIG, params), rtol=2e-2)
