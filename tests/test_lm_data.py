@@ -333,7 +333,8 @@ class NoBosByteTokenizer(ByteTokenizer):
 def test_tokenize_without_bos_and_sft():
     tok = NoBosByteTokenizer()
     out = tokenize_sft(["ab", ""], ["x", "yz"], tok, max_prompt_length=2, max_length=5)
-    assert set(out) == {"tokens", "attention_mask", "loss_mask"}
+    assert set(out) == {"tokens", "attention_mask", "loss_mask", "prompt_tokens", "prompt_mask"}
+    assert out["prompt_tokens"].tolist() == [[100, 101], [0, 0]]
     assert out["tokens"].tolist() == [[100, 101, 123, 2, 0], [124, 125, 2, 0, 0]]
     assert out["attention_mask"].tolist() == [[1, 1, 1, 1, 0], [1, 1, 1, 0, 0]]
     # An empty prompt without bos: position 0 has no prediction, so it is never a target.
