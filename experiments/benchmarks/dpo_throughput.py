@@ -27,7 +27,8 @@ What is measured, as the peer script does it:
   Tokens per pair are counted like the peer: prompt + chosen + rejected = 96. With K > 1 the
   warm-up is rounded up to whole calls and at least `--steps - --warmup` steps are timed.
 * compile s: ours, `jax.jit(chunk, donate_argnums=0).lower(...).compile()` (the persistent
-  compilation cache is off); TRL has no compile step (its first steps are in `first step s`).
+  compilation cache is off); TRL has no compile step (its slower first steps are in the JSON,
+  `first_step_s` and `step_s_list`; ours has `first_call_s` and `call_s_list`).
 * peak RSS: `ru_maxrss` of the worker process.
 * MFU: model FLOPs per second over this machine's fp32 matmul peak. The peak is measured by a
   separate JAX worker (`--worker peak`, once per repeat; the best over repeats is used), timing
@@ -50,7 +51,10 @@ From the repository root:
     python experiments/benchmarks/dpo_throughput.py --trl_extra "--bf16 --grad_ckpt"
 
 Throughput on a shared machine is noisy (the peer README saw 5-15% between runs): run it with the
-machine otherwise idle and `--repeats 3` or more; the table shows medians over repeats.
+machine otherwise idle and `--repeats 3` or more; the table shows medians over repeats and the
+range. Another busy process hurts torch's two OpenMP threads far more than XLA (TRL steps of 5 s
+instead of 0.2 s were seen), so numbers from a loaded machine flatter us. Even idle, our step time
+is bimodal from one process to the next (e.g. 225 or 270 ms), hence the repeats.
 """
 
 from __future__ import annotations
@@ -458,19 +462,23 @@ def summarise(rows: list[dict[str, Any]], peak: float | None) -> None:
 def format_table(rows: list[dict[str, Any]]) -> str:
     baseline = next((r for r in rows if r["name"] == "trl fp32"), None)
     base = baseline["median"]["pairs_per_s"] if baseline and baseline["ok_runs"] else None
-    header = ["run", "ok", "ms/step", "pairs/s", "tokens/s", "MFU %", "compile s", "ref pass s"]
+    header = ["run", "ok", "ms/step", "pairs/s", "pairs/s range", "tokens/s", "MFU %"]
+    header += ["compile s", "ref pass s"]
     header += ["peak RSS MiB", "loss first -> last", "pairs/s vs trl fp32"]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     for row in rows:
         m = row["median"]
         ok = [r for r in row["runs"] if r["status"] == "ok"]
         loss = f"{ok[0]['loss_first']:.4f} -> {ok[0]['loss_last']:.4f}" if ok else "-"
+        rates = [r["pairs_per_s"] for r in ok]
+        spread = f"{min(rates):.1f}-{max(rates):.1f}" if rates else "-"
         ratio = m["pairs_per_s"] / base if base and m["pairs_per_s"] else None
         cells = [
             row["name"],
             f"{row['ok_runs']}/{len(row['runs'])}",
             _fmt(m["steady_s_per_step"], ".1f", 1e3),
             _fmt(m["pairs_per_s"], ".1f"),
+            spread,
             _fmt(m["tokens_per_s"], ",.0f"),
             _fmt(m["mfu"], ".1f", 100),
             _fmt(m["compile_s"], ".1f"),
@@ -514,6 +522,10 @@ def run_benchmark(args: argparse.Namespace) -> None:
         f"model GFLOP/step {flops_per_step(True) / 1e9:.2f} with the reference in the step, "
         f"{flops_per_step(False) / 1e9:.2f} with it precomputed."
     )
+    for row in rows:
+        for index, run in enumerate(row["runs"]):
+            if run["status"] != "ok":
+                log(f"{row['name']} run {index + 1} failed ({run['status']}): {run.get('message')}")
     if args.out:
         report = {
             "settings": {
