@@ -77,6 +77,9 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # Run directly, the script's folder is on sys.path, not the repository root.
 sys.path.insert(0, str(REPO_ROOT))
+
+from experiments.benchmarks._shared import comma_list, marked_json  # noqa: E402
+
 DEFAULT_PEER_DIR = REPO_ROOT.parent / "shared" / "peers"
 
 # The shared setup of the peer scripts (README of the peers folder); fixed on both sides.
@@ -354,15 +357,6 @@ def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def _marked_json(stdout: str | bytes | None, marker: str) -> dict[str, Any] | None:
-    if isinstance(stdout, bytes):
-        stdout = stdout.decode(errors="replace")
-    for line in reversed((stdout or "").splitlines()):
-        if line.startswith(marker):
-            return json.loads(line[len(marker) :])
-    return None
-
-
 def run_process(command: list[str], marker: str, timeout: float) -> dict[str, Any]:
     """Run one worker; its marked JSON line with status "ok", or a status saying what failed."""
     start = time.perf_counter()
@@ -375,7 +369,7 @@ def run_process(command: list[str], marker: str, timeout: float) -> dict[str, An
     except OSError as error:
         return {"status": "error", "message": f"could not start {command[0]}: {error}"}
     wall = time.perf_counter() - start
-    result = _marked_json(done.stdout, marker)
+    result = marked_json(done.stdout, marker)
     if result is None:
         tail = (done.stderr or done.stdout or "")[-3000:]
         return {"status": "error", "returncode": done.returncode, "message": tail}
@@ -564,10 +558,6 @@ def _marker(row: dict[str, Any]) -> str:
 # Command line
 
 
-def _comma_list(cast: Callable[[str], Any]) -> Callable[[str], list[Any]]:
-    return lambda text: [cast(item) for item in text.split(",") if item.strip()]
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n", 1)[0],
@@ -579,13 +569,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--repeats", type=int, default=DEFAULT_REPEATS, help="fresh-process runs of every row")
     add(
         "--steps_per_call",
-        type=_comma_list(int),
+        type=comma_list(int),
         default=[1, 10],
         help="ours: comma-separated optimizer steps per dispatch, one row each",
     )
     add(
         "--reference",
-        type=_comma_list(str),
+        type=comma_list(str),
         default=["in_step", "precomputed"],
         help="ours: comma-separated reference modes, one row each (empty: TRL only)",
     )

@@ -65,9 +65,12 @@ from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-# Run directly, the script's own folder is on sys.path, not the repository root. Nothing is
-# imported from the repository at module level, so the rejax worker (another venv) never loads it.
+# Run directly, the script's own folder is on sys.path, not the repository root. At module level
+# only the standard-library helpers in `_shared` are imported from the repository, so the rejax
+# worker (another venv) never loads jaxrl.
 sys.path.insert(0, str(REPO_ROOT))
+
+from experiments.benchmarks._shared import comma_list, marked_json  # noqa: E402
 
 # Fixed on both sides; the sweep is over environments, num_envs and seeds.
 NUM_STEPS = 128
@@ -253,16 +256,6 @@ def cell_updates(updates: int | None, env_steps: int, num_envs: int, num_seeds: 
     return max(1, env_steps // (num_seeds * num_envs * NUM_STEPS))
 
 
-def _marked_json(stdout: str | bytes | None, marker: str) -> dict[str, Any] | None:
-    """The JSON after the last line of `stdout` that starts with `marker`, if any."""
-    if isinstance(stdout, bytes):  # TimeoutExpired carries undecoded output
-        stdout = stdout.decode(errors="replace")
-    for line in reversed((stdout or "").splitlines()):
-        if line.startswith(marker):
-            return json.loads(line[len(marker) :])
-    return None
-
-
 def measure(
     python: str, side: str, cell: dict[str, Any], args: argparse.Namespace
 ) -> dict[str, Any]:
@@ -299,9 +292,9 @@ def measure(
             env=env,
         )
     except subprocess.TimeoutExpired as expired:
-        compiled = _marked_json(expired.stdout, COMPILED_MARKER) or {}
+        compiled = marked_json(expired.stdout, COMPILED_MARKER) or {}
         return {"status": "timeout", "timeout_s": args.timeout, **compiled}
-    result = _marked_json(done.stdout, RESULT_MARKER)
+    result = marked_json(done.stdout, RESULT_MARKER)
     if result is None:
         return {"status": "error", "returncode": done.returncode, "stderr": done.stderr[-3000:]}
     return {"status": "ok", **result}
@@ -413,26 +406,22 @@ def run_sweep(args: argparse.Namespace) -> None:
 # Command line
 
 
-def _comma_list(cast: Callable[[str], Any]) -> Callable[[str], list[Any]]:
-    return lambda text: [cast(item) for item in text.split(",") if item.strip()]
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n", 1)[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     add = parser.add_argument
-    add("--envs", type=_comma_list(str), default=DEFAULT_ENVS, help="comma-separated env names")
+    add("--envs", type=comma_list(str), default=DEFAULT_ENVS, help="comma-separated env names")
     add(
         "--num_envs",
-        type=_comma_list(int),
+        type=comma_list(int),
         default=DEFAULT_NUM_ENVS,
         help="comma-separated numbers of parallel environments",
     )
     add(
         "--seeds",
-        type=_comma_list(int),
+        type=comma_list(int),
         default=DEFAULT_SEEDS,
         help="comma-separated numbers of seeds vmapped into one program",
     )
