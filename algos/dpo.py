@@ -193,9 +193,7 @@ def make_train_chunk(
 ) -> Callable[..., tuple[training.TrainState, dict[str, Array]]]:
     """chunk(state, batches, reference_params) -> (state, metrics per step); batches stacked
     [K, grad_accum_steps, micro_batch, ...]. Jit it (see experiments/dpo.py)."""
-    from jaxrl import sharding
-
-    model = Transformer(model_config, mesh=mesh, rules=sharding.RULES if mesh is not None else None)
+    model = Transformer(model_config, mesh=mesh)
     return training.make_train_chunk(make_loss(model, config), config.optimizer(), callback)
 
 
@@ -206,9 +204,7 @@ def make_score(
     model_config: ModelConfig, mesh: Any = None
 ) -> Callable[[Any, dict[str, Array]], dict]:
     """score(params, batch) -> summed answer log-probs and lengths (jit it)."""
-    from jaxrl import sharding
-
-    model = Transformer(model_config, mesh=mesh, rules=sharding.RULES if mesh is not None else None)
+    model = Transformer(model_config, mesh=mesh)
     return lambda params, batch: score_pairs(model, params, batch)
 
 

@@ -14,7 +14,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxrl import sharding
 from jaxrl.lm import training
 from jaxrl.lm.model import ModelConfig, Transformer, token_log_probs
 
@@ -49,5 +48,5 @@ def make_train_chunk(
 ) -> Callable[..., tuple[training.TrainState, dict[str, Array]]]:
     """chunk(state, batches) -> (state, metrics per step); batches stacked
     [K, grad_accum_steps, micro_batch, L]. Jit it (see experiments/sft.py)."""
-    model = Transformer(model_config, mesh=mesh, rules=sharding.RULES if mesh is not None else None)
+    model = Transformer(model_config, mesh=mesh)
     return training.make_train_chunk(make_loss(model), config.optimizer(), callback)

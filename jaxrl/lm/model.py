@@ -25,6 +25,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from jaxrl import sharding
 from jaxrl.config import ConfigError, require, require_positive
 
 Array = jax.Array
@@ -117,9 +118,11 @@ class ModelConfig:
 
 
 def _constrain(x: Array, axes: tuple[str | None, ...], mesh: Any, rules: Rules | None) -> Array:
-    """Pin an activation's sharding by logical names; a no-op when no mesh is given."""
+    """Pin an activation's sharding by logical names; a no-op when no mesh is given. Without
+    explicit rules, the library's (`jaxrl.sharding.RULES`) apply."""
     if mesh is None:
         return x
+    rules = sharding.RULES if rules is None else rules
     return nn.with_logical_constraint(x, axes, rules=rules, mesh=mesh)
 
 
@@ -432,8 +435,6 @@ def validate_tokens(tokens: Any, config: ModelConfig, field: str = "tokens") -> 
 def param_shardings(config: ModelConfig, mesh: Any, rules: Rules | None = None) -> dict:
     """A NamedSharding per parameter on `mesh`; raises ConfigError naming the parameter whose
     dimension the mesh does not divide (before anything compiles)."""
-    from jaxrl import sharding
-
     rules = sharding.RULES if rules is None else rules
     axes = param_axes(config)
     shapes = jax.eval_shape(lambda: init_params(config, jax.random.key(0)))
