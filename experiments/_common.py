@@ -42,6 +42,13 @@ def build_config(config_cls: type, flat: ml_collections.ConfigDict) -> Any:
         fail(f"config: {error}")
 
 
+def check_run_settings(run: Any, names: tuple[str, ...]) -> None:
+    """The driver's counts (chunks, checkpoint interval, logging interval, ...) must be >= 1."""
+    for name in names:
+        if run[name] < 1:
+            fail(f"config.run.{name} must be >= 1, got {run[name]}")
+
+
 def check_resumable(saved: dict[str, Any] | None, current: dict[str, Any], workdir: str) -> None:
     """A workdir may only be resumed with the settings it was started with."""
     if saved is None:

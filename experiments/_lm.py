@@ -5,6 +5,7 @@ and greedy-generation task accuracy."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import signal
 import time
@@ -17,6 +18,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from envs.text import make_task
+from experiments import _common
 from experiments._common import fail
 from jaxrl import sharding
 from jaxrl.checkpoint import Checkpointer
@@ -27,6 +29,19 @@ from jaxrl.lm.sampler import SamplingConfig, generate
 from jaxrl.logging import MetricsSink, RunDirectory
 
 PARAMS_DIR = "params"  # final parameters of a run, where the next stage (DPO, GRPO) reads them
+
+
+def check_run_settings(run: ml_collections.ConfigDict) -> None:
+    names = ("steps_per_chunk", "checkpoint_every", "keep_checkpoints", "log_every")
+    _common.check_run_settings(run, names)
+
+
+def eval_examples(task: Any, problems: list[str], completions: list[str], count: int = 5) -> list:
+    """A few held-out prompts with the model's completions, for summary.json."""
+    return [
+        {"prompt": task.prompt(p), "completion": c}
+        for p, c in zip(problems[:count], completions[:count], strict=True)
+    ]
 
 
 def model_config(section: ml_collections.ConfigDict) -> ModelConfig:
@@ -205,6 +220,13 @@ def train_in_chunks(
     return LoopResult(state, compile_seconds, time.time() - start, done)
 
 
+@functools.lru_cache(maxsize=8)
+def _greedy_generator(model: ModelConfig, sampling: SamplingConfig, mesh: Any) -> Callable:
+    """One jitted sampler per (model, sampling, mesh): evaluating the SFT model and then the
+    trained one (dpo.py) compiles it once."""
+    return jax.jit(lambda p, t, m: generate(model, p, t, m, jax.random.key(0), sampling, mesh))
+
+
 def task_accuracy(
     model: ModelConfig,
     params: Any,
@@ -225,10 +247,7 @@ def task_accuracy(
         pad_id=tokenizer.pad_id,
         temperature=0.0,
     )
-    rules = sharding.RULES
-    run = jax.jit(
-        lambda p, t, m: generate(model, p, t, m, jax.random.key(0), sampling, mesh, rules)
-    )
+    run = _greedy_generator(model, sampling, mesh)
     n = len(problems)
     batch_size = max(
         sharding.batch_size_per_shard(mesh),

@@ -79,9 +79,7 @@ def main(argv: list[str]) -> None:
         fail(f"unexpected arguments {argv[1:]}; settings are flags, e.g. --config.beta=0.2")
     flat = _CONFIG.value
     config = build_config(dpo.Config, flat)
-    for name in ("steps_per_chunk", "checkpoint_every", "keep_checkpoints", "log_every"):
-        if flat.run[name] < 1:
-            fail(f"config.run.{name} must be >= 1, got {flat.run[name]}")
+    _lm.check_run_settings(flat.run)
     if not flat.init_from:
         fail(
             "config.init_from: DPO starts from an SFT model; run `python experiments/sft.py "
@@ -215,10 +213,7 @@ def main(argv: list[str]) -> None:
         "eval_task_accuracy": accuracy,
         "eval_task_score": mean_score,
         "sft_eval_task_accuracy": sft_accuracy,
-        "eval_examples": [
-            {"prompt": task.prompt(p), "completion": c}
-            for p, c in zip(eval_problems[:5], completions[:5], strict=True)
-        ],
+        "eval_examples": _lm.eval_examples(task, eval_problems, completions),
         "mesh_shape": list(config.mesh_shape),
         "resumed_from_step": result.resumed_from_step,
     }

@@ -26,7 +26,13 @@ from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from algos import ppo  # noqa: E402
-from experiments._common import REPO_ROOT, build_config, check_resumable, fail  # noqa: E402
+from experiments._common import (  # noqa: E402
+    REPO_ROOT,
+    build_config,
+    check_resumable,
+    check_run_settings,
+    fail,
+)  # noqa: E402
 from jaxrl import evaluation  # noqa: E402
 from jaxrl.checkpoint import Checkpointer  # noqa: E402
 from jaxrl.logging import MetricsSink, RunDirectory, to_jsonable  # noqa: E402
@@ -51,9 +57,7 @@ def validate_run_settings(run, num_seeds: int) -> None:
     """Settings of the experiment driver, checked before anything compiles."""
     if num_seeds < 1:
         fail(f"--num_seeds must be >= 1, got {num_seeds}")
-    for name in ("num_chunks", "checkpoint_every", "keep_checkpoints", "log_every"):
-        if run[name] < 1:
-            fail(f"config.run.{name} must be >= 1, got {run[name]}")
+    check_run_settings(run, ("num_chunks", "checkpoint_every", "keep_checkpoints", "log_every"))
 
 
 def main(argv: list[str]) -> None:

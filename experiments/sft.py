@@ -48,9 +48,7 @@ def main(argv: list[str]) -> None:
         fail(f"unexpected arguments {argv[1:]}; settings are flags, e.g. --config.num_steps=100")
     flat = _CONFIG.value
     config = build_config(sft.Config, flat)
-    for name in ("steps_per_chunk", "checkpoint_every", "keep_checkpoints", "log_every"):
-        if flat.run[name] < 1:
-            fail(f"config.run.{name} must be >= 1, got {flat.run[name]}")
+    _lm.check_run_settings(flat.run)
     mesh = _lm.make_mesh(config.mesh_shape)
     task, tokenizer = _lm.task_and_tokenizer(flat.task)
     model = _lm.model_config(flat.model)
@@ -59,21 +57,14 @@ def main(argv: list[str]) -> None:
     )
 
     train_problems, eval_problems = _lm.split_problems(task, flat.task)
+
+    def tokenize(problems: list[str]) -> dict:
+        prompts, answers = [task.prompt(p) for p in problems], [task.answer(p) for p in problems]
+        lengths = (flat.task.max_prompt_length, flat.task.max_length)
+        return tokenize_sft(prompts, answers, tokenizer, *lengths)
+
     try:
-        train = tokenize_sft(
-            [task.prompt(p) for p in train_problems],
-            [task.answer(p) for p in train_problems],
-            tokenizer,
-            flat.task.max_prompt_length,
-            flat.task.max_length,
-        )
-        held_out = tokenize_sft(
-            [task.prompt(p) for p in eval_problems],
-            [task.answer(p) for p in eval_problems],
-            tokenizer,
-            flat.task.max_prompt_length,
-            flat.task.max_length,
-        )
+        train, held_out = tokenize(train_problems), tokenize(eval_problems)
     except ConfigError as error:
         fail(f"config.task.{error}")
     if config.batch_size > len(train_problems):
@@ -128,10 +119,7 @@ def main(argv: list[str]) -> None:
         ),  # fmt: skip
         "eval_task_accuracy": accuracy,
         "eval_task_score": mean_score,
-        "eval_examples": [
-            {"prompt": task.prompt(p), "completion": c}
-            for p, c in zip(eval_problems[:5], completions[:5], strict=True)
-        ],
+        "eval_examples": _lm.eval_examples(task, eval_problems, completions),
         "mesh_shape": list(config.mesh_shape),
         "resumed_from_step": result.resumed_from_step,
     }
