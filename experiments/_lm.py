@@ -36,6 +36,12 @@ def check_run_settings(run: ml_collections.ConfigDict) -> None:
     _common.check_run_settings(run, names)
 
 
+def batch_for_mesh(requested: int, mesh: Any) -> int:
+    """An evaluation batch size near `requested` that splits evenly over the mesh's batch shards."""
+    shards = sharding.batch_size_per_shard(mesh)
+    return max(shards, requested - requested % shards)
+
+
 def eval_examples(task: Any, problems: list[str], completions: list[str], count: int = 5) -> list:
     """A few held-out prompts with the model's completions, for summary.json."""
     return [
@@ -249,10 +255,7 @@ def task_accuracy(
     )
     run = _greedy_generator(model, sampling, mesh)
     n = len(problems)
-    batch_size = max(
-        sharding.batch_size_per_shard(mesh),
-        batch_size - batch_size % sharding.batch_size_per_shard(mesh),
-    )
+    batch_size = batch_for_mesh(batch_size, mesh)
     completions: list[str] = []
     for start in range(0, n, batch_size):
         index = np.arange(start, start + batch_size) % n

@@ -121,13 +121,8 @@ def main(argv: list[str]) -> None:
     logging.set_verbosity(logging.WARNING)
 
     # The reference model's log-probs: once over the data here, or inside each step.
-    score = jax.jit(
-        dpo.make_score(
-            model,
-            mesh,
-        )
-    )
-    eval_batch = flat.eval_batch_size - flat.eval_batch_size % sharding.batch_size_per_shard(mesh)
+    score = jax.jit(dpo.make_score(model, mesh))
+    eval_batch = _lm.batch_for_mesh(flat.eval_batch_size, mesh)
     place = lambda batch: sharding.shard_batch(batch, mesh)
     t0 = time.time()
     eval_reference = dpo.reference_log_probs(
