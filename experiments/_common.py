@@ -22,7 +22,7 @@ def fail(message: str) -> None:
 
 
 # Config keys that are not algorithm fields: how the run is driven, the model, the task, etc.
-SECTIONS = ("run", "model", "task", "init_from", "seed", "eval_batch_size")
+SECTIONS = ("run", "model", "task", "init_from", "seed", "eval_batch_size", "rewards")
 
 
 def build_config(config_cls: type, flat: ml_collections.ConfigDict) -> Any:

@@ -76,11 +76,12 @@ def task_and_tokenizer(section: ml_collections.ConfigDict):
 
 
 def split_problems(task: Any, section: ml_collections.ConfigDict) -> tuple[list[str], list[str]]:
-    """Held-out eval problems first, then training problems that never include them."""
+    """Training and held-out problems from the task's two splits, so they never overlap and
+    GRPO, which samples training prompts inside its program, avoids the same held-out ones."""
     rng = np.random.default_rng(section.data_seed)
     try:
-        eval_problems = task.sample_problems(rng, section.num_eval)
-        train_problems = task.sample_problems(rng, section.num_train, exclude=set(eval_problems))
+        eval_problems = task.sample_problems(rng, section.num_eval, split="eval")
+        train_problems = task.sample_problems(rng, section.num_train, split="train")
     except ConfigError as error:
         fail(f"config.task.num_train/num_eval: {error}")
     return train_problems, eval_problems
@@ -157,23 +158,38 @@ class LoopResult:
     compile_seconds: float
     train_seconds: float
     resumed_from_step: int
+    last_metrics: dict[str, np.ndarray] | None  # per step of the last chunk run, if any
+
+
+def dataset_batches(
+    arrays: dict[str, np.ndarray], config: training.TrainConfig, seed: int, mesh: Any
+) -> Callable[[int, int], dict[str, Any]]:
+    """batches_for(first_step, count) for `train_in_chunks`: that many steps' batches of the
+    dataset `arrays`, stacked and placed on the mesh."""
+
+    def batches_for(first_step: int, count: int) -> dict[str, Any]:
+        return training.shard_chunk(stacked_batches(arrays, config, seed, first_step, count), mesh)
+
+    return batches_for
 
 
 def train_in_chunks(
     make_chunk: Callable[[Callable], Callable],
     state: training.TrainState,
-    arrays: dict[str, np.ndarray],
-    config: training.TrainConfig,
+    batches_for: Callable[[int, int], Any],
+    num_steps: int,
+    units_per_step: int,
     run: ml_collections.ConfigDict,
     run_dir: RunDirectory,
     mesh: Any,
-    seed: int,
     description: str,
     extra: Any = None,
     kill_after_chunk: int | None = None,
 ) -> LoopResult:
-    """Run config.num_steps optimizer steps as compiled chunks of run.steps_per_chunk, saving a
-    checkpoint after each `run.checkpoint_every` chunks and resuming from the newest one."""
+    """Run `num_steps` steps as compiled chunks of run.steps_per_chunk, each fed
+    `batches_for(first_step, count)`, saving a checkpoint after each `run.checkpoint_every`
+    chunks and resuming from the newest one. The progress bar counts `units_per_step` per step
+    (sequences, pairs or completions). Returns the final state and the last chunk's metrics."""
     checkpointer = Checkpointer(
         run_dir.checkpoint_dir, save_every=run.checkpoint_every, keep=run.keep_checkpoints
     )
@@ -182,12 +198,12 @@ def train_in_chunks(
         state, meta = checkpointer.restore(state)
         done = int(meta["steps"])
         run_dir.truncate_metrics(done)
-        print(f"Resuming {run_dir.path} from step {done}/{config.num_steps}.")
+        print(f"Resuming {run_dir.path} from step {done}/{num_steps}.")
 
     sink = MetricsSink(
         run_dir,
-        total_updates=config.num_steps,
-        steps_per_update=config.batch_size,
+        total_updates=num_steps,
+        steps_per_update=units_per_step,
         log_every=run.log_every,
         start_update=done,
         per_run=(),
@@ -195,13 +211,13 @@ def train_in_chunks(
         progress=run.progress,
         description=description,
     )
-    boundaries = list(range(0, config.num_steps, run.steps_per_chunk)) + [config.num_steps]
+    boundaries = list(range(0, num_steps, run.steps_per_chunk)) + [num_steps]
     lengths = [b - a for a, b in zip(boundaries[:-1], boundaries[1:], strict=True)]
     state_sharding = training.state_shardings(state)
     t0 = time.time()
     compiled = {}
     for length in sorted(set(lengths)):
-        example = training.shard_chunk(stacked_batches(arrays, config, seed, 0, length), mesh)
+        example = batches_for(0, length)
         jitted = jax.jit(
             make_chunk(sink),
             donate_argnums=0,
@@ -211,11 +227,11 @@ def train_in_chunks(
     compile_seconds = time.time() - t0
 
     start = time.time()
+    last_metrics = None
     for index, (first, length) in enumerate(zip(boundaries[:-1], lengths, strict=True)):
         if first + length <= done:
             continue
-        batches = training.shard_chunk(stacked_batches(arrays, config, seed, first, length), mesh)
-        state, _ = compiled[length](state, batches, extra)
+        state, last_metrics = compiled[length](state, batches_for(first, length), extra)
         is_last = index == len(lengths) - 1
         checkpointer.save(index + 1, state, {"steps": first + length}, force=is_last)
         if kill_after_chunk == index + 1:
@@ -223,7 +239,8 @@ def train_in_chunks(
     jax.block_until_ready(state)
     sink.close()
     checkpointer.close()
-    return LoopResult(state, compile_seconds, time.time() - start, done)
+    last_metrics = None if last_metrics is None else jax.device_get(last_metrics)
+    return LoopResult(state, compile_seconds, time.time() - start, done, last_metrics)
 
 
 @functools.lru_cache(maxsize=8)

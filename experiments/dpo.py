@@ -92,7 +92,9 @@ def main(argv: list[str]) -> None:
         "runs", f"dpo-{task.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     )
     params, model, source = _lm.initial_params(model, flat.init_from, flat.seed, mesh)
-    reference_params = params  # the SFT model; jax arrays are immutable, so this is a snapshot
+    # The SFT model, copied: the training state's params are donated to each chunk call, and
+    # the in-step reference must not share their buffers.
+    reference_params = jax.tree.map(lambda x: x.copy(), params)
     run_dir = RunDirectory(workdir)
     check_resumable(run_dir.saved_config(), to_jsonable(flat.to_dict()), workdir)
     run_dir.write_config(to_jsonable(flat.to_dict()))
@@ -148,12 +150,12 @@ def main(argv: list[str]) -> None:
     result = _lm.train_in_chunks(
         lambda sink: dpo.make_train_chunk(model, config, mesh, callback=sink),
         state,
-        train,
-        config,
+        _lm.dataset_batches(train, config, flat.seed, mesh),
+        config.num_steps,
+        config.batch_size,
         flat.run,
         run_dir,
         mesh,
-        flat.seed,
         f"DPO ({config.loss_type}) {task.name}",
         extra=in_step_reference,
         kill_after_chunk=_KILL_AFTER_CHUNK.value,

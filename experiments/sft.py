@@ -83,12 +83,12 @@ def main(argv: list[str]) -> None:
     result = _lm.train_in_chunks(
         lambda sink: sft.make_train_chunk(model, config, mesh, callback=sink),
         state,
-        train_arrays,
-        config,
+        _lm.dataset_batches(train_arrays, config, flat.seed, mesh),
+        config.num_steps,
+        config.batch_size,
         flat.run,
         run_dir,
         mesh,
-        flat.seed,
         f"SFT {task.name}",
         kill_after_chunk=_KILL_AFTER_CHUNK.value,
     )

@@ -1,5 +1,6 @@
-"""SFT then DPO as a user runs them: DPO learns on reverse-digits, a killed DPO run resumes to the
-same result, and bad settings or data fail in one line before anything compiles."""
+"""SFT, DPO and GRPO as a user runs them: DPO learns on reverse-digits, killed DPO and GRPO runs
+resume to the same result, and bad settings or data fail in one line before anything compiles.
+(GRPO's learning test is in test_grpo.py.)"""
 
 import json
 import os
@@ -110,3 +111,50 @@ def test_malformed_preference_row_names_file_and_line(sft_run, tmp_path):
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1, result.stderr[-2000:]
     assert f"{train}:2" in lines[0] and "rejected" in lines[0]
+
+
+GRPO_SMALL = [
+    "--config.num_steps=12",
+    "--config.batch_size=8",
+    "--config.group_size=4",
+    "--config.kl_beta=0.05",  # the reference model's pass inside the step
+    "--config.run.steps_per_chunk=4",
+    "--config.run.log_every=2",
+    "--config.rewards.format_weight=0.5",
+    "--config.rewards.host=tests.fixtures.host_reward:digit_fraction",
+    "--config.mesh_shape=(2,1,1)",
+]
+
+
+def test_killed_grpo_run_resumes_to_the_same_result(tmp_path):
+    whole, parts = str(tmp_path / "whole"), str(tmp_path / "parts")
+    run("grpo.py", *GRPO_SMALL, f"--workdir={whole}")
+    killed = run("grpo.py", *GRPO_SMALL, f"--workdir={parts}", "--kill_after_chunk=2", check=False)
+    assert killed.returncode == -9
+    resumed = run("grpo.py", *GRPO_SMALL, f"--workdir={parts}")
+    assert "Resuming" in resumed.stdout
+    rows = read_metrics(parts)
+    assert rows == read_metrics(whole)
+    for name in ("reward_task", "reward_format", "reward_host", "kl", "clip_fraction", "entropy"):
+        assert name in rows[-1], name
+    a, b = read_json(whole), read_json(parts)
+    assert b["resumed_from_step"] == 8
+    for key in ("final_mean_reward", "eval_task_accuracy", "initial_eval_task_accuracy"):
+        assert a[key] == b[key], key
+    for name in ("config.json", "metrics.jsonl", "learning_curve.png", "params"):
+        assert os.path.exists(os.path.join(whole, name)), name
+
+
+def test_bad_grpo_settings_fail_in_one_line(tmp_path):
+    cases = [
+        (["--config.variant=ppo"], "config.variant"),
+        (["--config.rewards.host=no_such_module:f"], "config.rewards.host"),
+        (["--config.mesh_shape=(3,1,1)"], "batch_size"),
+        (["--config.max_new_tokens=100"], "config.max_new_tokens"),
+        (["--config.task.name=multiply"], "config.task"),
+    ]
+    for flags, message in cases:
+        result = run("grpo.py", *flags, f"--workdir={tmp_path / 'bad'}", check=False)
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 2, result.stderr[-2000:]
+        assert len(lines) == 1 and message in lines[0], lines

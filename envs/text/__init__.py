@@ -1,11 +1,38 @@
 """Text tasks with verifiable answers, for language-model policies (SFT, DPO, GRPO)."""
 
-from envs.text.reverse_digits import ReverseDigits
+from envs.text.digit_tasks import (
+    TASKS,
+    Addition,
+    CopyDigits,
+    CountDigit,
+    DigitTask,
+    PromptBatch,
+    ReverseDigits,
+    SortDigits,
+    TaskTokens,
+    answer_reward,
+    format_reward,
+    is_held_out,
+)
 
-TASKS = {"reverse_digits": ReverseDigits}
+__all__ = [
+    "TASKS",
+    "Addition",
+    "CopyDigits",
+    "CountDigit",
+    "DigitTask",
+    "PromptBatch",
+    "ReverseDigits",
+    "SortDigits",
+    "TaskTokens",
+    "answer_reward",
+    "format_reward",
+    "is_held_out",
+    "make_task",
+]
 
 
-def make_task(name: str, **kwargs):
+def make_task(name: str, **kwargs) -> DigitTask:
     """A text task by name, e.g. `make_task("reverse_digits", num_digits=3)`."""
     if name not in TASKS:
         from jaxrl.config import ConfigError

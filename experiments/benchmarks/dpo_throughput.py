@@ -66,11 +66,8 @@ import os
 import platform
 import resource
 import shlex
-import statistics
-import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -78,22 +75,23 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 # Run directly, the script's folder is on sys.path, not the repository root.
 sys.path.insert(0, str(REPO_ROOT))
 
-from experiments.benchmarks._shared import comma_list, marked_json  # noqa: E402
-
-DEFAULT_PEER_DIR = REPO_ROOT.parent / "shared" / "peers"
-
-# The shared setup of the peer scripts (README of the peers folder); fixed on both sides.
-MODEL_SHAPE = dict(
-    vocab_size=512,
-    hidden_size=256,
-    intermediate_size=688,
-    num_layers=4,
-    num_heads=4,
-    num_kv_heads=2,
-    max_position_embeddings=512,
-    tie_embeddings=False,
+from experiments.benchmarks._shared import (  # noqa: E402
+    DEFAULT_PEER_DIR,
+    EXPECTED_PARAMS,
+    MODEL_SHAPE,
+    TRL_MARKER,
+    comma_list,
+    count_backend_compiles,
+    current_rss_mib,
+    fmt,
+    log,
+    median_of,
+    run_peak,
+    run_process,
 )
-EXPECTED_PARAMS = 3_164_416
+
+# The shared setup of the peer scripts (README of the peers folder): the model shape is in
+# _shared.MODEL_SHAPE, the rest is fixed here on both sides.
 BATCH_PAIRS = 8
 PROMPT_LEN = 32
 COMPLETION_LEN = 32  # 31 words + EOS
@@ -113,10 +111,8 @@ DEFAULT_WARMUP = 2
 DEFAULT_REPEATS = 3
 DEFAULT_TIMEOUT_S = 900
 DEFAULT_PEAK_N = 2048
-PEAK_TRIALS = 6
 
 RESULT_MARKER = "DPO_THROUGHPUT_RESULT "
-TRL_MARKER = "RESULT_JSON "
 
 
 # --------------------------------------------------------------------------------------------
@@ -170,32 +166,6 @@ class BatchDrawer:
 
         index = np.stack([self._next_indices() for _ in range(steps)])  # [K, B]
         return {k: v[index][:, None] for k, v in self.arrays.items()}  # [K, 1, B, ...]
-
-
-def current_rss_mib() -> float | None:
-    """Resident memory now (VmRSS), in MiB; None where /proc is not there."""
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return None
-
-
-def count_backend_compiles() -> Callable[[], int]:
-    """A counter of XLA compilations from now on (to check nothing recompiles while timing)."""
-    import jax
-
-    count = [0]
-
-    def listener(event: str, duration: float, **kwargs: Any) -> None:
-        if event == "/jax/core/compile/backend_compile_duration":
-            count[0] += 1
-
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    return lambda: count[0]
 
 
 def run_ours(reference: str, steps_per_call: int, steps: int, warmup: int, seed: int, ref_batch):
@@ -312,34 +282,6 @@ def run_ours(reference: str, steps_per_call: int, steps: int, warmup: int, seed:
     return result
 
 
-def run_peak(n: int) -> dict[str, Any]:
-    """This machine's fp32 matmul throughput under XLA: best of PEAK_TRIALS jitted n x n dots."""
-    import jax
-    import jax.numpy as jnp
-
-    import jaxrl  # noqa: F401  (the XLA_FLAGS our worker runs with)
-
-    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
-    b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
-    dot = jax.jit(jnp.dot)
-    jax.block_until_ready(dot(a, b))
-    jax.block_until_ready(dot(a, b))
-    times = []
-    for _ in range(PEAK_TRIALS):
-        start = time.perf_counter()
-        jax.block_until_ready(dot(a, b))
-        times.append(time.perf_counter() - start)
-    flops = 2.0 * n**3
-    return {
-        "status": "ok",
-        "side": "peak",
-        "n": n,
-        "trial_s": times,
-        "peak_flops_per_s": flops / min(times),
-        "backend": jax.default_backend(),
-    }
-
-
 # --------------------------------------------------------------------------------------------
 # Parent side: workers, FLOPs, the table
 
@@ -351,29 +293,6 @@ def flops_per_step(in_step_reference: bool) -> float:
     forward_per_token = ModelConfig(**MODEL_SHAPE).flops_per_token(MEAN_CAUSAL_CONTEXT)
     forward = forward_per_token * 2 * BATCH_PAIRS * SEQ_LEN
     return forward * (4 if in_step_reference else 3)
-
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-def run_process(command: list[str], marker: str, timeout: float) -> dict[str, Any]:
-    """Run one worker; its marked JSON line with status "ok", or a status saying what failed."""
-    start = time.perf_counter()
-    try:
-        done = subprocess.run(
-            command, capture_output=True, text=True, cwd=REPO_ROOT, timeout=timeout, check=False
-        )
-    except subprocess.TimeoutExpired:
-        return {"status": "timeout", "message": f"killed after {timeout:.0f} s"}
-    except OSError as error:
-        return {"status": "error", "message": f"could not start {command[0]}: {error}"}
-    wall = time.perf_counter() - start
-    result = marked_json(done.stdout, marker)
-    if result is None:
-        tail = (done.stderr or done.stdout or "")[-3000:]
-        return {"status": "error", "returncode": done.returncode, "message": tail}
-    return {"status": "ok", **result, "process_wall_s": wall}
 
 
 def variants(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -429,15 +348,6 @@ def describe(result: dict[str, Any]) -> str:
     return text
 
 
-def _median(runs: list[dict[str, Any]], key: str) -> float | None:
-    values = [r[key] for r in runs if r.get(key) is not None]
-    return statistics.median(values) if values else None
-
-
-def _fmt(value: float | None, spec: str, scale: float = 1.0) -> str:
-    return "-" if value is None else format(value * scale, spec)
-
-
 def summarise(rows: list[dict[str, Any]], peak: float | None) -> None:
     """Adds MFU to every ok run and a `median` dict to every row."""
     for row in rows:
@@ -449,7 +359,7 @@ def summarise(rows: list[dict[str, Any]], peak: float | None) -> None:
             run["mfu"] = run["model_flops_per_s"] / peak if peak else None
         keys = ("steady_s_per_step", "pairs_per_s", "tokens_per_s", "mfu", "compile_s")
         keys += ("ref_pass_s", "peak_rss_mib", "model_flops_per_s")
-        row["median"] = {key: _median(ok, key) for key in keys}
+        row["median"] = {key: median_of(ok, key) for key in keys}
         row["ok_runs"] = len(ok)
 
 
@@ -470,14 +380,14 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         cells = [
             row["name"],
             f"{row['ok_runs']}/{len(row['runs'])}",
-            _fmt(m["steady_s_per_step"], ".1f", 1e3),
-            _fmt(m["pairs_per_s"], ".1f"),
+            fmt(m["steady_s_per_step"], ".1f", 1e3),
+            fmt(m["pairs_per_s"], ".1f"),
             spread,
-            _fmt(m["tokens_per_s"], ",.0f"),
-            _fmt(m["mfu"], ".1f", 100),
-            _fmt(m["compile_s"], ".1f"),
-            _fmt(m["ref_pass_s"], ".2f"),
-            _fmt(m["peak_rss_mib"], ".0f"),
+            fmt(m["tokens_per_s"], ",.0f"),
+            fmt(m["mfu"], ".1f", 100),
+            fmt(m["compile_s"], ".1f"),
+            fmt(m["ref_pass_s"], ".2f"),
+            fmt(m["peak_rss_mib"], ".0f"),
             loss,
             "-" if ratio is None else f"{ratio:.2f}",
         ]

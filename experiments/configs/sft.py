@@ -8,7 +8,10 @@ PRESETS = {
     # Deliberately short: an SFT model that is right on some problems and wrong on many, so DPO
     # has something to improve (raise num_steps for a strong SFT model).
     "reverse_digits": dict(num_steps=150, batch_size=64, learning_rate=3e-3),
+    # The starting point of GRPO's addition preset: short on purpose, partly right.
+    "addition": dict(num_steps=300, batch_size=64, learning_rate=3e-3),
 }
+TASKS = {"addition": dict(name="addition", num_digits=2)}
 
 
 def get_config(preset: str = "reverse_digits") -> ml_collections.ConfigDict:
@@ -17,4 +20,5 @@ def get_config(preset: str = "reverse_digits") -> ml_collections.ConfigDict:
     from algos import sft
 
     config = with_sections({**sft.Config().__dict__, **PRESETS[preset]})
+    config.task.update(TASKS.get(preset, {}))
     return config

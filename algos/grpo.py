@@ -1,0 +1,537 @@
+"""GRPO and its relatives: generation, verifiable reward and policy update in one XLA program.
+
+Group relative policy optimisation (Shao et al., 2024) needs no value network. Each prompt gets a
+group of sampled completions, and a completion's advantage is its reward measured against the
+rest of its group. One update, all of it inside one `jax.jit` and sharded over the mesh:
+
+    prompts      <- the task's prompt sampler (pure JAX), batch_size of them
+    completions  <- group_size samples per prompt from the KV-cache sampler (jaxrl.lm.sampler)
+    rewards      <- a weighted sum of reward terms: JAX functions of the tokens, or host Python
+                    functions f(prompts, completions, **columns) called through io_callback;
+                    plus DAPO's soft overlong penalty when overlong_buffer > 0
+    advantages   <- reward minus the group's mean (or the leave-one-out mean), divided by the
+                    group's standard deviation where the variant says so
+    num_epochs x num_minibatches clipped policy-gradient steps on these samples:
+        ratio = pi(token) / pi_old(token),  loss = -min(ratio * A, clip(ratio, 1 - lo, 1 + hi) * A)
+        + kl_beta * k3(pi, pi_ref) per token, k3 = exp(ref - logp) - (ref - logp) - 1
+
+Variants (`Config.variant`):
+- "grpo": std-normalised advantages; each sequence's token losses are averaged, then sequences.
+- "dr_grpo" (Liu et al., 2025, "Understanding R1-Zero-like training"): no std normalisation and
+  token sums divided by the constant max_new_tokens, which removes GRPO's length and difficulty
+  biases.
+- "dapo" (Yu et al., 2025): std-normalised; one token-level mean over the whole batch; clip-higher
+  (clip_high defaults to 0.28); groups whose rewards are all equal carry no signal and are left out
+  of the loss (dynamic filtering, done by masking because shapes are fixed); with overlong_buffer
+  > 0, completions running into the last overlong_buffer tokens are penalised linearly.
+- "rloo" (Ahmadian et al., 2024): REINFORCE with the leave-one-out baseline, mean of the other
+  group_size - 1 rewards; sequence-level, so token sums divided by the constant max_new_tokens.
+
+The file reads top to bottom: `Config`; the pure pieces (`group_advantages`, `overlong_penalty`,
+`policy_loss`) that tests compare with NumPy; reward terms; the rollout; the update; the chunk.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import io_callback
+
+from envs.text import PromptBatch
+from jaxrl import sharding
+from jaxrl.config import require, require_in_range, require_positive
+from jaxrl.lm import training
+from jaxrl.lm.model import ModelConfig, Transformer
+from jaxrl.lm.sampler import Completion, SamplingConfig, generate
+
+Array = jax.Array
+
+
+class Variant(NamedTuple):
+    baseline: str  # "group_mean" or "leave_one_out"
+    scale_by_std: bool
+    aggregation: str  # "sequence_mean", "token_mean" or "constant_length"
+    drop_zero_variance_groups: bool
+    clip_high: float | None  # the default upper clip; None means the same as clip_low
+
+
+VARIANTS = {
+    "grpo": Variant("group_mean", True, "sequence_mean", False, None),
+    "dr_grpo": Variant("group_mean", False, "constant_length", False, None),
+    "dapo": Variant("group_mean", True, "token_mean", True, 0.28),
+    "rloo": Variant("leave_one_out", False, "constant_length", False, None),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Config(training.TrainConfig):
+    """GRPO settings on top of the shared optimisation ones. `batch_size` counts prompts per
+    update; each gets `group_size` completions, and those are split into `num_minibatches`
+    optimizer steps per epoch, each accumulated over `grad_accum_steps` micro-batches."""
+
+    batch_size: int = 16
+    group_size: int = 8
+    variant: str = "grpo"
+    num_epochs: int = 1
+    num_minibatches: int = 1
+    clip_low: float = 0.2
+    clip_high: float = 0.0  # 0: the variant's default (0.28 for DAPO, else clip_low)
+    kl_beta: float = 0.0  # weight of the k3 KL penalty to the reference (initial) model
+    max_new_tokens: int = 8
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    overlong_buffer: int = 0  # DAPO's soft overlong penalty over the last N tokens; 0 is off
+    overlong_penalty: float = 1.0  # the penalty at max_new_tokens
+    std_eps: float = 1e-4  # added to the group's standard deviation before dividing
+
+    def __post_init__(self) -> None:
+        require_positive(
+            self,
+            "learning_rate",
+            "batch_size",
+            "group_size",
+            "num_epochs",
+            "num_minibatches",
+            "grad_accum_steps",
+            "num_steps",
+            "max_grad_norm",
+            "max_new_tokens",
+            "temperature",
+        )
+        require(
+            self.variant in VARIANTS,
+            "variant",
+            f"unknown variant {self.variant!r}",
+            f"choose one of {sorted(VARIANTS)}",
+        )
+        require(
+            self.group_size >= 2,
+            "group_size",
+            f"got {self.group_size}; advantages compare completions within a group",
+            "use 2 or more",
+        )
+        require_in_range(self, "clip_low", 0.0, 1.0)
+        require(self.clip_high >= 0, "clip_high", f"got {self.clip_high}", "use 0 or more")
+        require(self.kl_beta >= 0, "kl_beta", f"got {self.kl_beta}", "use 0 (off) or more")
+        require(
+            0 <= self.overlong_buffer < self.max_new_tokens,
+            "overlong_buffer",
+            f"got {self.overlong_buffer} with max_new_tokens={self.max_new_tokens}",
+            "use 0 (off) or fewer tokens than max_new_tokens",
+        )
+        require(self.warmup_steps >= 0, "warmup_steps", f"got {self.warmup_steps}", "use 0 or more")
+        SamplingConfig(  # validates temperature / top_k / top_p
+            self.max_new_tokens, 0, 0, self.temperature, self.top_k, self.top_p
+        )
+        completions = self.batch_size * self.group_size
+        steps = self.num_minibatches * self.grad_accum_steps
+        require(
+            completions % steps == 0,
+            "num_minibatches",
+            f"num_minibatches * grad_accum_steps = {steps} does not divide the "
+            f"{completions} completions per update (batch_size * group_size)",
+            "choose them so their product divides batch_size * group_size",
+        )
+        require(
+            len(self.mesh_shape) == 3 and all(int(n) >= 1 for n in self.mesh_shape),
+            "mesh_shape",
+            f"got {self.mesh_shape}",
+            "give three sizes >= 1: (data, fsdp, tensor)",
+        )
+        shards = self.mesh_shape[0] * self.mesh_shape[1]
+        require(
+            self.micro_batch_size % shards == 0,
+            "batch_size",
+            f"micro-batch of {self.micro_batch_size} completions (batch_size * group_size / "
+            f"(num_minibatches * grad_accum_steps)) does not split over the mesh's data*fsdp = "
+            f"{shards} batch shards",
+            f"make it a multiple of {shards}",
+        )
+
+    @property
+    def spec(self) -> Variant:
+        return VARIANTS[self.variant]
+
+    @property
+    def upper_clip(self) -> float:
+        if self.clip_high > 0:
+            return self.clip_high
+        return self.spec.clip_high if self.spec.clip_high is not None else self.clip_low
+
+    @property
+    def completions_per_update(self) -> int:
+        return self.batch_size * self.group_size
+
+    @property
+    def micro_batch_size(self) -> int:
+        return self.completions_per_update // (self.num_minibatches * self.grad_accum_steps)
+
+    @property
+    def reuses_samples(self) -> bool:
+        """More than one optimizer step per batch of samples: the policy moves away from the one
+        that sampled, so the old log-probs need their own forward pass."""
+        return self.num_epochs * self.num_minibatches > 1
+
+    def sampling(self, eos_id: int, pad_id: int) -> SamplingConfig:
+        return SamplingConfig(
+            self.max_new_tokens, eos_id, pad_id, self.temperature, self.top_k, self.top_p
+        )
+
+
+# --- the pure pieces ------------------------------------------------------------------------
+
+
+def group_advantages(
+    rewards: Array, baseline: str, scale_by_std: bool, std_eps: float = 1e-4
+) -> Array:
+    """[num_prompts, group_size] rewards -> advantages of the same shape.
+    group_mean: r - mean(group); leave_one_out: r - mean(the other members). With scale_by_std
+    the result is divided by the group's (unbiased) standard deviation + std_eps."""
+    group_size = rewards.shape[1]
+    mean = rewards.mean(axis=1, keepdims=True)
+    if baseline == "leave_one_out":
+        others_mean = (rewards.sum(axis=1, keepdims=True) - rewards) / (group_size - 1)
+        advantages = rewards - others_mean
+    else:
+        advantages = rewards - mean
+    if scale_by_std:
+        advantages = advantages / (jnp.std(rewards, axis=1, keepdims=True, ddof=1) + std_eps)
+    return advantages
+
+
+def overlong_penalty(lengths: Array, max_new_tokens: int, buffer: int, penalty: float) -> Array:
+    """DAPO's soft overlong punishment: 0 up to max_new_tokens - buffer tokens, then falling
+    linearly to -penalty at max_new_tokens."""
+    if buffer == 0:
+        return jnp.zeros(lengths.shape, jnp.float32)
+    excess = jnp.maximum(lengths - (max_new_tokens - buffer), 0)
+    return -penalty * excess.astype(jnp.float32) / buffer
+
+
+def k3_kl(log_probs: Array, reference_log_probs: Array) -> Array:
+    """Per-token k3 estimator of KL(pi || pi_ref) from samples of pi (Schulman, 2020): unbiased
+    and never negative."""
+    log_ratio = reference_log_probs - log_probs
+    return jnp.exp(log_ratio) - log_ratio - 1.0
+
+
+def aggregate(
+    per_token: Array, mask: Array, weights: Array, aggregation: str, max_new_tokens: int
+) -> Array:
+    """A scalar from [B, N] per-token values over the masked tokens of sequences with weight 1.
+    sequence_mean: mean over kept sequences of each one's token mean; token_mean: one mean over
+    every kept token; constant_length: token sums / max_new_tokens, mean over kept sequences."""
+    mask = mask.astype(jnp.float32) * weights[:, None]
+    summed = jnp.sum(per_token * mask, axis=1)
+    kept = jnp.maximum(weights.sum(), 1.0)
+    if aggregation == "sequence_mean":
+        return jnp.sum(summed / jnp.maximum(mask.sum(axis=1), 1.0)) / kept
+    if aggregation == "token_mean":
+        return summed.sum() / jnp.maximum(mask.sum(), 1.0)
+    if aggregation == "constant_length":
+        return summed.sum() / (kept * max_new_tokens)
+    raise ValueError(f"unknown aggregation {aggregation!r}")
+
+
+def policy_loss(
+    log_probs: Array,
+    old_log_probs: Array,
+    advantages: Array,
+    mask: Array,
+    weights: Array,
+    config: Config,
+    reference_log_probs: Array | None = None,
+) -> tuple[Array, dict[str, Array]]:
+    """The clipped surrogate (plus the KL penalty) over [B, N] completion tokens, aggregated as
+    the variant says. advantages and weights: [B]; weights 0 leave a sequence out."""
+    ratio = jnp.exp(log_probs - old_log_probs)
+    low, high = 1.0 - config.clip_low, 1.0 + config.upper_clip
+    advantage = advantages[:, None]
+    unclipped = ratio * advantage
+    clipped = jnp.clip(ratio, low, high) * advantage
+    per_token = -jnp.minimum(unclipped, clipped)
+    # The clip is active where it changed the minimum: the ratio left the trust region in the
+    # direction the advantage rewards.
+    was_clipped = ((ratio < low) & (advantage < 0)) | ((ratio > high) & (advantage > 0))
+    spec = config.spec
+    metrics = {
+        "clip_fraction": aggregate(
+            was_clipped.astype(jnp.float32), mask, weights, "token_mean", config.max_new_tokens
+        )
+    }
+    if reference_log_probs is not None:
+        kl = k3_kl(log_probs, reference_log_probs)
+        per_token = per_token + config.kl_beta * kl
+        metrics["kl"] = aggregate(kl, mask, weights, "token_mean", config.max_new_tokens)
+    loss = aggregate(per_token, mask, weights, spec.aggregation, config.max_new_tokens)
+    return loss, metrics
+
+
+# --- reward terms ---------------------------------------------------------------------------
+
+
+class RewardTerm(NamedTuple):
+    """One reward: `fn(prompts, completion) -> [B]` over token arrays, scaled by `weight`."""
+
+    name: str
+    weight: float
+    fn: Callable[[PromptBatch, Completion], Array]
+
+
+def host_reward(
+    fn: Callable[..., Sequence[float]],
+    tokenizer: Any,
+    name: str = "host",
+    weight: float = 1.0,
+    mesh: Any = None,
+) -> RewardTerm:
+    """A reward computed by ordinary Python on the host, `fn(prompts, completions, answer=...)`
+    with lists of decoded strings (the familiar TRL signature), called from inside the compiled
+    step through `io_callback`. On a mesh every batch shard calls back with its own rows (under
+    `shard_map`), so no device waits on another's host call: a callback pinned to one device
+    inside a loop with collectives can deadlock the multi-device CPU runtime."""
+
+    def on_host(prompt_tokens, prompt_mask, tokens, mask, answer_tokens, answer_length):
+        rows = zip(
+            prompt_tokens, prompt_mask, tokens, mask, answer_tokens, answer_length, strict=True
+        )
+        prompts, completions, answers = [], [], []
+        for prompt, prompt_in, completion, completion_in, answer, answer_length_ in rows:
+            prompts.append(tokenizer.decode(prompt[prompt_in]))
+            completions.append(tokenizer.decode(completion[completion_in]))
+            answers.append(tokenizer.decode(answer[:answer_length_]))
+        values = np.asarray(fn(prompts, completions, answer=answers), np.float32)
+        if values.shape != (len(completions),):
+            raise ValueError(
+                f"reward function {name!r} returned shape {values.shape}; it must return one "
+                f"float per completion ({len(completions)})"
+            )
+        return values
+
+    def call_back(*arrays: Array) -> Array:
+        shape = jax.ShapeDtypeStruct(arrays[0].shape[:1], jnp.float32)
+        return io_callback(on_host, shape, *arrays, ordered=False)
+
+    def reward(prompts: PromptBatch, completion: Completion) -> Array:
+        arrays = (
+            prompts.tokens,
+            prompts.mask,
+            completion.tokens,
+            completion.mask,
+            prompts.answer_tokens,
+            prompts.answer_length,
+        )
+        if mesh is None:
+            return call_back(*arrays)
+        rows = jax.sharding.PartitionSpec(sharding.BATCH_AXES)
+        per_shard = jax.shard_map(
+            call_back, mesh=mesh, in_specs=(rows,) * len(arrays), out_specs=rows, check_vma=False
+        )
+        return per_shard(*arrays)
+
+    return RewardTerm(name, weight, reward)
+
+
+# --- the rollout: prompts, completions, rewards, advantages ----------------------------------
+
+
+PromptSampler = Callable[[Array, int], PromptBatch]
+
+
+def _on_batch_axes(tree: Any, mesh: Any) -> Any:
+    if mesh is None:
+        return tree
+    return jax.tree.map(
+        lambda x: jax.lax.with_sharding_constraint(x, sharding.batch_sharding(mesh, x.ndim)), tree
+    )
+
+
+def make_rollout(
+    model_config: ModelConfig,
+    config: Config,
+    sample_prompts: PromptSampler,
+    reward_terms: Sequence[RewardTerm],
+    eos_id: int,
+    pad_id: int,
+    mesh: Any = None,
+) -> Callable[[Any, Array], tuple[dict[str, Array], dict[str, Array]]]:
+    """rollout(params, key) -> (the batch the update trains on, rollout metrics)."""
+    sampling = config.sampling(eos_id, pad_id)
+    spec = config.spec
+
+    def rollout(params: Any, key: Array):
+        prompt_key, sample_key = jax.random.split(key)
+        prompts = sample_prompts(prompt_key, config.batch_size)
+        grouped = jax.tree.map(lambda x: jnp.repeat(x, config.group_size, axis=0), prompts)
+        grouped = _on_batch_axes(grouped, mesh)
+        completion = generate(
+            model_config, params, grouped.tokens, grouped.mask, sample_key, sampling, mesh
+        )
+
+        metrics = {}
+        rewards = jnp.zeros(completion.lengths.shape, jnp.float32)
+        for term in reward_terms:
+            value = term.fn(grouped, completion).astype(jnp.float32)
+            metrics[f"reward_{term.name}"] = value.mean()
+            rewards = rewards + term.weight * value
+        rewards = rewards + overlong_penalty(
+            completion.lengths,
+            config.max_new_tokens,
+            config.overlong_buffer,
+            config.overlong_penalty,
+        )
+
+        by_group = rewards.reshape(config.batch_size, config.group_size)
+        advantages = group_advantages(by_group, spec.baseline, spec.scale_by_std, config.std_eps)
+        has_signal = jnp.ptp(by_group, axis=1) > 0
+        weights = jnp.ones_like(by_group)
+        if spec.drop_zero_variance_groups:
+            weights = jnp.broadcast_to(has_signal[:, None], by_group.shape).astype(jnp.float32)
+
+        batch = {
+            "tokens": jnp.concatenate([grouped.tokens, completion.tokens], axis=1),
+            "attention_mask": jnp.concatenate([grouped.mask, completion.mask], axis=1),
+            "completion_mask": completion.mask,
+            "advantages": advantages.reshape(-1),
+            "weights": weights.reshape(-1),
+        }
+        metrics.update(
+            reward=rewards.mean(),
+            reward_std=jnp.std(by_group, axis=1, ddof=1).mean(),
+            zero_variance_fraction=1.0 - has_signal.mean(),
+            completion_length=completion.lengths.mean(),
+            ended_with_eos=jnp.any(completion.mask & (completion.tokens == eos_id), axis=1).mean(),
+        )
+        return batch, metrics
+
+    return rollout
+
+
+# --- the update ---------------------------------------------------------------------------
+
+
+def completion_log_probs(
+    model: Transformer, params: Any, batch: dict[str, Array], temperature: float
+) -> tuple[Array, Array]:
+    """Log-probs of the completion tokens under the policy at the sampling temperature, and the
+    per-position entropy of that distribution; both [B, N]."""
+    completion_length = batch["completion_mask"].shape[1]
+    logits, _ = model.apply({"params": params}, batch["tokens"], None, batch["attention_mask"])
+    # Position t predicts token t + 1: the logits before each completion token.
+    logits = logits[:, -completion_length - 1 : -1] / temperature
+    log_softmax = jax.nn.log_softmax(logits, axis=-1)
+    tokens = batch["tokens"][:, -completion_length:]
+    log_probs = jnp.take_along_axis(log_softmax, tokens[..., None], axis=-1)[..., 0]
+    entropy = -jnp.sum(jnp.exp(log_softmax) * log_softmax, axis=-1)
+    return log_probs, entropy
+
+
+def make_loss(model: Transformer, config: Config) -> training.LossFn:
+    def loss_fn(params: Any, batch: dict[str, Array], extra: Any = None):
+        log_probs, entropy = completion_log_probs(model, params, batch, config.temperature)
+        # With one optimizer step per batch of samples the sampling policy is the current one,
+        # so its log-probs are these, held constant (the ratio is 1, its gradient is not 0).
+        old = batch.get("old_log_probs", jax.lax.stop_gradient(log_probs))
+        loss, metrics = policy_loss(
+            log_probs,
+            old,
+            batch["advantages"],
+            batch["completion_mask"],
+            batch["weights"],
+            config,
+            batch.get("reference_log_probs"),
+        )
+        metrics["entropy"] = aggregate(
+            entropy, batch["completion_mask"], jnp.ones_like(batch["weights"]), "token_mean", 1
+        )
+        return loss, metrics
+
+    return loss_fn
+
+
+def make_update(
+    model_config: ModelConfig,
+    config: Config,
+    sample_prompts: PromptSampler,
+    reward_terms: Sequence[RewardTerm],
+    eos_id: int,
+    pad_id: int,
+    mesh: Any = None,
+) -> Callable[..., tuple[training.TrainState, dict[str, Array]]]:
+    """update(state, key, reference_params=None) -> (state, metrics): one rollout and
+    num_epochs x num_minibatches optimizer steps on it. Pure; jit it (make_train_chunk does)."""
+    model = Transformer(model_config, mesh=mesh)
+    rollout = make_rollout(model_config, config, sample_prompts, reward_terms, eos_id, pad_id, mesh)
+    train_step = training.make_train_step(make_loss(model, config), config.optimizer())
+    no_grad_log_probs = lambda params, batch: jax.lax.stop_gradient(  # noqa: E731
+        completion_log_probs(model, params, batch, config.temperature)[0]
+    )
+
+    def into_minibatches(batch: dict[str, Array], key: Array | None) -> dict[str, Array]:
+        """[B, ...] -> [num_minibatches, grad_accum_steps, micro_batch, ...], shuffled."""
+        if key is not None:
+            order = jax.random.permutation(key, config.completions_per_update)
+            batch = jax.tree.map(lambda x: x[order], batch)
+        shape = (config.num_minibatches, config.grad_accum_steps, config.micro_batch_size)
+        batch = jax.tree.map(lambda x: x.reshape(*shape, *x.shape[1:]), batch)
+        if mesh is None:
+            return batch
+        return jax.tree.map(
+            lambda x: jax.lax.with_sharding_constraint(x, training.chunk_sharding(mesh, x.ndim)),
+            batch,
+        )
+
+    def update(state: training.TrainState, key: Array, reference_params: Any = None):
+        rollout_key, shuffle_key = jax.random.split(key)
+        batch, metrics = rollout(state.params, rollout_key)
+        if config.reuses_samples:
+            batch["old_log_probs"] = no_grad_log_probs(state.params, batch)
+        if config.kl_beta > 0:
+            batch["reference_log_probs"] = no_grad_log_probs(reference_params, batch)
+
+        def epoch(state, epoch_key):
+            shuffle = epoch_key if config.num_minibatches > 1 else None
+            minibatches = into_minibatches(batch, shuffle)
+            return jax.lax.scan(lambda s, b: train_step(s, b), state, minibatches)
+
+        epoch_keys = jax.random.split(shuffle_key, config.num_epochs)
+        state, step_metrics = jax.lax.scan(epoch, state, epoch_keys)
+        metrics.update(jax.tree.map(jnp.mean, step_metrics))
+        return state, metrics
+
+    return update
+
+
+def make_train_chunk(
+    model_config: ModelConfig,
+    config: Config,
+    sample_prompts: PromptSampler,
+    reward_terms: Sequence[RewardTerm],
+    eos_id: int,
+    pad_id: int,
+    seed: int,
+    mesh: Any = None,
+    callback: Callable[[Any, dict[str, Any]], None] | None = None,
+) -> Callable[..., tuple[training.TrainState, dict[str, Array]]]:
+    """chunk(state, update_indices [K], reference_params=None) -> (state, metrics [K]).
+    Update i draws its prompts and samples from fold_in(key(seed), i), so a resumed run repeats
+    exactly what an uninterrupted one does. Metrics stream to `callback(i + 1, metrics)`."""
+    update = make_update(model_config, config, sample_prompts, reward_terms, eos_id, pad_id, mesh)
+    base_key = jax.random.key(seed)
+
+    def chunk(state: training.TrainState, indices: Array, reference_params: Any = None):
+        def one_update(state, index):
+            state, metrics = update(state, jax.random.fold_in(base_key, index), reference_params)
+            if callback is not None:
+                jax.debug.callback(callback, index + 1, metrics)
+            return state, metrics
+
+        return jax.lax.scan(one_update, state, indices)
+
+    return chunk

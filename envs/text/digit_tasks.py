@@ -1,0 +1,457 @@
+"""Digit-string tasks whose answers can be checked exactly: reverse, sort, copy, count, addition.
+
+A problem is a short row of digits. Each task says how the row reads as a prompt (a template of
+fixed text and digit slices) and what the answer is. Everything exists twice on purpose, once on
+host strings (data files for SFT/DPO, scoring of decoded generations) and once as pure JAX
+functions over arrays (GRPO samples prompts and scores completions inside its compiled step);
+`tests/test_text_tasks.py` checks that the two agree.
+
+    reverse_digits   rev 4821=          -> 1284
+    sort_digits      sort 4821=         -> 1248
+    copy_digits      copy 4821=         -> 4821
+    count_digit      count 2 in 4821=   -> 1        (how often the first digit occurs in the rest)
+    addition         48+21=             -> 69       (num_digits-digit operands, no leading zeros)
+
+Held-out problems: a fixed hash of the digits puts about `EVAL_PERCENT`% of all problems in the
+evaluation split, on the host and in JAX alike, so a sampler running inside a compiled program can
+avoid the problems the evaluation uses without a table of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import ClassVar, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl.config import require
+
+Array = jax.Array
+EVAL_PERCENT = 10
+ZERO = ord("0")
+
+
+# --- splitting problems into train and eval by a hash both sides compute ---------------------
+
+
+def _problem_hash(digits, xp):
+    """FNV-1a over the digits then an avalanche step, in uint32 arithmetic (wraps in NumPy and
+    JAX alike). digits: [..., k] ints."""
+    h = xp.full(digits.shape[:-1], 2166136261, dtype=xp.uint32)
+    for i in range(digits.shape[-1]):
+        h = (h ^ digits[..., i].astype(xp.uint32)) * xp.uint32(16777619)
+    h = h ^ (h >> xp.uint32(15))
+    h = h * xp.uint32(0x2C1B3C6D)
+    return h ^ (h >> xp.uint32(12))
+
+
+def is_held_out(digits, xp=jnp):
+    """True for evaluation problems. digits: [..., k] ints; xp is numpy or jax.numpy."""
+    return _problem_hash(digits, xp) % xp.uint32(100) < xp.uint32(EVAL_PERCENT)
+
+
+# --- token ids for the characters a task writes -------------------------------------------
+
+
+class TaskTokens(NamedTuple):
+    """How a task's characters become token ids: `char_ids[ord(c)]` (-1 where unused)."""
+
+    char_ids: np.ndarray  # [128] int32
+    bos_id: int | None
+    eos_id: int
+    pad_id: int
+
+    @property
+    def digit_ids(self) -> np.ndarray:
+        return self.char_ids[ZERO : ZERO + 10]
+
+
+class PromptBatch(NamedTuple):
+    """Left-padded prompts with their answers, as token ids."""
+
+    tokens: Array  # [n, P] (BOS first when the tokenizer has one)
+    mask: Array  # [n, P] True on real tokens
+    answer_tokens: Array  # [n, A] pad after the answer
+    answer_length: Array  # [n]
+
+
+def _number_digits(value: Array, width: int) -> tuple[Array, Array]:
+    """Decimal digits of non-negative ints, most significant first, left-aligned in `width`
+    columns (zeros after), and how many there are."""
+    length = jnp.ones_like(value)
+    for power in range(1, width):
+        length = length + (value >= 10**power)
+    column = jnp.arange(width)
+    exponent = jnp.maximum(length[:, None] - 1 - column, 0)
+    digits = (value[:, None] // (10**exponent)) % 10
+    return jnp.where(column < length[:, None], digits, 0), length
+
+
+@dataclasses.dataclass(frozen=True)
+class DigitTask:
+    """What every digit task shares; a task sets `name`, `template`, `num_inputs`,
+    `answer_width`, `answer` (host) and `answer_digits` (JAX)."""
+
+    num_digits: int = 3
+
+    name: ClassVar[str] = ""
+    max_digits: ClassVar[int] = 12
+
+    def __post_init__(self) -> None:
+        require(
+            1 <= self.num_digits <= self.max_digits,
+            "num_digits",
+            f"got {self.num_digits} for {self.name}",
+            f"choose between 1 and {self.max_digits}",
+        )
+
+    # Subclasses describe the prompt as fixed text and slices of the problem's digits.
+    @property
+    def template(self) -> tuple[str | slice, ...]:
+        raise NotImplementedError
+
+    @property
+    def num_inputs(self) -> int:
+        return self.num_digits
+
+    @property
+    def answer_width(self) -> int:
+        return self.num_digits
+
+    def lowest_digits(self) -> tuple[int, ...]:
+        """Smallest allowed digit per input position (1 where a number may not start with 0)."""
+        return (0,) * self.num_inputs
+
+    def answer(self, problem: str) -> str:
+        raise NotImplementedError
+
+    def answer_digits(self, digits: Array) -> tuple[Array, Array]:
+        """[n, num_inputs] digits -> ([n, answer_width] answer digits, [n] answer lengths)."""
+        raise NotImplementedError
+
+    # --- host side: problems, texts, scores ------------------------------------------------
+
+    def prompt(self, problem: str) -> str:
+        return "".join(p if isinstance(p, str) else problem[p] for p in self.template)
+
+    def alphabet(self) -> str:
+        """Every character a prompt or an answer can contain."""
+        fixed = "".join(p for p in self.template if isinstance(p, str))
+        return "".join(sorted(set(fixed + "0123456789")))
+
+    def problem_digits(self, problems: list[str]) -> np.ndarray:
+        return np.array([[int(c) for c in p] for p in problems], np.int32).reshape(
+            len(problems), self.num_inputs
+        )
+
+    def sample_problems(
+        self,
+        rng: np.random.Generator,
+        count: int,
+        exclude: set[str] | frozenset = frozenset(),
+        split: str | None = None,
+        allow_fewer: bool = False,
+    ) -> list[str]:
+        """`count` distinct problems, none in `exclude`; with `split` ("train" or "eval") only
+        problems of that split by the held-out hash. With `allow_fewer`, a small problem space
+        gives all it has instead of an error."""
+        lows = np.array(self.lowest_digits())
+        space = int(np.prod(10 - lows))
+        if space <= 200_000:  # small spaces: enumerate, so an impossible request is caught
+            grid = np.array(list(itertools.product(*[range(low, 10) for low in lows])), np.int32)
+            if split is not None:
+                grid = grid[is_held_out(grid, np) == (split == "eval")]
+            candidates = ["".join(map(str, row)) for row in grid]
+            candidates = [c for c in candidates if c not in exclude]
+            if allow_fewer:
+                count = min(count, len(candidates))
+            require(
+                count <= len(candidates),
+                "count",
+                f"{count} distinct {self.name} problems asked for, only {len(candidates)} exist",
+                "use more digits or fewer problems",
+            )
+            return [candidates[i] for i in rng.permutation(len(candidates))[:count]]
+        problems: list[str] = []
+        seen = set(exclude)
+        while len(problems) < count:
+            row = rng.integers(lows, 10)
+            if split is not None and bool(is_held_out(row[None], np)[0]) != (split == "eval"):
+                continue
+            problem = "".join(map(str, row))
+            if problem not in seen:
+                seen.add(problem)
+                problems.append(problem)
+        return problems
+
+    def score(self, problem: str, completion: str) -> float:
+        """1 for the exact answer. Otherwise partial credit, halved so only exact answers score
+        above 0.5: the answer positions it gets right, plus one if it stops where the answer
+        does, over the answer's length + 1. (`completion` is decoded text, so stopping means
+        ending there; the JAX `answer_reward` checks the EOS token itself.)"""
+        target = self.answer(problem)
+        if completion == target:
+            return 1.0
+        right = sum(a == b for a, b in zip(completion, target, strict=False))
+        stops_right = len(completion) == len(target)
+        return 0.5 * (right + stops_right) / (len(target) + 1)
+
+    def corrupt(self, answer: str, rng: np.random.Generator) -> str:
+        """A wrong answer of the kind a half-trained model gives: a changed digit, two swapped
+        neighbours, the answer backwards, or a digit dropped or repeated."""
+        while True:
+            kind = rng.integers(5)
+            i = int(rng.integers(len(answer)))
+            if kind == 0:
+                wrong = (
+                    answer[:i] + str((int(answer[i]) + rng.integers(1, 10)) % 10) + answer[i + 1 :]
+                )
+            elif kind == 1 and len(answer) > 1:
+                i = min(i, len(answer) - 2)
+                wrong = answer[:i] + answer[i + 1] + answer[i] + answer[i + 2 :]
+            elif kind == 2:
+                wrong = answer[::-1]
+            elif kind == 3 and len(answer) > 1:
+                wrong = answer[:i] + answer[i + 1 :]
+            else:
+                wrong = answer[: i + 1] + answer[i:]
+            if wrong != answer:
+                return wrong
+
+    def sft_rows(self, problems: list[str]) -> list[dict[str, str]]:
+        return [{"prompt": self.prompt(p), "completion": self.answer(p)} for p in problems]
+
+    def preference_rows(
+        self, problems: list[str], rng: np.random.Generator
+    ) -> list[dict[str, str]]:
+        return [
+            {
+                "prompt": self.prompt(p),
+                "chosen": self.answer(p),
+                "rejected": self.corrupt(self.answer(p), rng),
+            }
+            for p in problems
+        ]
+
+    def tokens(self, tokenizer) -> TaskTokens:
+        """The token id of every character the task writes; each must be a single token."""
+        char_ids = np.full(128, -1, np.int32)
+        for char in self.alphabet():
+            ids = tokenizer.encode(char)
+            require(
+                len(ids) == 1,
+                "tokenizer",
+                f"{char!r} is {len(ids)} tokens, the {self.name} task needs it to be one",
+                "use the byte tokenizer or one that has single-character digit tokens",
+            )
+            char_ids[ord(char)] = ids[0]
+        return TaskTokens(char_ids, tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id)
+
+    # --- JAX side: sample prompts and score completions inside a compiled program ---------
+
+    def sample_digits(self, key: Array, count: int, split: str = "train") -> Array:
+        """[count, num_inputs] digits of problems from one split, drawn uniformly; a row in the
+        other split is redrawn until it is not (10% of rows, so a few rounds)."""
+        lows = jnp.array(self.lowest_digits())
+        want_eval = split == "eval"
+
+        def draw(key):
+            return jax.random.randint(key, (count, self.num_inputs), lows, 10)
+
+        def wrong_split(digits):
+            return is_held_out(digits) != want_eval
+
+        def redraw(carry):
+            key, digits = carry
+            key, sub = jax.random.split(key)
+            return key, jnp.where(wrong_split(digits)[:, None], draw(sub), digits)
+
+        key, sub = jax.random.split(key)
+        _, digits = jax.lax.while_loop(
+            lambda carry: jnp.any(wrong_split(carry[1])), redraw, (key, draw(sub))
+        )
+        return digits
+
+    def encode_problems(self, digits: Array, tokens: TaskTokens) -> PromptBatch:
+        """Prompts and answers of [n, num_inputs] digit rows as token ids (pure JAX)."""
+        digits = jnp.asarray(digits, jnp.int32)
+        n = digits.shape[0]
+        char_ids = jnp.asarray(tokens.char_ids)
+        pieces = []
+        if tokens.bos_id is not None:
+            pieces.append(jnp.full((n, 1), tokens.bos_id, jnp.int32))
+        for part in self.template:
+            if isinstance(part, str):
+                codes = jnp.array([ord(c) for c in part], jnp.int32)
+                pieces.append(jnp.broadcast_to(char_ids[codes], (n, len(part))))
+            else:
+                pieces.append(char_ids[ZERO + digits[:, part]])
+        prompt = jnp.concatenate(pieces, axis=1)
+        answer, length = self.answer_digits(digits)
+        in_answer = jnp.arange(answer.shape[1]) < length[:, None]
+        answer_tokens = jnp.where(in_answer, char_ids[ZERO + answer], tokens.pad_id)
+        return PromptBatch(prompt, jnp.ones_like(prompt, bool), answer_tokens, length)
+
+    def sample_prompts(
+        self, key: Array, count: int, tokens: TaskTokens, split: str = "train"
+    ) -> PromptBatch:
+        return self.encode_problems(self.sample_digits(key, count, split), tokens)
+
+
+# --- the tasks ------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ReverseDigits(DigitTask):
+    name: ClassVar[str] = "reverse_digits"
+
+    @property
+    def template(self):
+        return ("rev ", slice(0, self.num_digits), "=")
+
+    def answer(self, problem: str) -> str:
+        return problem[::-1]
+
+    def answer_digits(self, digits):
+        return digits[:, ::-1], jnp.full(digits.shape[0], self.num_digits)
+
+
+@dataclasses.dataclass(frozen=True)
+class SortDigits(DigitTask):
+    name: ClassVar[str] = "sort_digits"
+
+    @property
+    def template(self):
+        return ("sort ", slice(0, self.num_digits), "=")
+
+    def answer(self, problem: str) -> str:
+        return "".join(sorted(problem))
+
+    def answer_digits(self, digits):
+        return jnp.sort(digits, axis=1), jnp.full(digits.shape[0], self.num_digits)
+
+
+@dataclasses.dataclass(frozen=True)
+class CopyDigits(DigitTask):
+    name: ClassVar[str] = "copy_digits"
+
+    @property
+    def template(self):
+        return ("copy ", slice(0, self.num_digits), "=")
+
+    def answer(self, problem: str) -> str:
+        return problem
+
+    def answer_digits(self, digits):
+        return digits, jnp.full(digits.shape[0], self.num_digits)
+
+
+@dataclasses.dataclass(frozen=True)
+class CountDigit(DigitTask):
+    """How often a query digit occurs in a row of `num_digits` digits."""
+
+    name: ClassVar[str] = "count_digit"
+
+    @property
+    def template(self):
+        return ("count ", slice(0, 1), " in ", slice(1, 1 + self.num_digits), "=")
+
+    @property
+    def num_inputs(self) -> int:
+        return 1 + self.num_digits
+
+    @property
+    def answer_width(self) -> int:
+        return len(str(self.num_digits))
+
+    def answer(self, problem: str) -> str:
+        return str(problem[1:].count(problem[0]))
+
+    def answer_digits(self, digits):
+        count = jnp.sum(digits[:, 1:] == digits[:, :1], axis=1)
+        return _number_digits(count, self.answer_width)
+
+
+@dataclasses.dataclass(frozen=True)
+class Addition(DigitTask):
+    """The sum of two `num_digits`-digit numbers (no leading zeros): `48+21=` -> `69`."""
+
+    num_digits: int = 2
+    name: ClassVar[str] = "addition"
+    max_digits: ClassVar[int] = 6
+
+    @property
+    def template(self):
+        k = self.num_digits
+        return (slice(0, k), "+", slice(k, 2 * k), "=")
+
+    @property
+    def num_inputs(self) -> int:
+        return 2 * self.num_digits
+
+    @property
+    def answer_width(self) -> int:
+        return self.num_digits + 1
+
+    def lowest_digits(self):
+        k = self.num_digits
+        return tuple(1 if i % k == 0 else 0 for i in range(2 * k))
+
+    def answer(self, problem: str) -> str:
+        k = self.num_digits
+        return str(int(problem[:k]) + int(problem[k:]))
+
+    def answer_digits(self, digits):
+        k = self.num_digits
+        place = 10 ** jnp.arange(k - 1, -1, -1)
+        total = digits[:, :k] @ place + digits[:, k:] @ place
+        return _number_digits(total, self.answer_width)
+
+
+# --- rewards over token arrays -------------------------------------------------------------
+
+
+def answer_reward(
+    completion_tokens: Array,
+    completion_mask: Array,
+    answer_tokens: Array,
+    answer_length: Array,
+    eos_id: int,
+) -> Array:
+    """Per-row reward: 1 when the completion is exactly the answer followed by EOS, otherwise
+    half the fraction of the answer positions plus the EOS position after them that it gets
+    right (the host `score` rule). Counting the EOS gives partial credit for stopping at the
+    right length, which a policy learning from scratch would otherwise have to find by chance.
+    completion_*: [B, N]; answer_tokens: [B, A] (pad after answer_length)."""
+    width = answer_tokens.shape[1]
+    produced = jnp.where(completion_mask, completion_tokens, -1)
+    # Room for the answer and the EOS after it, even if the completion is shorter.
+    missing = max(0, width + 1 - produced.shape[1])
+    produced = jnp.pad(produced, ((0, 0), (0, missing)), constant_values=-1)
+    in_answer = jnp.arange(width) < answer_length[:, None]
+    right = jnp.sum((produced[:, :width] == answer_tokens) & in_answer, axis=1)
+    after = jnp.take_along_axis(produced, answer_length[:, None], axis=1)[:, 0]
+    exact = (right == answer_length) & (after == eos_id)
+    partial = (right + (after == eos_id)) / (answer_length + 1)
+    return jnp.where(exact, 1.0, 0.5 * partial)
+
+
+def format_reward(
+    completion_tokens: Array, completion_mask: Array, digit_ids: Array, eos_id: int
+) -> Array:
+    """How much the completion looks like an answer, right or wrong, in [0, 1]: half for the
+    fraction of tokens before the end that are digits, half for ending with EOS after at least
+    one token. Partial credit lets a policy starting from random tokens find the shape first."""
+    length = completion_mask.sum(axis=1)
+    body = completion_mask & (jnp.arange(completion_tokens.shape[1]) < (length - 1)[:, None])
+    is_digit = jnp.isin(completion_tokens, jnp.asarray(digit_ids))
+    digit_fraction = jnp.sum(body & is_digit, axis=1) / jnp.maximum(body.sum(axis=1), 1)
+    last = jnp.take_along_axis(completion_tokens, jnp.maximum(length - 1, 0)[:, None], axis=1)
+    stops = (length >= 2) & (last[:, 0] == eos_id)
+    return 0.5 * digit_fraction + 0.5 * stops
+
+
+TASKS = {cls.name: cls for cls in (ReverseDigits, SortDigits, CopyDigits, CountDigit, Addition)}
