@@ -295,7 +295,9 @@ def host_reward(
     with lists of decoded strings (the familiar TRL signature), called from inside the compiled
     step through `io_callback`. On a mesh every batch shard calls back with its own rows (under
     `shard_map`), so no device waits on another's host call: a callback pinned to one device
-    inside a loop with collectives can deadlock the multi-device CPU runtime."""
+    inside a loop with collectives can deadlock the multi-device CPU runtime. Even so, a host
+    reward on a multi-device *CPU* mesh hung once in our tests (jaxlib 0.10.2); on one device it
+    is reliable."""
 
     def on_host(prompt_tokens, prompt_mask, tokens, mask, answer_tokens, answer_length):
         rows = zip(

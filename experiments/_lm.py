@@ -76,12 +76,20 @@ def task_and_tokenizer(section: ml_collections.ConfigDict):
 
 
 def split_problems(task: Any, section: ml_collections.ConfigDict) -> tuple[list[str], list[str]]:
-    """Training and held-out problems from the task's two splits, so they never overlap and
-    GRPO, which samples training prompts inside its program, avoids the same held-out ones."""
+    """Held-out problems and training problems that never include them. With
+    `section.held_out == "hash"` they come from the task's hashed splits, the ones GRPO's
+    in-program sampler respects (use it for an SFT model that GRPO will continue); "random"
+    draws the held-out set at random."""
     rng = np.random.default_rng(section.data_seed)
     try:
-        eval_problems = task.sample_problems(rng, section.num_eval, split="eval")
-        train_problems = task.sample_problems(rng, section.num_train, split="train")
+        if section.held_out == "hash":
+            eval_problems = task.sample_problems(rng, section.num_eval, split="eval")
+            train_problems = task.sample_problems(rng, section.num_train, split="train")
+        else:
+            eval_problems = task.sample_problems(rng, section.num_eval)
+            train_problems = task.sample_problems(
+                rng, section.num_train, exclude=set(eval_problems)
+            )
     except ConfigError as error:
         fail(f"config.task.num_train/num_eval: {error}")
     return train_problems, eval_problems

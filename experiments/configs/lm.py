@@ -33,6 +33,9 @@ def task_config() -> ml_collections.ConfigDict:
             num_train=4000,
             num_eval=256,
             data_seed=0,
+            # "random" held-out problems, or "hash": the task's hashed eval split, which GRPO
+            # never trains on (set it for an SFT model that GRPO continues)
+            held_out="random",
             max_prompt_length=16,
             max_length=28,
             # DPO only: your own preference JSONL files (prompt/chosen/rejected) instead of

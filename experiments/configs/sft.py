@@ -11,7 +11,7 @@ PRESETS = {
     # The starting point of GRPO's addition preset: short on purpose, partly right.
     "addition": dict(num_steps=300, batch_size=64, learning_rate=3e-3),
 }
-TASKS = {"addition": dict(name="addition", num_digits=2)}
+TASKS = {"addition": dict(name="addition", num_digits=2, held_out="hash")}
 
 
 def get_config(preset: str = "reverse_digits") -> ml_collections.ConfigDict:
