@@ -138,13 +138,7 @@ class Config(training.TrainConfig):
             f"{completions} completions per update (batch_size * group_size)",
             "choose them so their product divides batch_size * group_size",
         )
-        require(
-            len(self.mesh_shape) == 3 and all(int(n) >= 1 for n in self.mesh_shape),
-            "mesh_shape",
-            f"got {self.mesh_shape}",
-            "give three sizes >= 1: (data, fsdp, tensor)",
-        )
-        shards = self.mesh_shape[0] * self.mesh_shape[1]
+        shards = training.check_mesh_shape(self.mesh_shape)
         require(
             self.micro_batch_size % shards == 0,
             "batch_size",

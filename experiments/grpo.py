@@ -115,7 +115,12 @@ def main(argv: list[str]) -> None:
         "runs", f"grpo-{task.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     )
     params, model, source = _lm.initial_params(model, flat.init_from, flat.seed, mesh)
-    prompt_length = 1 + len(task.prompt("0" * task.num_inputs))
+    # Held-out problems: the task's eval split, which the in-program sampler never draws.
+    rng = np.random.default_rng(flat.task.data_seed)
+    eval_problems = task.sample_problems(rng, flat.task.num_eval, split="eval", allow_fewer=True)
+    held_out = jax.device_get(task.encode_problems(task.problem_digits(eval_problems), task_tokens))
+
+    prompt_length = held_out.tokens.shape[1]  # every prompt of a task has one length
     if prompt_length + config.max_new_tokens > model.max_position_embeddings:
         fail(
             f"config.max_new_tokens: prompts of {prompt_length} tokens + {config.max_new_tokens} "
@@ -125,11 +130,6 @@ def main(argv: list[str]) -> None:
     run_dir = RunDirectory(workdir)
     check_resumable(run_dir.saved_config(), to_jsonable(flat.to_dict()), workdir)
     run_dir.write_config(to_jsonable(flat.to_dict()))
-
-    # Held-out problems: the task's eval split, which the in-program sampler never draws.
-    rng = np.random.default_rng(flat.task.data_seed)
-    eval_problems = task.sample_problems(rng, flat.task.num_eval, split="eval", allow_fewer=True)
-    held_out = jax.device_get(task.encode_problems(task.problem_digits(eval_problems), task_tokens))
 
     def accuracy(params):
         return _lm.task_accuracy(
@@ -159,7 +159,7 @@ def main(argv: list[str]) -> None:
             flat.seed,
             mesh,
             callback=sink,
-        ),  # fmt: skip
+        ),
         state,
         update_indices,
         config.num_steps,

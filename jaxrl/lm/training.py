@@ -52,13 +52,7 @@ class TrainConfig:
             f"{self.grad_accum_steps} does not divide batch_size={self.batch_size}",
             "choose grad_accum_steps dividing batch_size",
         )
-        require(
-            len(self.mesh_shape) == 3 and all(int(n) >= 1 for n in self.mesh_shape),
-            "mesh_shape",
-            f"got {self.mesh_shape}",
-            "give three sizes >= 1: (data, fsdp, tensor)",
-        )
-        shards = self.mesh_shape[0] * self.mesh_shape[1]
+        shards = check_mesh_shape(self.mesh_shape)
         micro = self.batch_size // self.grad_accum_steps
         require(
             micro % shards == 0,
@@ -76,6 +70,17 @@ class TrainConfig:
         return make_optimizer(
             self.learning_rate, self.warmup_steps, self.weight_decay, self.max_grad_norm
         )
+
+
+def check_mesh_shape(mesh_shape: tuple[int, int, int]) -> int:
+    """Validate a (data, fsdp, tensor) mesh shape; return its number of batch shards."""
+    require(
+        len(mesh_shape) == 3 and all(int(n) >= 1 for n in mesh_shape),
+        "mesh_shape",
+        f"got {mesh_shape}",
+        "give three sizes >= 1: (data, fsdp, tensor)",
+    )
+    return mesh_shape[0] * mesh_shape[1]
 
 
 class TrainState(NamedTuple):
