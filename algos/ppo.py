@@ -423,18 +423,21 @@ def make_update(config: Config) -> Callable[[TrainState, HParams], tuple[TrainSt
 # 5. Evaluation and whole runs
 
 
-def make_policy(config: Config) -> Callable[[TrainState, jax.Array, PRNGKey], jax.Array]:
-    """The deterministic evaluation policy: the distribution's mode, on observations normalised
-    with the training run's (frozen) statistics."""
+def make_policy(
+    config: Config, deterministic: bool = True
+) -> Callable[[TrainState, jax.Array, PRNGKey], jax.Array]:
+    """The policy on observations normalised with the training run's (frozen) statistics: the
+    distribution's mode for evaluation (`deterministic`), or a sample from it, which is how
+    offline datasets are collected (experiments/collect.py). Continuous samples are unbounded:
+    clip them to the action space, as training does."""
     network = make_network(config)
 
     def act(state: TrainState, obs: jax.Array, key: PRNGKey) -> jax.Array:
-        del key
         if config.normalize_observations:
             obs_stats = envs.find_state(state.env_state, envs.NormalizeObservationState).obs_stats
             obs = obs_stats.normalize(obs)
         dist, _ = network.apply(state.params, obs)
-        return dist.mode()
+        return dist.mode() if deterministic else dist.sample(seed=key)
 
     return act
 

@@ -22,7 +22,18 @@ def fail(message: str) -> None:
 
 
 # Config keys that are not algorithm fields: how the run is driven, the model, the task, etc.
-SECTIONS = ("run", "model", "task", "init_from", "seed", "eval_batch_size", "rewards")
+SECTIONS = (
+    "run",
+    "model",
+    "task",
+    "init_from",
+    "seed",
+    "eval_batch_size",
+    "rewards",
+    "dataset",
+    "reference",
+    "bc",
+)
 
 
 def build_config(config_cls: type, flat: ml_collections.ConfigDict) -> Any:

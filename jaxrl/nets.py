@@ -86,6 +86,61 @@ class TanhGaussianHead(nn.Module):
         return tanh_normal(mean, log_std)
 
 
+class SquashedGaussianActor(nn.Module):
+    """SAC's actor: an MLP torso and a state-dependent tanh-Gaussian over actions in (-1, 1).
+
+    Actions are scaled to the environment's bounds outside the network, so the same actor serves
+    every action box and entropy targets stay in the (-1, 1) units the literature uses.
+    """
+
+    action_dim: int
+    hidden_sizes: Sequence[int] = (256, 256)
+    activation: str = "relu"
+
+    @nn.compact
+    def __call__(self, obs: jax.Array) -> distrax.Distribution:
+        x = MLP(self.hidden_sizes, self.activation, name="torso")(obs.astype(jnp.float32))
+        return TanhGaussianHead(self.action_dim, name="head")(x)
+
+
+class QNetwork(nn.Module):
+    """Q(s, a): an MLP on the concatenated observation and action."""
+
+    hidden_sizes: Sequence[int] = (256, 256)
+    activation: str = "relu"
+
+    @nn.compact
+    def __call__(self, obs: jax.Array, action: jax.Array) -> jax.Array:
+        x = jnp.concatenate([obs.astype(jnp.float32), action.astype(jnp.float32)], axis=-1)
+        x = MLP(self.hidden_sizes, self.activation, name="torso")(x)
+        return nn.Dense(1, name="head")(x).squeeze(-1)
+
+
+class QEnsemble(nn.Module):
+    """`num_critics` independent Q-networks evaluated as one batched network.
+
+    `apply(params, obs, action) -> q` of shape [num_critics, *batch]. The members' parameters are
+    stacked on a leading axis (`nn.vmap`), so twin critics cost one set of larger matrix products
+    rather than two sets of small ones.
+    """
+
+    num_critics: int = 2
+    hidden_sizes: Sequence[int] = (256, 256)
+    activation: str = "relu"
+
+    @nn.compact
+    def __call__(self, obs: jax.Array, action: jax.Array) -> jax.Array:
+        ensemble = nn.vmap(
+            QNetwork,
+            variable_axes={"params": 0},
+            split_rngs={"params": True},
+            in_axes=None,
+            out_axes=0,
+            axis_size=self.num_critics,
+        )
+        return ensemble(self.hidden_sizes, self.activation, name="members")(obs, action)
+
+
 class ActorCritic(nn.Module):
     """Separate actor and critic MLPs (sharing a torso hurts PPO on small control tasks).
 

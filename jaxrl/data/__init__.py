@@ -1,5 +1,6 @@
 """Datasets as tensorflow-datasets builders (array_record files, read without TensorFlow) and
-loaders that turn them into fixed-shape NumPy batches."""
+loaders that turn them into fixed-shape NumPy batches: preference pairs (`preferences`) and
+offline RL episodes in RLDS shape (`rlds`, collected with `collect`)."""
 
 from jaxrl.data.preferences import (
     PreferenceDataError,
@@ -11,14 +12,46 @@ from jaxrl.data.preferences import (
     tokenize_preferences,
     tokenize_sft,
 )
+from jaxrl.data.rlds import (
+    CorruptDatasetError,
+    DatasetNotFoundError,
+    EpisodeDataError,
+    Transitions,
+    build_episode_dataset,
+    dataset_path,
+    episodes_to_transitions,
+    load_dataset_info,
+    load_episodes,
+    load_transitions,
+    normalized_score,
+    sample_batch,
+    sample_indices,
+    to_device,
+)
+from jaxrl.data.rlds import batches as transition_batches
 
 __all__ = [
+    "CorruptDatasetError",
+    "DatasetNotFoundError",
+    "EpisodeDataError",
     "PreferenceDataError",
     "PreferenceRows",
+    "Transitions",
     "batches",
+    "build_episode_dataset",
     "build_preference_dataset",
+    "dataset_path",
+    "episodes_to_transitions",
+    "load_dataset_info",
+    "load_episodes",
     "load_preference_split",
+    "load_transitions",
+    "normalized_score",
     "read_preference_jsonl",
+    "sample_batch",
+    "sample_indices",
+    "to_device",
     "tokenize_preferences",
     "tokenize_sft",
+    "transition_batches",
 ]

@@ -1,0 +1,57 @@
+"""SAC presets for `experiments/sac.py`: `--config=experiments/configs/sac.py:NAME`.
+
+Top-level fields are `algos.sac.Config` fields (override with `--config.actor_lr=1e-3`); `run` holds
+how the experiment is driven (chunking, checkpoints, logging), not the algorithm.
+"""
+
+import ml_collections
+
+PRESETS = {
+    # 20k environment steps, the first 1k uniformly random; 256x256 ReLU networks, batch 256.
+    "pendulum": dict(env_name="Pendulum-v1", total_timesteps=20_000),
+    # Small networks: about 6x faster on a CPU and still learns Pendulum (the CI test's setting).
+    "pendulum_small": dict(env_name="Pendulum-v1", total_timesteps=20_000, hidden_sizes=(64, 64)),
+    # MuJoCo locomotion on MJX (pip install "jaxrl[mujoco]"); Haarnoja et al.'s settings.
+    "halfcheetah": dict(
+        env_name="HalfCheetah-v5",
+        total_timesteps=1_000_000,
+        learning_starts=10_000,
+        actor_lr=3e-4,
+        critic_lr=3e-4,
+        alpha_lr=3e-4,
+        eval_episodes=4,
+    ),
+    "hopper": dict(
+        env_name="Hopper-v5",
+        total_timesteps=1_000_000,
+        learning_starts=10_000,
+        actor_lr=3e-4,
+        critic_lr=3e-4,
+        alpha_lr=3e-4,
+        eval_episodes=4,
+    ),
+}
+
+
+def get_config(preset: str = "pendulum") -> ml_collections.ConfigDict:
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
+    from algos import sac
+
+    config = ml_collections.ConfigDict(sac.Config().__dict__)
+    config.update(PRESETS[preset])
+    config.hidden_sizes = tuple(config.hidden_sizes)
+    # `target_entropy` is None (automatic) by default; ml_collections needs its type declared so
+    # that --config.target_entropy=-2 can override it.
+    config.target_entropy = ml_collections.FieldReference(None, field_type=float)
+    config.run = ml_collections.ConfigDict(
+        dict(
+            num_chunks=10,  # the host loop checkpoints between compiled chunks
+            checkpoint_every=1,  # chunks
+            keep_checkpoints=3,
+            log_every=250,  # iterations per metrics row (rounded down to divide the run)
+            tensorboard=True,
+            progress=True,
+        )
+    )
+    return config
