@@ -1,7 +1,8 @@
-"""JAX environments: a registry over gymnax plus the wrappers training needs.
+"""JAX environments: a registry over gymnax and MJX locomotion, plus the wrappers training needs.
 
 env = envs.make("CartPole-v1")                      # single env, no auto-reset
 venv = envs.make_vec("CartPole-v1", num_envs=64)     # auto-reset, stats, vectorised
+env = envs.make("HalfCheetah-v5")                   # MuJoCo via MJX: pip install "jaxrl[mujoco]"
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from typing import Any
 
 import gymnax
 
+from envs import mujoco as _mujoco
 from envs.core import GymnaxEnv, StepResult, Wrapper, action_dim, is_discrete
+from envs.mujoco import HalfCheetah, Hopper, MujocoEnv, MujocoState
 from envs.wrappers import (
     AutoReset,
     ClipAction,
@@ -32,15 +35,25 @@ from envs.wrappers import (
 
 
 def registered() -> list[str]:
-    """All environment names `make` accepts."""
-    return list(gymnax.registered_envs)
+    """All environment names `make` accepts: gymnax's, and the MuJoCo ones when mujoco-mjx is
+    installed (the optional extra `jaxrl[mujoco]`)."""
+    names = list(gymnax.registered_envs)
+    if _mujoco.mjx_available():
+        names += list(_mujoco.ENVIRONMENTS)
+    return names
 
 
-def make(name: str, **env_params: Any) -> GymnaxEnv:
-    """Build one environment by name; keyword arguments override its gymnax `EnvParams` fields.
+def make(name: str, **env_params: Any) -> GymnaxEnv | MujocoEnv:
+    """Build one environment by name; keyword arguments override its gymnax `EnvParams` fields
+    (MuJoCo environments: their Gymnasium v5 constructor arguments, e.g. `ctrl_cost_weight`).
 
-    An unknown name raises a ValueError listing the closest registered names.
+    An unknown name raises a ValueError listing the closest registered names; a MuJoCo name without
+    the `mujoco` extra installed raises an ImportError saying what to install.
     """
+    if name in _mujoco.ENVIRONMENTS:
+        if not _mujoco.mjx_available():
+            raise ImportError(f"{name} is simulated with MJX. {_mujoco.INSTALL_HINT}")
+        return _mujoco.make(name, **env_params)
     names = registered()
     if name not in names:
         close = difflib.get_close_matches(name, names, n=5, cutoff=0.4)
@@ -88,6 +101,10 @@ __all__ = [
     "EpisodeStatistics",
     "EpisodeStatisticsState",
     "GymnaxEnv",
+    "HalfCheetah",
+    "Hopper",
+    "MujocoEnv",
+    "MujocoState",
     "NormalizeObservation",
     "NormalizeObservationState",
     "NormalizeReward",
