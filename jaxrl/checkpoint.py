@@ -11,7 +11,19 @@ import os
 from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
+
+
+def _is_empty(leaf: Any) -> bool:
+    return hasattr(leaf, "size") and hasattr(leaf, "dtype") and leaf.size == 0
+
+
+def _without_empty_arrays(tree: Any) -> Any:
+    """Zero-size arrays (e.g. MJX's actuator activations of a model without any) replaced by one
+    placeholder element: orbax refuses to save arrays without data. They are restored from the
+    `like` tree, which has their shape and dtype, so nothing is lost."""
+    return jax.tree.map(lambda x: np.zeros((1,), x.dtype) if _is_empty(x) else x, tree)
 
 
 class Checkpointer:
@@ -37,7 +49,8 @@ class Checkpointer:
         saved = self._manager.save(
             step,
             args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state), metadata=ocp.args.JsonSave(metadata)
+                state=ocp.args.StandardSave(_without_empty_arrays(state)),
+                metadata=ocp.args.JsonSave(metadata),
             ),
             force=True,
         )
@@ -51,14 +64,19 @@ class Checkpointer:
         step = self.latest_step() if step is None else step
         if step is None:
             raise FileNotFoundError(f"no checkpoint in {self.directory}")
-        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, _without_empty_arrays(like))
         restored = self._manager.restore(
             step,
             args=ocp.args.Composite(
                 state=ocp.args.StandardRestore(abstract), metadata=ocp.args.JsonRestore()
             ),
         )
-        return restored["state"], dict(restored["metadata"])
+        state = jax.tree.map(
+            lambda saved, template: template if _is_empty(template) else saved,
+            restored["state"],
+            like,
+        )
+        return state, dict(restored["metadata"])
 
     def close(self) -> None:
         self._manager.close()
