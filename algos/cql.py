@@ -280,11 +280,11 @@ def make_penalty(
         return jnp.swapaxes(actions, 0, 1), jnp.swapaxes(log_probs, 0, 1)
 
     def q_many(critic_params, obs, actions):
-        """Q of each row's n actions: [num_critics, batch, n]."""
-        batch = obs.shape[0]
-        repeated_obs = jnp.repeat(obs, n, axis=0)
-        q = critic.apply(critic_params, repeated_obs, actions.reshape(batch * n, -1))
-        return q.reshape(q.shape[0], batch, n)
+        """Q of each row's k actions ([batch, k, d]): [num_critics, batch, k]."""
+        batch, k = actions.shape[:2]
+        repeated_obs = jnp.repeat(obs, k, axis=0)
+        q = critic.apply(critic_params, repeated_obs, actions.reshape(batch * k, -1))
+        return q.reshape(q.shape[0], batch, k)
 
     def penalty(critic_params, batch, key, state):
         uniform_key, current_key, next_key = jax.random.split(key, 3)
@@ -296,10 +296,17 @@ def make_penalty(
         current, log_prob_current, following, log_prob_next = jax.lax.stop_gradient(
             (current, log_prob_current, following, log_prob_next)
         )
+        # All 3n proposals of a state through the critics at once: one set of large matrix
+        # products (forward and backward) rather than three.
+        q_uniform, q_current, q_next = jnp.split(
+            q_many(critic_params, obs, jnp.concatenate([uniform, current, following], axis=1)),
+            3,
+            axis=-1,
+        )
         gap = conservative_gap(
-            q_uniform=q_many(critic_params, obs, uniform),
-            q_current=q_many(critic_params, obs, current),
-            q_next=q_many(critic_params, obs, following),
+            q_uniform=q_uniform,
+            q_current=q_current,
+            q_next=q_next,
             log_prob_current=log_prob_current,
             log_prob_next=log_prob_next,
             q_data=critic.apply(critic_params, obs, batch["action"]),
