@@ -50,9 +50,6 @@ class Config:
         except ValueError as error:
             raise ConfigError(f"env_name: {error}") from None
 
-    # The fields sac.make_networks / sac.make_policy read, so the actor and policy are SAC's.
-    num_critics: int = 1
-
 
 @struct.dataclass
 class TrainState:
@@ -68,7 +65,7 @@ def bc_loss(predicted_action: jax.Array, data_action: jax.Array) -> jax.Array:
 
 
 def init(config: Config, key: PRNGKey) -> TrainState:
-    actor, _ = sac.make_networks(config)
+    actor = sac.make_actor(config)
     key, actor_key = jax.random.split(key)
     obs = jnp.zeros((1, *envs.make(config.env_name).observation_space.shape), jnp.float32)
     params = actor.init(actor_key, obs)
@@ -78,7 +75,7 @@ def init(config: Config, key: PRNGKey) -> TrainState:
 
 
 def make_update(config: Config) -> Callable[[TrainState, cql.Dataset], tuple[TrainState, Metrics]]:
-    actor, _ = sac.make_networks(config)
+    actor = sac.make_actor(config)
     optimizer = optax.adam(config.learning_rate)
 
     def loss_fn(params, obs, action):
@@ -103,7 +100,7 @@ def make_train_chunk(
     """`chunk(states, data, eval_keys) -> (states, metrics)` over a batch of runs: `num_updates`
     steps, then `metrics["eval_return"]` per run (deterministic policy, `eval_episodes`)."""
     batched_update = jax.vmap(make_update(config), in_axes=(0, None))
-    evaluate = jax.vmap(cql.make_evaluate(config))
+    evaluate = jax.vmap(sac.make_evaluate(config))
 
     def chunk(states: TrainState, data: cql.Dataset, eval_keys: PRNGKey):
         states, metrics = jax.lax.scan(

@@ -32,7 +32,6 @@ from flax import struct
 
 import envs
 from algos import sac
-from jaxrl import evaluation
 from jaxrl.config import ConfigError, require, require_in_range, require_positive
 from jaxrl.nets import ACTIVATIONS
 from jaxrl.types import Metrics, Params, PRNGKey
@@ -360,19 +359,6 @@ def normalized_score(episode_return: Any, random_return: float, expert_return: f
     return 100.0 * (episode_return - random_return) / (expert_return - random_return)
 
 
-def make_evaluate(config: Config) -> Callable[[TrainState, PRNGKey], jax.Array]:
-    """`evaluate(state, key) -> returns[eval_episodes]` of the deterministic policy."""
-    env = envs.ClipAction(envs.make(config.env_name))
-    act = sac.make_policy(config, deterministic=True)
-
-    def evaluate(state: TrainState, key: PRNGKey) -> jax.Array:
-        return evaluation.evaluate_episodes(
-            env, lambda obs, k: act(state, obs, k), key, config.eval_episodes
-        )
-
-    return evaluate
-
-
 def make_update(
     config: Config,
 ) -> Callable[[TrainState, sac.HParams, Dataset], tuple[TrainState, Metrics]]:
@@ -414,7 +400,7 @@ def make_train_chunk(
             f"num_updates ({num_updates}) must be a multiple of callback_every ({callback_every})"
         )
     batched_update = jax.vmap(make_update(config), in_axes=(0, 0, None))
-    batched_evaluate = jax.vmap(make_evaluate(config))
+    batched_evaluate = jax.vmap(sac.make_evaluate(config))
 
     def block(states, hparams, data):
         states, metrics = jax.lax.scan(

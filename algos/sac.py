@@ -245,11 +245,16 @@ def from_env_action(action: jax.Array, low: jax.Array, high: jax.Array) -> jax.A
     return 2.0 * (action - low) / (high - low) - 1.0
 
 
-def make_networks(config: Config) -> tuple[SquashedGaussianActor, QEnsemble]:
+def make_actor(config: Any) -> SquashedGaussianActor:
+    """The policy network. `config` needs env_name, hidden_sizes and activation: CQL's and
+    behaviour cloning's configs build the same actor."""
     space = envs.make(config.env_name).action_space
-    actor = SquashedGaussianActor(envs.action_dim(space), config.hidden_sizes, config.activation)
+    return SquashedGaussianActor(envs.action_dim(space), config.hidden_sizes, config.activation)
+
+
+def make_networks(config: Config) -> tuple[SquashedGaussianActor, QEnsemble]:
     critic = QEnsemble(config.num_critics, config.hidden_sizes, config.activation)
-    return actor, critic
+    return make_actor(config), critic
 
 
 def target_entropy(config: Config) -> float:
@@ -456,7 +461,7 @@ def make_policy(
 ) -> Callable[[TrainState, jax.Array, PRNGKey], jax.Array]:
     """`act(state, obs, key) -> environment-scale actions`: tanh(mean) when deterministic, a
     sample from the squashed Gaussian otherwise (how offline datasets are collected)."""
-    actor, _ = make_networks(config)
+    actor = make_actor(config)
     low, high = action_bounds(config.env_name)
 
     def act(state: TrainState, obs: jax.Array, key: PRNGKey) -> jax.Array:
@@ -468,7 +473,8 @@ def make_policy(
 
 
 def make_evaluate(config: Config) -> Callable[[TrainState, PRNGKey], jax.Array]:
-    """`evaluate(state, key) -> returns[eval_episodes]` of the deterministic policy."""
+    """`evaluate(state, key) -> returns[eval_episodes]` of the deterministic policy. CQL and
+    behaviour cloning evaluate with it too: it reads only `state.actor_params`."""
     env = envs.ClipAction(envs.make(config.env_name))
     act = make_policy(config, deterministic=True)
 

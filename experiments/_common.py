@@ -8,8 +8,9 @@ import sys
 from typing import Any
 
 import ml_collections
+import numpy as np
 
-from jaxrl.config import ConfigError
+from jaxrl.config import ConfigError, divisors
 
 # Scripts run as `python experiments/x.py` from a clone: make the repo's packages importable.
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -51,6 +52,20 @@ def build_config(config_cls: type, flat: ml_collections.ConfigDict) -> Any:
         fail(f"config.{error}")
     except TypeError as error:
         fail(f"config: {error}")
+
+
+def block_length(total: int, log_every: int) -> int:
+    """Steps between metric rows: the largest divisor of `total` not above `log_every`, so that
+    chunks can be whole numbers of blocks."""
+    return max(d for d in divisors(total) if d <= log_every)
+
+
+def chunk_lengths(total: int, num_chunks: int, block: int = 1) -> list[int]:
+    """`total` steps (a multiple of `block`) in near-equal chunks of whole blocks, at most
+    `num_chunks` of them: at most two distinct lengths, so at most two programs to compile."""
+    num_blocks = total // block
+    bounds = np.linspace(0, num_blocks, min(num_chunks, num_blocks) + 1).round().astype(int)
+    return [int(b - a) * block for a, b in zip(bounds[:-1], bounds[1:], strict=True) if b > a]
 
 
 def check_run_settings(run: Any, names: tuple[str, ...]) -> None:

@@ -28,17 +28,19 @@ import numpy as np  # noqa: E402
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from algos import bc, cql  # noqa: E402
+from algos import bc, cql, sac  # noqa: E402
 from experiments._common import (  # noqa: E402
     REPO_ROOT,
+    block_length,
     build_config,
     check_resumable,
     check_run_settings,
+    chunk_lengths,
     fail,
 )
 from jaxrl import evaluation  # noqa: E402
 from jaxrl.checkpoint import Checkpointer  # noqa: E402
-from jaxrl.config import ConfigError, divisors  # noqa: E402
+from jaxrl.config import ConfigError  # noqa: E402
 from jaxrl.data import rlds  # noqa: E402
 from jaxrl.logging import MetricsSink, RunDirectory, to_jsonable  # noqa: E402
 
@@ -159,10 +161,8 @@ def main(argv: list[str]) -> None:
         run_dir.truncate_metrics(done)
         print(f"Resuming {workdir} from gradient step {done}/{config.num_updates}.")
 
-    num_chunks = min(run.num_chunks, config.num_updates)
-    bounds = np.linspace(0, config.num_updates, num_chunks + 1).round().astype(int)
-    lengths = [int(b - a) for a, b in zip(bounds[:-1], bounds[1:], strict=True) if b > a]
-    block = max(d for d in divisors(int(np.gcd.reduce(lengths))) if d <= run.log_every)
+    block = block_length(config.num_updates, run.log_every)
+    lengths = chunk_lengths(config.num_updates, run.num_chunks, block)
     sink = MetricsSink(
         run_dir,
         total_updates=config.num_updates,
@@ -213,7 +213,7 @@ def main(argv: list[str]) -> None:
     # its last chunk reports the same figure.
     final_keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(eval_keys, len(lengths) - 1)
     eval_returns = np.asarray(
-        jax.jit(jax.vmap(cql.make_evaluate(config)))(states, final_keys).mean(axis=-1)
+        jax.jit(jax.vmap(sac.make_evaluate(config)))(states, final_keys).mean(axis=-1)
     )
     final_return = float(eval_returns.mean())
     behaviour_return = metadata.get("mean_episode_return")

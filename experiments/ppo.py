@@ -31,6 +31,7 @@ from experiments._common import (  # noqa: E402
     build_config,
     check_resumable,
     check_run_settings,
+    chunk_lengths,
     fail,
 )  # noqa: E402
 from jaxrl import evaluation  # noqa: E402
@@ -94,9 +95,7 @@ def main(argv: list[str]) -> None:
         run_dir.truncate_metrics(done_updates)
         print(f"Resuming {workdir} from update {done_updates}/{config.num_updates}.")
 
-    # Chunk boundaries: num_chunks near-equal chunks; at most two distinct lengths to compile.
-    bounds = np.linspace(0, config.num_updates, run.num_chunks + 1).round().astype(int)
-    chunk_lengths = [int(b - a) for a, b in zip(bounds[:-1], bounds[1:], strict=True) if b > a]
+    lengths = chunk_lengths(config.num_updates, run.num_chunks)
 
     sink = MetricsSink(
         run_dir,
@@ -115,18 +114,18 @@ def main(argv: list[str]) -> None:
         length: jax.jit(ppo.make_train_chunk(config, length, callback=sink), donate_argnums=0)
         .lower(states, hparams)
         .compile()
-        for length in set(chunk_lengths)
+        for length in set(lengths)
     }
     compile_seconds = time.time() - t0
 
     start = time.time()
     updates = 0
-    for chunk_index, length in enumerate(chunk_lengths):
+    for chunk_index, length in enumerate(lengths):
         updates += length
         if updates <= done_updates:
             continue  # done before the interruption
         states, _ = compiled[length](states, hparams)
-        is_last = chunk_index == len(chunk_lengths) - 1
+        is_last = chunk_index == len(lengths) - 1
         checkpointer.save(chunk_index + 1, states, {"updates": updates}, force=is_last)
         if _KILL_AFTER_CHUNK.value == chunk_index + 1:
             os.kill(os.getpid(), signal.SIGKILL)

@@ -28,14 +28,15 @@ from ml_collections import config_flags  # noqa: E402
 from algos import sac  # noqa: E402
 from experiments._common import (  # noqa: E402
     REPO_ROOT,
+    block_length,
     build_config,
     check_resumable,
     check_run_settings,
+    chunk_lengths,
     fail,
 )
 from jaxrl import evaluation  # noqa: E402
 from jaxrl.checkpoint import Checkpointer  # noqa: E402
-from jaxrl.config import divisors  # noqa: E402
 from jaxrl.logging import MetricsSink, RunDirectory, to_jsonable  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -53,18 +54,6 @@ _SEED = flags.DEFINE_integer("seed", 0, "Base seed; run i uses fold i of PRNGKey
 _KILL_AFTER_CHUNK = flags.DEFINE_integer(
     "kill_after_chunk", None, "Testing aid: SIGKILL this process right after chunk K's checkpoint."
 )
-
-
-def block_length(num_iterations: int, log_every: int) -> int:
-    """Iterations between metric rows: the largest divisor of the run not above `log_every`, so
-    every chunk is a whole number of blocks."""
-    return max(d for d in divisors(num_iterations) if d <= log_every)
-
-
-def chunk_lengths(num_blocks: int, num_chunks: int, block: int) -> list[int]:
-    """Near-equal chunks of whole blocks; at most two distinct lengths to compile."""
-    bounds = np.linspace(0, num_blocks, min(num_chunks, num_blocks) + 1).round().astype(int)
-    return [int(b - a) * block for a, b in zip(bounds[:-1], bounds[1:], strict=True) if b > a]
 
 
 def main(argv: list[str]) -> None:
@@ -108,7 +97,7 @@ def main(argv: list[str]) -> None:
         print(f"Resuming {workdir} from iteration {done}/{config.num_iterations}.")
 
     block = block_length(config.num_iterations, run.log_every)
-    lengths = chunk_lengths(config.num_iterations // block, run.num_chunks, block)
+    lengths = chunk_lengths(config.num_iterations, run.num_chunks, block)
     sink = MetricsSink(
         run_dir,
         total_updates=config.num_iterations,
