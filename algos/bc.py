@@ -28,13 +28,15 @@ from jaxrl.types import Metrics, Params, PRNGKey
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    env_name: str = "Pendulum-v1"
-    num_updates: int = 5_000
-    batch_size: int = 256
-    learning_rate: float = 1e-3
-    hidden_sizes: tuple[int, ...] = (256, 256)
-    activation: str = "relu"
-    eval_episodes: int = 10
+    """Behaviour-cloning settings."""
+
+    env_name: str = "Pendulum-v1"  # evaluation environment; also fixes the action bounds
+    num_updates: int = 5_000  # gradient steps per seed
+    batch_size: int = 256  # transitions drawn uniformly from the dataset per gradient step
+    learning_rate: float = 1e-3  # Adam's
+    hidden_sizes: tuple[int, ...] = (256, 256)  # of the actor's MLP
+    activation: str = "relu"  # a key of jaxrl.nets.ACTIVATIONS
+    eval_episodes: int = 10  # episodes of the deterministic policy per evaluation
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "hidden_sizes", tuple(self.hidden_sizes))
@@ -53,6 +55,8 @@ class Config:
 
 @struct.dataclass
 class TrainState:
+    """One run's actor parameters, Adam state, PRNG key and gradient steps taken."""
+
     actor_params: Params
     opt_state: optax.OptState
     key: PRNGKey
@@ -65,6 +69,7 @@ def bc_loss(predicted_action: jax.Array, data_action: jax.Array) -> jax.Array:
 
 
 def init(config: Config, key: PRNGKey) -> TrainState:
+    """A fresh actor (SAC's) and optimiser; update_step 0."""
     actor = sac.make_actor(config)
     key, actor_key = jax.random.split(key)
     obs = jnp.zeros((1, *envs.make(config.env_name).observation_space.shape), jnp.float32)
@@ -75,6 +80,8 @@ def init(config: Config, key: PRNGKey) -> TrainState:
 
 
 def make_update(config: Config) -> Callable[[TrainState, cql.Dataset], tuple[TrainState, Metrics]]:
+    """`update(state, data) -> (state, {"bc_loss": scalar})`: one Adam step of one run on a batch
+    drawn uniformly, with replacement, from `data`."""
     actor = sac.make_actor(config)
     optimizer = optax.adam(config.learning_rate)
 

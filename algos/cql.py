@@ -47,26 +47,26 @@ class Config:
 
     env_name: str = "Pendulum-v1"  # evaluation environment; also fixes the action bounds
     num_updates: int = 20_000  # gradient steps per seed
-    batch_size: int = 256
-    gamma: float = 0.99
-    tau: float = 0.005
+    batch_size: int = 256  # transitions drawn uniformly from the dataset per gradient step
+    gamma: float = 0.99  # discount
+    tau: float = 0.005  # Polyak factor of the target critics
     actor_lr: float = 1e-4
     critic_lr: float = 3e-4
-    alpha_lr: float = 1e-4
-    init_alpha: float = 1.0
-    autotune_alpha: bool = True
+    alpha_lr: float = 1e-4  # learning rate of log(alpha), SAC's entropy temperature
+    init_alpha: float = 1.0  # initial entropy temperature
+    autotune_alpha: bool = True  # False: alpha stays at init_alpha
     target_entropy: float | None = None  # None: -action_dim
-    num_critics: int = 2
-    hidden_sizes: tuple[int, ...] = (256, 256)
-    activation: str = "relu"
+    num_critics: int = 2  # Q-networks in the ensemble; TD targets take their minimum
+    hidden_sizes: tuple[int, ...] = (256, 256)  # of the actor and of every critic
+    activation: str = "relu"  # a key of jaxrl.nets.ACTIVATIONS
     # The conservative term.
     cql_alpha: float = 5.0  # weight of the penalty (the multiplier's start with `lagrangian`)
     num_action_samples: int = 10  # per proposal (uniform, pi(.|s), pi(.|s')) and state
     cql_temperature: float = 1.0  # log-sum-exp temperature
     lagrangian: bool = False  # tune the weight so the action gap stays at target_action_gap
-    target_action_gap: float = 10.0
-    cql_alpha_lr: float = 3e-4
-    eval_episodes: int = 10
+    target_action_gap: float = 10.0  # the gap the Lagrangian variant holds the critics to
+    cql_alpha_lr: float = 3e-4  # learning rate of log(cql_alpha) with `lagrangian`
+    eval_episodes: int = 10  # episodes of the deterministic policy per evaluation
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "hidden_sizes", tuple(self.hidden_sizes))
@@ -116,6 +116,7 @@ class Config:
             )
 
     def hparams(self) -> sac.HParams:
+        """This config's continuous hyper-parameters, as SAC's `HParams` of float32 scalars."""
         return sac.HParams(
             actor_lr=jnp.float32(self.actor_lr),
             critic_lr=jnp.float32(self.critic_lr),
@@ -155,6 +156,7 @@ class Dataset:
 
     @property
     def size(self) -> int:
+        """Number of transitions."""
         return self.obs.shape[0]
 
 
@@ -199,6 +201,10 @@ def device_dataset(transitions: Any, config: Config) -> Dataset:
 
 
 def init(config: Config, key: PRNGKey, hparams: sac.HParams | None = None) -> TrainState:
+    """Fresh actor, critics (targets equal to them), temperatures and optimisers; update_step 0.
+
+    `hparams` (default: the config's) supplies the optimisers' learning rates.
+    """
     hp = config.hparams() if hparams is None else hparams
     actor, critic = sac.make_networks(config)
     key, actor_key, critic_key = jax.random.split(key, 3)
@@ -329,6 +335,9 @@ def make_penalty(
 def make_gradient_step(
     config: Config,
 ) -> Callable[[TrainState, dict[str, jax.Array], PRNGKey, sac.HParams], tuple[TrainState, Metrics]]:
+    """`gradient_step(state, batch, key, hparams) -> (state, metrics)`: SAC's step with the
+    conservative penalty in the critic loss, then (with `lagrangian`) a dual-ascent step of the
+    penalty weight log(cql_alpha), clipped to [-10, 10]."""
     actor, critic = sac.make_networks(config)
     soft_step = sac.make_gradient_step(config, actor, critic, make_penalty(config, actor, critic))
     multiplier_optimizer = optax.adam(config.cql_alpha_lr)
@@ -362,7 +371,8 @@ def normalized_score(episode_return: Any, random_return: float, expert_return: f
 def make_update(
     config: Config,
 ) -> Callable[[TrainState, sac.HParams, Dataset], tuple[TrainState, Metrics]]:
-    """One gradient step on a uniformly drawn batch of the dataset."""
+    """`update(state, hparams, data) -> (state, metrics)`: one gradient step of one run on a
+    batch drawn uniformly, with replacement, from `data`; `metrics` are scalars."""
     gradient_step = make_gradient_step(config)
 
     def update(state: TrainState, hp: sac.HParams, data: Dataset) -> tuple[TrainState, Metrics]:

@@ -46,8 +46,10 @@ REFERENCE_MODES = ("precomputed", "in_step")
 
 @dataclasses.dataclass(frozen=True)
 class Config(training.TrainConfig):
-    loss_type: str = "sigmoid"
-    beta: float = 0.1
+    """DPO settings: the loss variant and its coefficients, plus `TrainConfig`'s optimisation."""
+
+    loss_type: str = "sigmoid"  # one of LOSS_TYPES: "sigmoid" (DPO), "ipo", "simpo"
+    beta: float = 0.1  # scale of the implicit reward (IPO: its target margin is 1 / (2 beta))
     label_smoothing: float = 0.0  # > 0: conservative DPO (sigmoid and simpo only)
     simpo_gamma: float = 0.5  # SimPO's target reward margin
     # "precomputed": one pass of the reference model over the dataset before training;
@@ -84,6 +86,7 @@ class Config(training.TrainConfig):
 
     @property
     def uses_reference(self) -> bool:
+        """Whether the loss needs a reference model (every variant but reference-free SimPO)."""
         return self.loss_type != "simpo"
 
 
@@ -147,9 +150,9 @@ def score_pairs(model: Transformer, params: Any, batch: dict[str, Array]) -> dic
 
 
 def make_loss(model: Transformer, config: Config) -> training.LossFn:
-    """loss(params, batch, reference_params). The reference log-probs come from the batch
-    ("reference_chosen"/"reference_rejected", precomputed) or, with reference="in_step", from a
-    forward pass of `reference_params` on the same batch."""
+    """loss(params, batch, reference_params) -> (mean loss over pairs, metrics). The reference
+    log-probs come from the batch ("reference_chosen"/"reference_rejected", precomputed) or, with
+    reference="in_step", from a forward pass of `reference_params` on the same batch."""
 
     def loss_fn(params: Any, batch: dict[str, Array], reference_params: Any):
         policy = score_pairs(model, params, batch)

@@ -53,10 +53,12 @@ Array = jax.Array
 
 
 class Variant(NamedTuple):
+    """What distinguishes the algorithms in `VARIANTS`: advantage baseline, scaling, aggregation."""
+
     baseline: str  # "group_mean" or "leave_one_out"
-    scale_by_std: bool
+    scale_by_std: bool  # divide advantages by the group's reward standard deviation
     aggregation: str  # "sequence_mean", "token_mean" or "constant_length"
-    drop_zero_variance_groups: bool
+    drop_zero_variance_groups: bool  # give groups with all-equal rewards weight 0 (DAPO)
     clip_high: float | None  # the default upper clip; None means the same as clip_low
 
 
@@ -74,18 +76,18 @@ class Config(training.TrainConfig):
     update; each gets `group_size` completions, and those are split into `num_minibatches`
     optimizer steps per epoch, each accumulated over `grad_accum_steps` micro-batches."""
 
-    batch_size: int = 16
-    group_size: int = 8
-    variant: str = "grpo"
-    num_epochs: int = 1
-    num_minibatches: int = 1
-    clip_low: float = 0.2
+    batch_size: int = 16  # prompts per update
+    group_size: int = 8  # completions sampled per prompt
+    variant: str = "grpo"  # a key of VARIANTS: "grpo", "dr_grpo", "dapo" or "rloo"
+    num_epochs: int = 1  # passes over each update's completions
+    num_minibatches: int = 1  # optimizer steps per epoch
+    clip_low: float = 0.2  # the ratio's lower clip is 1 - clip_low
     clip_high: float = 0.0  # 0: the variant's default (0.28 for DAPO, else clip_low)
     kl_beta: float = 0.0  # weight of the k3 KL penalty to the reference (initial) model
-    max_new_tokens: int = 8
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
+    max_new_tokens: int = 8  # completion length; sampling stops there
+    temperature: float = 1.0  # sampling temperature, also applied to the trained log-probs
+    top_k: int = 0  # 0: no top-k filtering
+    top_p: float = 1.0  # 1: no nucleus filtering
     overlong_buffer: int = 0  # DAPO's soft overlong penalty over the last N tokens; 0 is off
     overlong_penalty: float = 1.0  # the penalty at max_new_tokens
     std_eps: float = 1e-4  # added to the group's standard deviation before dividing
@@ -150,20 +152,25 @@ class Config(training.TrainConfig):
 
     @property
     def spec(self) -> Variant:
+        """The `Variant` named by `variant`."""
         return VARIANTS[self.variant]
 
     @property
     def upper_clip(self) -> float:
+        """The ratio's upper clip is 1 + this: clip_high if set, else the variant's default."""
         if self.clip_high > 0:
             return self.clip_high
         return self.spec.clip_high if self.spec.clip_high is not None else self.clip_low
 
     @property
     def completions_per_update(self) -> int:
+        """batch_size * group_size."""
         return self.batch_size * self.group_size
 
     @property
     def micro_batch_size(self) -> int:
+        """Completions per micro-batch: completions_per_update / (num_minibatches *
+        grad_accum_steps)."""
         return self.completions_per_update // (self.num_minibatches * self.grad_accum_steps)
 
     @property
@@ -173,6 +180,7 @@ class Config(training.TrainConfig):
         return self.num_epochs * self.num_minibatches > 1
 
     def sampling(self, eos_id: int, pad_id: int) -> SamplingConfig:
+        """The sampler's settings for a tokenizer's EOS and padding ids."""
         return SamplingConfig(
             self.max_new_tokens, eos_id, pad_id, self.temperature, self.top_k, self.top_p
         )
@@ -429,6 +437,14 @@ def completion_log_probs(
 
 
 def make_loss(model: Transformer, config: Config) -> training.LossFn:
+    """`loss_fn(params, batch, extra=None) -> (loss, metrics)` on a rollout batch of B completions.
+
+    `batch` holds tokens and attention_mask [B, prompt + N], completion_mask [B, N], advantages
+    and weights [B], and optionally old_log_probs and reference_log_probs [B, N] (absent: the
+    current policy's, held constant; no KL penalty). `metrics`: clip_fraction, entropy and, with a
+    reference, kl.
+    """
+
     def loss_fn(params: Any, batch: dict[str, Array], extra: Any = None):
         log_probs, entropy = completion_log_probs(model, params, batch, config.temperature)
         # With one optimizer step per batch of samples the sampling policy is the current one,

@@ -40,28 +40,28 @@ from jaxrl.types import Metrics, Params, PRNGKey, Transition
 class Config:
     """PPO settings. Defaults are the PureJaxRL / CleanRL CartPole settings."""
 
-    env_name: str = "CartPole-v1"
+    env_name: str = "CartPole-v1"  # any name in envs.registered()
     total_timesteps: int = 500_000  # per seed
-    num_envs: int = 4
+    num_envs: int = 4  # parallel environments
     num_steps: int = 128  # rollout length per environment per update
-    num_epochs: int = 4
-    num_minibatches: int = 4
+    num_epochs: int = 4  # passes over each rollout
+    num_minibatches: int = 4  # gradient steps per epoch; must divide num_envs * num_steps
     learning_rate: float = 2.5e-4
     anneal_lr: bool = True  # linear decay to zero over all gradient steps
-    gamma: float = 0.99
-    gae_lambda: float = 0.95
-    clip_eps: float = 0.2
+    gamma: float = 0.99  # discount
+    gae_lambda: float = 0.95  # GAE's bias/variance trade-off
+    clip_eps: float = 0.2  # policy-ratio clip range (and value clip range when clip_value)
     clip_value: bool = True  # clip the value update to clip_eps around the old value (PPO2)
-    ent_coef: float = 0.01
-    vf_coef: float = 0.5
-    max_grad_norm: float = 0.5
+    ent_coef: float = 0.01  # weight of the entropy bonus
+    vf_coef: float = 0.5  # weight of the value loss
+    max_grad_norm: float = 0.5  # global gradient-norm clip
     normalize_advantages: bool = True  # per minibatch
-    normalize_observations: bool = False
-    normalize_rewards: bool = False
-    hidden_sizes: tuple[int, ...] = (64, 64)
-    activation: str = "tanh"
+    normalize_observations: bool = False  # running mean/std of observations (a wrapper)
+    normalize_rewards: bool = False  # scale rewards by the running std of discounted returns
+    hidden_sizes: tuple[int, ...] = (64, 64)  # of both the actor and the critic MLP
+    activation: str = "tanh"  # a key of jaxrl.nets.ACTIVATIONS
     adam_eps: float = 1e-5
-    eval_episodes: int = 32
+    eval_episodes: int = 32  # episodes of the deterministic policy in the final evaluation
 
     def __post_init__(self) -> None:
         # ml_collections hands us lists; the config must stay hashable.
@@ -124,17 +124,21 @@ class Config:
 
     @property
     def batch_size(self) -> int:
+        """Samples per update: num_envs * num_steps."""
         return self.num_envs * self.num_steps
 
     @property
     def minibatch_size(self) -> int:
+        """Samples per gradient step: batch_size // num_minibatches."""
         return self.batch_size // self.num_minibatches
 
     @property
     def num_updates(self) -> int:
+        """Updates (rollout + epochs) in a run: total_timesteps // batch_size."""
         return self.total_timesteps // self.batch_size
 
     def hparams(self) -> HParams:
+        """This config's continuous hyper-parameters as float32 scalars (no sweep axis)."""
         return HParams(
             learning_rate=jnp.float32(self.learning_rate),
             ent_coef=jnp.float32(self.ent_coef),
@@ -178,6 +182,12 @@ def sweep(config: Config, **values: list[float]) -> HParams:
 
 @struct.dataclass
 class TrainState:
+    """The whole state of one PPO run: network, optimiser, environments and PRNG key.
+
+    `opt_state` is over the parameters flattened into one vector (`ravel_pytree`); `env_state` and
+    `obs` are the vectorised environments' (leading axis num_envs).
+    """
+
     params: Params
     opt_state: optax.OptState
     env_state: Any
@@ -235,7 +245,12 @@ def ppo_loss_terms(
     clip_value: bool = True,
     normalize_advantages: bool = True,
 ) -> tuple[jax.Array, Metrics]:
-    """The PPO objective on a minibatch of per-sample quantities (no network inside)."""
+    """The PPO objective on a minibatch of per-sample quantities (no network inside).
+
+    Every array argument has shape [batch]. Returns (loss, metrics): the scalar clipped-surrogate
+    policy loss + vf_coef * value loss - ent_coef * entropy, and scalar `loss`, `policy_loss`,
+    `value_loss`, `entropy`, `approx_kl` and `clip_fraction` metrics.
+    """
     if normalize_advantages:
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
     log_ratio = log_prob - old_log_prob
@@ -268,6 +283,8 @@ def ppo_loss_terms(
 
 
 def make_env(config: Config) -> envs.Wrapper:
+    """The training environments: `envs.make_vec` with `num_envs` copies and the config's
+    observation / reward normalisation."""
     return envs.make_vec(
         config.env_name,
         config.num_envs,
@@ -278,6 +295,7 @@ def make_env(config: Config) -> envs.Wrapper:
 
 
 def make_network(config: Config) -> ActorCritic:
+    """The actor-critic for the config's environment: `apply(params, obs) -> (dist, value)`."""
     probe = envs.make(config.env_name)
     return ActorCritic(
         action_dim=envs.action_dim(probe.action_space),
@@ -299,6 +317,10 @@ def make_optimizer(hp: HParams, learning_rate: jax.Array, adam_eps: float):
 
 
 def init(config: Config, key: PRNGKey, hparams: HParams | None = None) -> TrainState:
+    """A fresh run: network parameters, reset environments, optimiser state and update_step 0.
+
+    `hparams` (default: the config's) supplies the optimiser's gradient-clip norm.
+    """
     hp = config.hparams() if hparams is None else hparams
     env, network = make_env(config), make_network(config)
     key, params_key, env_key = jax.random.split(key, 3)
@@ -314,6 +336,12 @@ def init(config: Config, key: PRNGKey, hparams: HParams | None = None) -> TrainS
 
 
 def make_update(config: Config) -> Callable[[TrainState, HParams], tuple[TrainState, Metrics]]:
+    """`update(state, hparams) -> (state, metrics)`: one rollout, GAE and the epochs of minibatch
+    steps for one run (no seed axis; vmap it for several).
+
+    `metrics` are scalars: the loss terms averaged over the update's gradient steps, plus
+    `episode_return` and `episode_length` of the most recently finished episodes (mean over envs).
+    """
     env, network = make_env(config), make_network(config)
     gradient_steps_per_update = config.num_epochs * config.num_minibatches
     total_gradient_steps = config.num_updates * gradient_steps_per_update
@@ -426,10 +454,10 @@ def make_update(config: Config) -> Callable[[TrainState, HParams], tuple[TrainSt
 def make_policy(
     config: Config, deterministic: bool = True
 ) -> Callable[[TrainState, jax.Array, PRNGKey], jax.Array]:
-    """The policy on observations normalised with the training run's (frozen) statistics: the
-    distribution's mode for evaluation (`deterministic`), or a sample from it, which is how
-    offline datasets are collected (experiments/collect.py). Continuous samples are unbounded:
-    clip them to the action space, as training does."""
+    """`act(state, obs, key) -> actions`: the policy on observations normalised with the training
+    run's (frozen) statistics: the distribution's mode for evaluation (`deterministic`), or a
+    sample from it, which is how offline datasets are collected (experiments/collect.py).
+    Continuous samples are unbounded: clip them to the action space, as training does."""
     network = make_network(config)
 
     def act(state: TrainState, obs: jax.Array, key: PRNGKey) -> jax.Array:

@@ -45,25 +45,25 @@ from jaxrl.types import Metrics, Params, PRNGKey
 class Config:
     """SAC settings. Defaults learn Pendulum-v1 within 20k environment steps."""
 
-    env_name: str = "Pendulum-v1"
+    env_name: str = "Pendulum-v1"  # a registered environment with a box action space
     total_timesteps: int = 20_000  # environment steps per seed, the random warm-up included
-    num_envs: int = 1
+    num_envs: int = 1  # parallel environments, each stepped once per iteration
     learning_starts: int = 1_000  # uniformly random actions fill the buffer before any update
-    buffer_size: int = 1_000_000
-    batch_size: int = 256
+    buffer_size: int = 1_000_000  # replay capacity in transitions (capped at total_timesteps)
+    batch_size: int = 256  # transitions per gradient step
     utd_ratio: float = 1.0  # gradient steps per environment transition (update-to-data ratio)
-    gamma: float = 0.99
+    gamma: float = 0.99  # discount
     tau: float = 0.005  # Polyak factor of the target critics
     actor_lr: float = 3e-4
     critic_lr: float = 1e-3
-    alpha_lr: float = 1e-3
-    init_alpha: float = 1.0
-    autotune_alpha: bool = True
+    alpha_lr: float = 1e-3  # learning rate of log(alpha), the entropy temperature
+    init_alpha: float = 1.0  # initial entropy temperature
+    autotune_alpha: bool = True  # False: alpha stays at init_alpha
     target_entropy: float | None = None  # None: -action_dim (Haarnoja et al., 2019)
-    num_critics: int = 2
-    hidden_sizes: tuple[int, ...] = (256, 256)
-    activation: str = "relu"
-    eval_episodes: int = 16
+    num_critics: int = 2  # Q-networks in the ensemble; targets take their minimum
+    hidden_sizes: tuple[int, ...] = (256, 256)  # of the actor and of every critic
+    activation: str = "relu"  # a key of jaxrl.nets.ACTIVATIONS
+    eval_episodes: int = 16  # episodes of the deterministic policy per evaluation
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "hidden_sizes", tuple(self.hidden_sizes))
@@ -138,6 +138,7 @@ class Config:
 
     @property
     def gradient_steps_per_iteration(self) -> int:
+        """Gradient steps after each step of the environments: utd_ratio * num_envs."""
         return round(self.utd_ratio * self.num_envs)
 
     @property
@@ -146,6 +147,7 @@ class Config:
         return min(self.buffer_size, self.total_timesteps)
 
     def hparams(self) -> HParams:
+        """This config's continuous hyper-parameters as float32 scalars (no sweep axis)."""
         return HParams(
             actor_lr=jnp.float32(self.actor_lr),
             critic_lr=jnp.float32(self.critic_lr),
@@ -168,6 +170,9 @@ class HParams:
 
 @struct.dataclass
 class TrainState:
+    """The whole state of one SAC run: networks, temperature, optimisers, replay buffer,
+    environments (`env_state`, `obs` with leading axis num_envs) and PRNG key."""
+
     actor_params: Params
     critic_params: Params
     target_critic_params: Params
@@ -225,10 +230,12 @@ def temperature_loss(log_alpha: jax.Array, log_prob: jax.Array, target_entropy: 
 
 
 def make_env(config: Config) -> envs.Wrapper:
+    """The training environments: `envs.make_vec` with `num_envs` copies, no normalisation."""
     return envs.make_vec(config.env_name, config.num_envs)
 
 
 def action_bounds(env_name: str) -> tuple[jax.Array, jax.Array]:
+    """(low, high) of the environment's action box as float32 arrays of the action shape."""
     space = envs.make(env_name).action_space
     low = jnp.broadcast_to(jnp.asarray(space.low, jnp.float32), space.shape)
     high = jnp.broadcast_to(jnp.asarray(space.high, jnp.float32), space.shape)
@@ -253,11 +260,14 @@ def make_actor(config: Any) -> SquashedGaussianActor:
 
 
 def make_networks(config: Config) -> tuple[SquashedGaussianActor, QEnsemble]:
+    """(actor, critic): `actor.apply(params, obs) -> distribution` over (-1, 1) actions and
+    `critic.apply(params, obs, action) -> q` of shape [num_critics, batch]."""
     critic = QEnsemble(config.num_critics, config.hidden_sizes, config.activation)
     return make_actor(config), critic
 
 
 def target_entropy(config: Config) -> float:
+    """The entropy the temperature steers towards: `config.target_entropy`, or -action_dim."""
     if config.target_entropy is not None:
         return float(config.target_entropy)
     return -float(envs.action_dim(envs.make(config.env_name).action_space))
@@ -342,8 +352,8 @@ def make_gradient_step(
     critic: QEnsemble,
     critic_penalty: Callable[..., tuple[jax.Array, Metrics]] | None = None,
 ) -> Callable[[TrainState, dict[str, jax.Array], PRNGKey, HParams], tuple[TrainState, Metrics]]:
-    """One soft actor-critic update on a batch of (obs, action, reward, next_obs, terminated),
-    actions in (-1, 1).
+    """`gradient_step(state, batch, key, hparams) -> (state, metrics)`: one soft actor-critic
+    update on a batch dict of obs, action, reward, next_obs and terminated, actions in (-1, 1).
 
     CQL reuses it: `critic_penalty(critic_params, batch, key, state) -> (penalty, metrics)`, when
     given, is added to the critic loss (CQL's conservative term); `config` then is CQL's config,
@@ -421,8 +431,10 @@ def make_gradient_step(
 
 
 def make_update(config: Config) -> Callable[[TrainState, HParams], tuple[TrainState, Metrics]]:
-    """One learning iteration: every environment steps once on a sampled action, then
-    `utd_ratio * num_envs` gradient steps on batches drawn from the buffer."""
+    """`update(state, hparams) -> (state, metrics)`: one learning iteration of one run. Every
+    environment steps once on a sampled action, then `utd_ratio * num_envs` gradient steps on
+    batches drawn from the buffer; `metrics` are scalars (means over those gradient steps, and the
+    last finished episodes' `episode_return` / `episode_length`)."""
     actor, critic = make_networks(config)
     gradient_step = make_gradient_step(config, actor, critic)
 

@@ -22,10 +22,18 @@ Array = jax.Array
 
 @dataclasses.dataclass(frozen=True)
 class Config(training.TrainConfig):
+    """SFT settings: `TrainConfig`'s optimisation settings with a higher default learning rate."""
+
     learning_rate: float = 1e-3
 
 
 def make_loss(model: Transformer) -> training.LossFn:
+    """`loss_fn(params, batch, _unused=None) -> (loss, metrics)`: mean NLL of `loss_mask` tokens.
+
+    `batch` holds tokens, attention_mask and loss_mask, each [B, L]; `metrics["token_accuracy"]` is
+    the greedy next-token accuracy on those tokens.
+    """
+
     def loss_fn(params: Any, batch: dict[str, Array], _unused: Any = None):
         logits, _ = model.apply({"params": params}, batch["tokens"], None, batch["attention_mask"])
         mask = batch["loss_mask"].astype(jnp.float32)

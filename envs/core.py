@@ -75,6 +75,7 @@ class GymnaxEnv:
 
     @property
     def max_episode_steps(self) -> int:
+        """The time limit after which an episode is truncated."""
         return int(self.params.max_steps_in_episode)
 
     def __repr__(self) -> str:
@@ -104,6 +105,7 @@ class Wrapper:
 
 
 def is_discrete(space: spaces.Space) -> bool:
+    """Whether `space` is a gymnax `Discrete` space (otherwise it is a box)."""
     return isinstance(space, spaces.Discrete)
 
 

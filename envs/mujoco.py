@@ -278,6 +278,7 @@ class MujocoEnv:
 
     @property
     def max_episode_steps(self) -> int:
+        """The time limit after which an episode is truncated (Gymnasium's TimeLimit)."""
         return self._max_episode_steps
 
     def __repr__(self) -> str:

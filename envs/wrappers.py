@@ -57,9 +57,11 @@ class AutoReset(Wrapper):
 
 @struct.dataclass
 class EpisodeStatisticsState:
+    """`EpisodeStatistics`' state: the wrapped state plus the episode counters (per environment)."""
+
     inner: EnvState
-    episode_return: jax.Array
-    episode_length: jax.Array
+    episode_return: jax.Array  # undiscounted return of the episode in progress
+    episode_length: jax.Array  # steps taken in the episode in progress
     # Return and length of the most recently completed episode (0 until one completes).
     last_return: jax.Array
     last_length: jax.Array
@@ -115,12 +117,15 @@ class Vectorize(Wrapper):
 
 @struct.dataclass
 class RunningMeanStd:
+    """Running per-feature mean and variance of a stream of batches, and the number of samples."""
+
     mean: jax.Array
     var: jax.Array
     count: jax.Array
 
     @classmethod
     def create(cls, shape: tuple[int, ...] = ()) -> RunningMeanStd:
+        """Moments for samples of `shape`: mean 0, variance 1, a near-zero prior count."""
         # A tiny prior count keeps the first update well defined without biasing later ones.
         return cls(jnp.zeros(shape), jnp.ones(shape), jnp.asarray(1e-4, jnp.float32))
 
@@ -137,11 +142,14 @@ class RunningMeanStd:
         return RunningMeanStd(mean, m2 / total, total)
 
     def normalize(self, x: jax.Array, clip: float = 10.0) -> jax.Array:
+        """`x` standardised by these moments and clipped to [-clip, clip]."""
         return jnp.clip((x - self.mean) / jnp.sqrt(self.var + 1e-8), -clip, clip)
 
 
 @struct.dataclass
 class NormalizeObservationState:
+    """`NormalizeObservation`'s state: the wrapped state and the observation moments."""
+
     inner: EnvState
     obs_stats: RunningMeanStd
 
@@ -171,8 +179,10 @@ class NormalizeObservation(Wrapper):
 
 @struct.dataclass
 class NormalizeRewardState:
+    """`NormalizeReward`'s state: the wrapped state and the discounted-return moments."""
+
     inner: EnvState
-    discounted_return: jax.Array
+    discounted_return: jax.Array  # [num_envs], reset to 0 when an episode ends
     return_stats: RunningMeanStd
 
 

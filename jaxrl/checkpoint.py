@@ -40,6 +40,7 @@ class Checkpointer:
         )
 
     def latest_step(self) -> int | None:
+        """The step of the newest complete checkpoint, or None when there is none."""
         return self._manager.latest_step()
 
     def save(self, step: int, state: Any, metadata: dict[str, Any], force: bool = False) -> bool:
@@ -79,4 +80,5 @@ class Checkpointer:
         return state, dict(restored["metadata"])
 
     def close(self) -> None:
+        """Wait for pending writes and release the checkpoint manager."""
         self._manager.close()

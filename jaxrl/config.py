@@ -13,17 +13,20 @@ class ConfigError(ValueError):
 
 
 def require(condition: bool, field: str, problem: str, fix: str) -> None:
+    """Raise `ConfigError("field: problem; fix")` unless `condition` holds."""
     if not condition:
         raise ConfigError(f"{field}: {problem}; {fix}")
 
 
 def require_positive(config: Any, *fields: str) -> None:
+    """Require each named attribute of `config` to be > 0."""
     for field in fields:
         value = getattr(config, field)
         require(value > 0, field, f"must be positive, got {value}", f"set {field} > 0")
 
 
 def require_in_range(config: Any, field: str, low: float, high: float) -> None:
+    """Require the attribute `field` of `config` to lie in the closed interval [low, high]."""
     value = getattr(config, field)
     require(
         low <= value <= high,
@@ -34,4 +37,5 @@ def require_in_range(config: Any, field: str, low: float, high: float) -> None:
 
 
 def divisors(n: int) -> list[int]:
+    """The positive divisors of `n` in increasing order (for "choose one of ..." hints)."""
     return [d for d in range(1, n + 1) if n % d == 0]

@@ -23,6 +23,7 @@ ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
 
 
 def orthogonal(scale: float) -> nn.initializers.Initializer:
+    """Flax's orthogonal weight initialiser with gain `scale`."""
     return nn.initializers.orthogonal(scale)
 
 
@@ -47,6 +48,8 @@ def tanh_normal(mean: jax.Array, log_std: jax.Array) -> distrax.Distribution:
 
 
 class CategoricalHead(nn.Module):
+    """A linear layer to `num_actions` logits, returned as a categorical distribution."""
+
     num_actions: int
 
     @nn.compact

@@ -28,6 +28,7 @@ class ReplayBuffer:
 
     @property
     def capacity(self) -> int:
+        """Rows the buffer can hold (the leading axis of its leaves)."""
         return jax.tree.leaves(self.data)[0].shape[0]
 
 

@@ -112,6 +112,8 @@ def check_divisible(
 
 
 def batch_size_per_shard(mesh: Mesh) -> int:
+    """The number of batch shards (data x fsdp): every batch size must be a multiple of it.
+    (Despite the name, not the number of examples each shard holds.)"""
     return _mesh_axes_size(mesh, BATCH_AXES)
 
 
@@ -131,6 +133,7 @@ def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
+    """A full copy on every device of `mesh`."""
     return NamedSharding(mesh, PartitionSpec())
 
 

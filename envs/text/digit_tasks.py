@@ -60,12 +60,13 @@ class TaskTokens(NamedTuple):
     """How a task's characters become token ids: `char_ids[ord(c)]` (-1 where unused)."""
 
     char_ids: np.ndarray  # [128] int32
-    bos_id: int | None
+    bos_id: int | None  # None: the tokenizer has no BOS token
     eos_id: int
     pad_id: int
 
     @property
     def digit_ids(self) -> np.ndarray:
+        """[10] token ids of the characters "0" to "9"."""
         return self.char_ids[ZERO : ZERO + 10]
 
 
@@ -111,14 +112,17 @@ class DigitTask:
     # Subclasses describe the prompt as fixed text and slices of the problem's digits.
     @property
     def template(self) -> tuple[str | slice, ...]:
+        """The prompt as fixed strings and slices of the problem's digit string, in order."""
         raise NotImplementedError
 
     @property
     def num_inputs(self) -> int:
+        """Digits in a problem (the length of its digit string)."""
         return self.num_digits
 
     @property
     def answer_width(self) -> int:
+        """The most digits an answer can have."""
         return self.num_digits
 
     def lowest_digits(self) -> tuple[int, ...]:
@@ -126,6 +130,7 @@ class DigitTask:
         return (0,) * self.num_inputs
 
     def answer(self, problem: str) -> str:
+        """The correct answer to a problem given as its digit string, e.g. "4821" -> "1284"."""
         raise NotImplementedError
 
     def answer_digits(self, digits: Array) -> tuple[Array, Array]:
@@ -135,6 +140,7 @@ class DigitTask:
     # --- host side: problems, texts, scores ------------------------------------------------
 
     def prompt(self, problem: str) -> str:
+        """The prompt text of a problem given as its digit string, e.g. "rev 4821="."""
         return "".join(p if isinstance(p, str) else problem[p] for p in self.template)
 
     def alphabet(self) -> str:
@@ -143,6 +149,7 @@ class DigitTask:
         return "".join(sorted(set(fixed + "0123456789")))
 
     def problem_digits(self, problems: list[str]) -> np.ndarray:
+        """Digit strings as an int32 array [len(problems), num_inputs]."""
         return np.array([[int(c) for c in p] for p in problems], np.int32).reshape(
             len(problems), self.num_inputs
         )
@@ -222,11 +229,13 @@ class DigitTask:
                 return wrong
 
     def sft_rows(self, problems: list[str]) -> list[dict[str, str]]:
+        """{"prompt", "completion"} rows of the correct answers, for SFT data files."""
         return [{"prompt": self.prompt(p), "completion": self.answer(p)} for p in problems]
 
     def preference_rows(
         self, problems: list[str], rng: np.random.Generator
     ) -> list[dict[str, str]]:
+        """{"prompt", "chosen", "rejected"} rows, the correct answer against a `corrupt` one."""
         return [
             {
                 "prompt": self.prompt(p),
@@ -298,6 +307,7 @@ class DigitTask:
     def sample_prompts(
         self, key: Array, count: int, tokens: TaskTokens, split: str = "train"
     ) -> PromptBatch:
+        """`count` prompts of `split` drawn uniformly, as token ids (pure JAX)."""
         return self.encode_problems(self.sample_digits(key, count, split), tokens)
 
 
@@ -306,6 +316,8 @@ class DigitTask:
 
 @dataclasses.dataclass(frozen=True)
 class ReverseDigits(DigitTask):
+    """The digits in reverse order: `rev 4821=` -> `1284`."""
+
     name: ClassVar[str] = "reverse_digits"
 
     @property
@@ -321,6 +333,8 @@ class ReverseDigits(DigitTask):
 
 @dataclasses.dataclass(frozen=True)
 class SortDigits(DigitTask):
+    """The digits in ascending order: `sort 4821=` -> `1248`."""
+
     name: ClassVar[str] = "sort_digits"
 
     @property
@@ -336,6 +350,8 @@ class SortDigits(DigitTask):
 
 @dataclasses.dataclass(frozen=True)
 class CopyDigits(DigitTask):
+    """The digits unchanged: `copy 4821=` -> `4821`."""
+
     name: ClassVar[str] = "copy_digits"
 
     @property

@@ -1104,6 +1104,7 @@ class Transitions(NamedTuple):
 
     @property
     def num_transitions(self) -> int:
+        """N, the number of transitions."""
         return int(self.reward.shape[0])
 
     def episode_starts(self) -> np.ndarray:

@@ -35,20 +35,22 @@ Rules = Sequence[tuple[str, Any]]
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
+    """The transformer's architecture and dtypes (the fields of a Llama / Qwen2 config.json)."""
+
     vocab_size: int
-    hidden_size: int
-    intermediate_size: int
+    hidden_size: int  # width of the residual stream ("embed")
+    intermediate_size: int  # hidden width of the SwiGLU MLP ("mlp")
     num_layers: int
-    num_heads: int
-    num_kv_heads: int
+    num_heads: int  # query heads
+    num_kv_heads: int  # key/value heads, shared by num_heads // num_kv_heads query heads each
     head_dim: int | None = None  # None: hidden_size // num_heads
-    max_position_embeddings: int = 2048
-    rope_theta: float = 10_000.0
+    max_position_embeddings: int = 2048  # longest sequence the model is meant for (not enforced)
+    rope_theta: float = 10_000.0  # base of the rotary embedding's frequencies
     rms_norm_eps: float = 1e-6
-    tie_embeddings: bool = False
+    tie_embeddings: bool = False  # the output projection reuses the embedding table
     qkv_bias: bool = False  # Qwen2 has biases on q, k and v (not on the output projection)
     dtype: str = "float32"  # compute dtype of the matmuls; norms, softmax and logits stay fp32
-    param_dtype: str = "float32"
+    param_dtype: str = "float32"  # storage dtype of the parameters
     remat: bool = False  # recompute each layer's activations in the backward pass
 
     def __post_init__(self) -> None:
@@ -93,9 +95,11 @@ class ModelConfig:
 
     @property
     def dims_per_head(self) -> int:
+        """Features per attention head: head_dim, or hidden_size // num_heads when unset."""
         return self.head_dim if self.head_dim is not None else self.hidden_size // self.num_heads
 
     def num_params(self) -> int:
+        """Number of parameters the model has (embeddings, layers and final norm)."""
         d, h, kv, hd = self.hidden_size, self.num_heads, self.num_kv_heads, self.dims_per_head
         attention = d * h * hd * 2 + d * kv * hd * 2
         if self.qkv_bias:
@@ -131,6 +135,8 @@ def _param(module: nn.Module, name: str, shape: tuple[int, ...], axes, init, dty
 
 
 class RMSNorm(nn.Module):
+    """Root-mean-square normalisation over the last axis (in fp32) with a learned scale."""
+
     eps: float
     param_dtype: Any
 
@@ -162,6 +168,12 @@ def rotary_embedding(x: Array, positions: Array, theta: float) -> Array:
 
 
 class Attention(nn.Module):
+    """Grouped-query self-attention with rotary positions, optionally over a KV cache.
+
+    `__call__(x, positions, token_mask, layer_cache) -> (y, new_layer_cache)`: x and y are
+    [B, T, hidden_size]; without a cache (None) the T tokens attend causally to each other.
+    """
+
     config: ModelConfig
     mesh: Any = None
     rules: Rules | None = None
@@ -249,6 +261,8 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
+    """The SwiGLU feed-forward block: down(silu(x @ gate) * (x @ up)), [B, T, hidden_size]."""
+
     config: ModelConfig
     mesh: Any = None
     rules: Rules | None = None
@@ -268,6 +282,8 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
+    """One pre-norm block: x + attention(norm(x)), then + mlp(norm(x)); returns (x, layer_cache)."""
+
     config: ModelConfig
     mesh: Any = None
     rules: Rules | None = None

@@ -23,9 +23,11 @@ Array = jax.Array
 
 @dataclasses.dataclass(frozen=True)
 class SamplingConfig:
-    max_new_tokens: int
-    eos_id: int
-    pad_id: int
+    """How to sample completions; validated on construction."""
+
+    max_new_tokens: int  # completion length N; decoding stops earlier once every row hit EOS
+    eos_id: int  # the token that ends a completion
+    pad_id: int  # written after EOS
     temperature: float = 1.0  # 0 means greedy (argmax)
     top_k: int = 0  # 0 keeps every token
     top_p: float = 1.0  # 1 keeps every token
@@ -43,6 +45,8 @@ class SamplingConfig:
 
 
 class Completion(NamedTuple):
+    """Sampled completions of a prompt batch, fixed length N = max_new_tokens."""
+
     tokens: Array  # [B, N] sampled ids, pad after EOS
     log_probs: Array  # [B, N] log-prob of each token under the model at the sampling temperature
     mask: Array  # [B, N] True for generated tokens up to and including EOS

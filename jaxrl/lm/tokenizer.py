@@ -78,6 +78,7 @@ class ByteTokenizer:
         return [b + self.OFFSET for b in text.encode("utf-8")]
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """`encode` of each text."""
         return [self.encode(t) for t in texts]
 
     def decode(self, ids: Iterable[int]) -> str:
@@ -200,6 +201,7 @@ class HFTokenizer:
         return self._tokenizer.decode(kept, skip_special_tokens=True)
 
     def token_to_id(self, token: str) -> int | None:
+        """Id of `token` (a vocabulary entry, e.g. "<|endoftext|>"); None if it has none."""
         return self._tokenizer.token_to_id(token)
 
 

@@ -32,13 +32,13 @@ LossFn = Callable[[Any, dict[str, Array], Any], tuple[Array, dict[str, Array]]]
 class TrainConfig:
     """Optimisation settings every language-model algorithm shares."""
 
-    learning_rate: float = 1e-4
-    warmup_steps: int = 0
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
+    learning_rate: float = 1e-4  # constant after the warmup
+    warmup_steps: int = 0  # linear warmup from 0 to learning_rate over this many steps
+    weight_decay: float = 0.0  # AdamW's decoupled weight decay
+    max_grad_norm: float = 1.0  # global gradient-norm clip
     batch_size: int = 8  # sequences (SFT) or preference pairs (DPO) per optimizer step
     grad_accum_steps: int = 1  # the batch is processed in this many micro-batches
-    num_steps: int = 200
+    num_steps: int = 200  # optimizer steps in the run
     mesh_shape: tuple[int, int, int] = (1, 1, 1)  # (data, fsdp, tensor)
 
     def __post_init__(self) -> None:
@@ -64,9 +64,11 @@ class TrainConfig:
 
     @property
     def micro_batch_size(self) -> int:
+        """Rows per micro-batch: batch_size // grad_accum_steps."""
         return self.batch_size // self.grad_accum_steps
 
     def optimizer(self) -> optax.GradientTransformation:
+        """`make_optimizer` with this config's settings."""
         return make_optimizer(
             self.learning_rate, self.warmup_steps, self.weight_decay, self.max_grad_norm
         )
@@ -84,6 +86,8 @@ def check_mesh_shape(mesh_shape: tuple[int, int, int]) -> int:
 
 
 class TrainState(NamedTuple):
+    """Optimizer steps taken (a scalar int32 array), the parameters and the optimizer state."""
+
     step: Array
     params: Any
     opt_state: Any
@@ -147,7 +151,12 @@ def split_micro_batches(
 def make_train_step(
     loss_fn: LossFn, optimizer: optax.GradientTransformation
 ) -> Callable[..., tuple[TrainState, dict[str, Array]]]:
-    """One optimizer step over a batch shaped [grad_accum_steps, micro_batch, ...]."""
+    """`step(state, batch, extra=None) -> (state, metrics)`: one optimizer step over a batch
+    shaped [grad_accum_steps, micro_batch, ...], gradients averaged over the micro-batches.
+
+    `metrics` are scalars: the loss function's metrics and `loss` averaged over the micro-batches,
+    plus `grad_norm` of the averaged gradient.
+    """
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
     def step(state: TrainState, batch: dict[str, Array], extra: Any = None):
@@ -174,8 +183,9 @@ def make_train_chunk(
     optimizer: optax.GradientTransformation,
     callback: Callable[[Any, dict[str, Any]], None] | None = None,
 ) -> Callable[..., tuple[TrainState, dict[str, Array]]]:
-    """K optimizer steps over batches stacked [K, grad_accum_steps, micro_batch, ...]; metrics of
-    every step go to `callback(step, metrics)` on the host as they are computed."""
+    """`chunk(state, batches, extra=None) -> (state, metrics)`: K optimizer steps over batches
+    stacked [K, grad_accum_steps, micro_batch, ...]; each metric has shape [K]. The metrics of
+    every step also go to `callback(step, metrics)` on the host as they are computed."""
     step_fn = make_train_step(loss_fn, optimizer)
 
     def chunk(state: TrainState, batches: dict[str, Array], extra: Any = None):
@@ -197,10 +207,12 @@ def chunk_sharding(mesh: Any, ndim: int) -> Any:
 
 
 def shard_chunk(batches: dict[str, np.ndarray], mesh: Any) -> dict[str, Array]:
+    """Stacked host batches as device arrays, placed with `chunk_sharding` when `mesh` is given."""
     if mesh is None:
         return jax.tree.map(jnp.asarray, batches)
     return jax.tree.map(lambda x: jax.device_put(x, chunk_sharding(mesh, x.ndim)), batches)
 
 
 def state_shardings(state: TrainState) -> Any:
+    """The pytree of each leaf's current sharding (e.g. for a jit's out_shardings)."""
     return jax.tree.map(lambda x: x.sharding, state)
