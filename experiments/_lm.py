@@ -104,7 +104,12 @@ def initial_params(
     if not init_from:
         params = init_params(model, jax.random.key(seed))
     elif os.path.isdir(os.path.join(init_from, PARAMS_DIR)):
-        like = jax.eval_shape(lambda: init_params(model, jax.random.key(0)))
+        # Restored straight onto this run's mesh, whatever mesh or host count saved them.
+        like = jax.tree.map(
+            lambda leaf, where: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=where),
+            jax.eval_shape(lambda: init_params(model, jax.random.key(0))),
+            placement(model, mesh),
+        )
         with ocp.StandardCheckpointer() as checkpointer:
             params = checkpointer.restore(
                 os.path.abspath(os.path.join(init_from, PARAMS_DIR)), like
@@ -120,11 +125,15 @@ def initial_params(
             f"config.init_from: {init_from!r} holds neither a finished run ({PARAMS_DIR}/) nor a "
             "Hugging Face checkpoint (config.json); pass a run directory of experiments/sft.py"
         )
+    return jax.device_put(params, placement(model, mesh)), model, source
+
+
+def placement(model: ModelConfig, mesh: Any) -> Any:
+    """The parameters' shardings on `mesh`, or a one-line error if the mesh does not fit them."""
     try:
-        shardings = param_shardings(model, mesh)
+        return param_shardings(model, mesh)
     except ConfigError as error:
         fail(f"config.mesh_shape: {error}")
-    return jax.device_put(params, shardings), model, source
 
 
 def save_params(run_dir: RunDirectory, params: Any) -> None:
@@ -255,7 +264,11 @@ def train_in_chunks(
 def _greedy_generator(model: ModelConfig, sampling: SamplingConfig, mesh: Any) -> Callable:
     """One jitted sampler per (model, sampling, mesh): evaluating the SFT model and then the
     trained one (dpo.py) compiles it once."""
-    return jax.jit(lambda p, t, m: generate(model, p, t, m, jax.random.key(0), sampling, mesh))
+    # Replicated outputs: every process of a multi-host run can read the whole batch.
+    return jax.jit(
+        lambda p, t, m: generate(model, p, t, m, jax.random.key(0), sampling, mesh),
+        out_shardings=sharding.replicated(mesh),
+    )
 
 
 def task_accuracy(

@@ -31,7 +31,7 @@ from ml_collections import config_flags  # noqa: E402
 from algos import dpo  # noqa: E402
 from experiments import _lm  # noqa: E402
 from experiments._common import REPO_ROOT, build_config, check_resumable, fail  # noqa: E402
-from jaxrl import evaluation, sharding  # noqa: E402
+from jaxrl import distributed, evaluation, sharding  # noqa: E402
 from jaxrl.config import ConfigError  # noqa: E402
 from jaxrl.data import (  # noqa: E402
     PreferenceDataError,
@@ -67,9 +67,11 @@ def preference_files(task, flat, run_dir: RunDirectory) -> tuple[dict[str, str],
     paths = {}
     for split, problems in (("train", train_problems), ("eval", eval_problems)):
         paths[split] = run_dir.file(f"{split}_pairs.jsonl")
-        with open(paths[split], "w") as f:
-            for row in task.preference_rows(problems, rng):
-                f.write(json.dumps(row) + "\n")
+        if run_dir.writes:  # in a multi-host run, process 0 writes the files all processes read
+            with open(paths[split], "w") as f:
+                for row in task.preference_rows(problems, rng):
+                    f.write(json.dumps(row) + "\n")
+    distributed.barrier("preference files")
     return paths, eval_problems
 
 
@@ -104,7 +106,12 @@ def main(argv: list[str]) -> None:
     try:
         tfds.disable_progress_bar()
         logging.set_verbosity(logging.ERROR)  # tfds warns that our builder config is custom
-        built = build_preference_dataset(paths, run_dir.file("tfds"))
+        # Process 0 builds first; the other processes of a multi-host run then find it built.
+        if run_dir.writes:
+            built = build_preference_dataset(paths, run_dir.file("tfds"))
+        distributed.barrier("preference dataset")
+        if not run_dir.writes:
+            built = build_preference_dataset(paths, run_dir.file("tfds"))
         splits = {split: list(load_preference_split(built, split)) for split in paths}
         arrays = {
             split: tokenize_preferences(
@@ -123,7 +130,8 @@ def main(argv: list[str]) -> None:
     logging.set_verbosity(logging.WARNING)
 
     # The reference model's log-probs: once over the data here, or inside each step.
-    score = jax.jit(dpo.make_score(model, mesh))
+    # Replicated outputs: every process of a multi-host run reads all the scores.
+    score = jax.jit(dpo.make_score(model, mesh), out_shardings=sharding.replicated(mesh))
     eval_batch = _lm.batch_for_mesh(flat.eval_batch_size, mesh)
     place = lambda batch: sharding.shard_batch(batch, mesh)
     t0 = time.time()
@@ -215,13 +223,14 @@ def main(argv: list[str]) -> None:
         "resumed_from_step": result.resumed_from_step,
     }
     run_dir.write_summary(summary)
-    evaluation.plot_learning_curves(
-        run_dir.metrics_path,
-        run_dir.file("learning_curve.png"),
-        x="update",
-        y="reward_accuracy",
-        title=f"DPO ({config.loss_type}) {task.name}",
-    )
+    if run_dir.writes:  # process 0 of a multi-host run
+        evaluation.plot_learning_curves(
+            run_dir.metrics_path,
+            run_dir.file("learning_curve.png"),
+            x="update",
+            y="reward_accuracy",
+            title=f"DPO ({config.loss_type}) {task.name}",
+        )
     print(
         f"DPO ({config.loss_type}) {task.name}: eval_reward_accuracy "
         f"{pair_metrics['eval_reward_accuracy']:.3f}, eval_task_accuracy {accuracy} (SFT model: "

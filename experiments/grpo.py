@@ -208,13 +208,14 @@ def main(argv: list[str]) -> None:
         "resumed_from_step": result.resumed_from_step,
     }
     run_dir.write_summary(summary)
-    evaluation.plot_learning_curves(
-        run_dir.metrics_path,
-        run_dir.file("learning_curve.png"),
-        x="update",
-        y="reward_task",
-        title=f"GRPO ({config.variant}) {task.name}: answer reward of sampled completions",
-    )
+    if run_dir.writes:  # process 0 of a multi-host run
+        evaluation.plot_learning_curves(
+            run_dir.metrics_path,
+            run_dir.file("learning_curve.png"),
+            x="update",
+            y="reward_task",
+            title=f"GRPO ({config.variant}) {task.name}: answer reward of sampled completions",
+        )
     print(
         f"GRPO ({config.variant}) {task.name}: final_mean_reward {final_reward:.3f}, "
         f"eval_task_accuracy {final_accuracy:.3f} (start: {initial_accuracy:.3f}) after "

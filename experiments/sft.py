@@ -124,13 +124,14 @@ def main(argv: list[str]) -> None:
         "resumed_from_step": result.resumed_from_step,
     }
     run_dir.write_summary(summary)
-    evaluation.plot_learning_curves(
-        run_dir.metrics_path,
-        run_dir.file("learning_curve.png"),
-        x="update",
-        y="loss",
-        title=f"SFT {task.name}",
-    )
+    if run_dir.writes:  # process 0 of a multi-host run
+        evaluation.plot_learning_curves(
+            run_dir.metrics_path,
+            run_dir.file("learning_curve.png"),
+            x="update",
+            y="loss",
+            title=f"SFT {task.name}",
+        )
     print(
         f"SFT {task.name}: eval_task_accuracy {accuracy:.3f} (mean score {mean_score:.3f}) after "
         f"{config.num_steps} steps in {summary['wall_seconds']:.0f}s (compile "

@@ -21,3 +21,9 @@ def with_cpu_workarounds(xla_flags: str) -> str:
 
 
 os.environ["XLA_FLAGS"] = with_cpu_workarounds(os.environ.get("XLA_FLAGS", ""))
+
+# Multi-host runs (JAXRL_DISTRIBUTED=1, see jaxrl/distributed.py) join JAX's multi-controller
+# runtime here, for the same reason: it must happen before anything computes.
+from jaxrl import distributed as _distributed  # noqa: E402
+
+_distributed.initialize_from_environment()

@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from jaxrl.distributed import is_main_process
+
 PACKAGES = (
     "jax",
     "jaxlib",
@@ -36,6 +38,7 @@ PACKAGES = (
 
 
 def package_versions() -> dict[str, str]:
+    """Installed versions of `PACKAGES` and of Python; "not installed" for a missing package."""
     versions = {"python": platform.python_version()}
     for name in PACKAGES:
         try:
@@ -46,6 +49,7 @@ def package_versions() -> dict[str, str]:
 
 
 def git_commit(path: str) -> str | None:
+    """The HEAD commit of the git repository at `path`; None without git or a repository."""
     try:
         out = subprocess.run(
             ["git", "-C", path, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
@@ -78,13 +82,16 @@ def write_json(path: str, obj: Any) -> None:
 
 
 class RunDirectory:
-    """The files of one experiment run."""
+    """The files of one experiment run. In a multi-host run only process 0 writes them (`writes`);
+    the others read what it wrote (the work directory is on storage every host sees)."""
 
     def __init__(self, workdir: str):
         self.path = os.path.abspath(workdir)
+        self.writes = is_main_process()
         os.makedirs(self.path, exist_ok=True)
 
     def file(self, name: str) -> str:
+        """The path of `name` inside the run directory."""
         return os.path.join(self.path, name)
 
     @property
@@ -96,12 +103,16 @@ class RunDirectory:
         return self.file("metrics.jsonl")
 
     def saved_config(self) -> dict[str, Any] | None:
+        """The `config.json` an earlier start of this run wrote, or None for a new run."""
         if not os.path.exists(self.file("config.json")):
             return None
         with open(self.file("config.json")) as f:
             return json.load(f)
 
     def write_config(self, config: Mapping[str, Any]) -> None:
+        """Write `config.json` and `versions.json` (package versions, git commit, argv)."""
+        if not self.writes:
+            return
         write_json(self.file("config.json"), config)
         repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         write_json(
@@ -110,11 +121,14 @@ class RunDirectory:
         )
 
     def write_summary(self, summary: Mapping[str, Any]) -> None:
+        """Write `summary.json`, the run's headline results."""
+        if not self.writes:
+            return
         write_json(self.file("summary.json"), summary)
 
     def truncate_metrics(self, last_step: int, step_key: str = "update") -> None:
         """Drop metric lines logged after `last_step`: a resumed run re-logs them identically."""
-        if not os.path.exists(self.metrics_path):
+        if not self.writes or not os.path.exists(self.metrics_path):
             return
         with open(self.metrics_path) as f:
             rows = [line for line in f if line.strip()]
@@ -155,14 +169,16 @@ class MetricsSink:
         self.start_time = time.time()
         self.last_update = start_update
         self.latest: dict[str, float] = {}
-        self._metrics_file = open(run_dir.metrics_path, "a")  # noqa: SIM115 (closed in close())
+        # In a multi-host run only process 0 writes; the others still keep `latest`.
+        writes = run_dir.writes
+        self._metrics_file = open(run_dir.metrics_path, "a") if writes else None  # noqa: SIM115
         self._writer = None
-        if tensorboard:
+        if tensorboard and writes:
             from tensorboardX import SummaryWriter
 
             # purge_step drops events a previous, interrupted attempt logged past the checkpoint.
             self._writer = SummaryWriter(run_dir.file("tb"), purge_step=start_update + 1)
-        self.progress = progress
+        self.progress = progress and writes
         self.description = description
         self._bar = None  # made at the first update, so its rate and ETA exclude compilation
 
@@ -186,8 +202,9 @@ class MetricsSink:
             if name in self.per_run:
                 row[f"{name}_per_run"] = value.reshape(-1).tolist()
         self.latest = row
-        self._metrics_file.write(json.dumps(to_jsonable(row)) + "\n")
-        self._metrics_file.flush()
+        if self._metrics_file is not None:
+            self._metrics_file.write(json.dumps(to_jsonable(row)) + "\n")
+            self._metrics_file.flush()
         if self._writer is not None:
             for name, value in row.items():
                 if isinstance(value, float) and name != "wall_seconds":
@@ -211,8 +228,10 @@ class MetricsSink:
         )
 
     def close(self) -> None:
+        """Close the progress bar, TensorBoard writer and metrics file."""
         if self._bar is not None:
             self._bar.close()
         if self._writer is not None:
             self._writer.close()
-        self._metrics_file.close()
+        if self._metrics_file is not None:
+            self._metrics_file.close()
