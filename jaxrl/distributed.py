@@ -52,12 +52,11 @@ def initialize_from_environment() -> bool:
 
 
 def is_main_process() -> bool:
-    """True in process 0 (and in every single-process run): the one that writes logs and files."""
-    if not requested():
-        return True
+    """True in process 0 (and in every single-process run): the one that writes logs and files.
+    Holds however the runtime was joined, through `JAXRL_DISTRIBUTED` or by the user's own call."""
     import jax
 
-    return jax.process_index() == 0
+    return not jax.distributed.is_initialized() or jax.process_index() == 0
 
 
 def barrier(name: str) -> None:
