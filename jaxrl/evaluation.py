@@ -70,10 +70,8 @@ def plot_learning_curves(
     Returns the written path, or None if there is nothing to plot."""
     import json
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    # A standalone Figure, like the plots below: no pyplot, so no backend switch in a notebook.
+    from matplotlib.figure import Figure
 
     with open(metrics_path) as f:
         rows = [json.loads(line) for line in f if line.strip()]
@@ -81,7 +79,8 @@ def plot_learning_curves(
     if not rows:
         return None
     xs = np.array([r[x] for r in rows], dtype=float)
-    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+    fig = Figure(figsize=(6, 4), dpi=120, layout="tight")
+    ax = fig.subplots()
     per_run = f"{y}_per_run"
     if per_run in rows[0]:
         runs = np.array([r[per_run] for r in rows], dtype=float)
@@ -93,9 +92,7 @@ def plot_learning_curves(
     ax.set_title(title or y)
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
-    fig.tight_layout()
     fig.savefig(out_path)
-    plt.close(fig)
     return out_path
 
 
