@@ -14,6 +14,7 @@ rest of its group. One update, all of it inside one `jax.jit` and sharded over t
     num_epochs x num_minibatches clipped policy-gradient steps on these samples:
         ratio = pi(token) / pi_old(token),  loss = -min(ratio * A, clip(ratio, 1 - lo, 1 + hi) * A)
         + kl_beta * k3(pi, pi_ref) per token, k3 = exp(ref - logp) - (ref - logp) - 1
+        - entropy_coef * the mean entropy of the policy over the completion tokens
 
 Variants (`Config.variant`):
 - "grpo": std-normalised advantages; each sequence's token losses are averaged, then sequences.
@@ -84,6 +85,7 @@ class Config(training.TrainConfig):
     clip_low: float = 0.2  # the ratio's lower clip is 1 - clip_low
     clip_high: float = 0.0  # 0: the variant's default (0.28 for DAPO, else clip_low)
     kl_beta: float = 0.0  # weight of the k3 KL penalty to the reference (initial) model
+    entropy_coef: float = 0.0  # token-entropy bonus; slows collapse onto one answer per group
     max_new_tokens: int = 8  # completion length; sampling stops there
     temperature: float = 1.0  # sampling temperature, also applied to the trained log-probs
     top_k: int = 0  # 0: no top-k filtering
@@ -121,6 +123,12 @@ class Config(training.TrainConfig):
         require_in_range(self, "clip_low", 0.0, 1.0)
         require(self.clip_high >= 0, "clip_high", f"got {self.clip_high}", "use 0 or more")
         require(self.kl_beta >= 0, "kl_beta", f"got {self.kl_beta}", "use 0 (off) or more")
+        require(
+            self.entropy_coef >= 0,
+            "entropy_coef",
+            f"got {self.entropy_coef}",
+            "use 0 (off) or more",
+        )
         require(
             0 <= self.overlong_buffer < self.max_new_tokens,
             "overlong_buffer",
@@ -462,6 +470,8 @@ def make_loss(model: Transformer, config: Config) -> training.LossFn:
         metrics["entropy"] = aggregate(
             entropy, batch["completion_mask"], jnp.ones_like(batch["weights"]), "token_mean", 1
         )
+        if config.entropy_coef > 0:
+            loss = loss - config.entropy_coef * metrics["entropy"]
         return loss, metrics
 
     return loss_fn

@@ -11,7 +11,7 @@ from envs.text import answer_reward, make_task
 from jaxrl import sharding
 from jaxrl.config import ConfigError
 from jaxrl.lm import training
-from jaxrl.lm.model import ModelConfig, init_params, param_shardings
+from jaxrl.lm.model import ModelConfig, Transformer, init_params, param_shardings
 from jaxrl.lm.tokenizer import ByteTokenizer
 
 TOKENIZER = ByteTokenizer()
@@ -111,10 +111,38 @@ def test_config_errors_name_the_field():
         (dict(batch_size=2, group_size=2, mesh_shape=(8, 1, 1)), "batch_size"),
         (dict(overlong_buffer=8, max_new_tokens=8), "overlong_buffer"),
         (dict(top_p=0.0), "top_p"),
+        (dict(entropy_coef=-0.1), "entropy_coef"),
     ]
     for settings, field in cases:
         with pytest.raises(ConfigError, match=f"^{field}:"):
             grpo.Config(**settings)
+
+
+def test_entropy_bonus_subtracts_coef_times_the_token_mean_entropy():
+    """loss_fn with entropy_coef c equals the surrogate minus c x the mean per-token entropy
+    of the completion tokens, computed here in NumPy from the model's logits."""
+    params = init_params(TINY, jax.random.key(3))
+    rng = np.random.default_rng(4)
+    tokens = rng.integers(3, 200, (4, 9)).astype(np.int32)
+    completion_mask = np.array([[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0], [1, 1, 1, 0]], bool)
+    batch = {
+        "tokens": jnp.asarray(tokens),
+        "attention_mask": jnp.ones((4, 9), bool),
+        "completion_mask": jnp.asarray(completion_mask),
+        "advantages": jnp.asarray(rng.normal(size=4), jnp.float32),
+        "weights": jnp.ones(4),
+    }
+    model = Transformer(TINY)
+    plain, _ = grpo.make_loss(model, grpo.Config(max_new_tokens=4))(params, batch)
+    bonus, metrics = grpo.make_loss(model, grpo.Config(max_new_tokens=4, entropy_coef=0.1))(
+        params, batch
+    )
+    logits = np.asarray(model.apply({"params": params}, batch["tokens"])[0], np.float64)[:, 4:8]
+    log_softmax = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    entropy = -(np.exp(log_softmax) * log_softmax).sum(-1)
+    expected_entropy = entropy[completion_mask].mean()
+    np.testing.assert_allclose(float(metrics["entropy"]), expected_entropy, rtol=1e-5)
+    np.testing.assert_allclose(float(bonus), float(plain) - 0.1 * expected_entropy, rtol=1e-5)
 
 
 # --- one update: rollout and training in one program ----------------------------------------
