@@ -38,7 +38,6 @@ from experiments._common import (  # noqa: E402
     chunk_lengths,
     fail,
 )
-from jaxrl import evaluation  # noqa: E402
 from jaxrl.checkpoint import Checkpointer  # noqa: E402
 from jaxrl.config import ConfigError  # noqa: E402
 from jaxrl.data import rlds  # noqa: E402
@@ -252,9 +251,7 @@ def main(argv: list[str]) -> None:
             bc_seconds=round(time.time() - t0, 2),
         )
     run_dir.write_summary(summary)
-    evaluation.plot_learning_curves(
-        run_dir.metrics_path,
-        run_dir.file("learning_curve.png"),
+    run_dir.write_learning_curve(
         x="update",
         y="eval_return",
         title=f"CQL {config.env_name}",

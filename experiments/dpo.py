@@ -31,7 +31,7 @@ from ml_collections import config_flags  # noqa: E402
 from algos import dpo  # noqa: E402
 from experiments import _lm  # noqa: E402
 from experiments._common import REPO_ROOT, build_config, check_resumable, fail  # noqa: E402
-from jaxrl import distributed, evaluation, sharding  # noqa: E402
+from jaxrl import distributed, sharding  # noqa: E402
 from jaxrl.config import ConfigError  # noqa: E402
 from jaxrl.data import (  # noqa: E402
     PreferenceDataError,
@@ -223,14 +223,11 @@ def main(argv: list[str]) -> None:
         "resumed_from_step": result.resumed_from_step,
     }
     run_dir.write_summary(summary)
-    if run_dir.writes:  # process 0 of a multi-host run
-        evaluation.plot_learning_curves(
-            run_dir.metrics_path,
-            run_dir.file("learning_curve.png"),
-            x="update",
-            y="reward_accuracy",
-            title=f"DPO ({config.loss_type}) {task.name}",
-        )
+    run_dir.write_learning_curve(
+        x="update",
+        y="reward_accuracy",
+        title=f"DPO ({config.loss_type}) {task.name}",
+    )
     print(
         f"DPO ({config.loss_type}) {task.name}: eval_reward_accuracy "
         f"{pair_metrics['eval_reward_accuracy']:.3f}, eval_task_accuracy {accuracy} (SFT model: "

@@ -38,7 +38,7 @@ from algos import grpo  # noqa: E402
 from envs.text import answer_reward, format_reward  # noqa: E402
 from experiments import _lm  # noqa: E402
 from experiments._common import REPO_ROOT, build_config, check_resumable, fail  # noqa: E402
-from jaxrl import evaluation, sharding  # noqa: E402
+from jaxrl import sharding  # noqa: E402
 from jaxrl.config import ConfigError  # noqa: E402
 from jaxrl.lm import training  # noqa: E402
 from jaxrl.logging import RunDirectory, to_jsonable  # noqa: E402
@@ -208,14 +208,11 @@ def main(argv: list[str]) -> None:
         "resumed_from_step": result.resumed_from_step,
     }
     run_dir.write_summary(summary)
-    if run_dir.writes:  # process 0 of a multi-host run
-        evaluation.plot_learning_curves(
-            run_dir.metrics_path,
-            run_dir.file("learning_curve.png"),
-            x="update",
-            y="reward_task",
-            title=f"GRPO ({config.variant}) {task.name}: answer reward of sampled completions",
-        )
+    run_dir.write_learning_curve(
+        x="update",
+        y="reward_task",
+        title=f"GRPO ({config.variant}) {task.name}: answer reward of sampled completions",
+    )
     print(
         f"GRPO ({config.variant}) {task.name}: final_mean_reward {final_reward:.3f}, "
         f"eval_task_accuracy {final_accuracy:.3f} (start: {initial_accuracy:.3f}) after "

@@ -34,7 +34,6 @@ from experiments._common import (  # noqa: E402
     chunk_lengths,
     fail,
 )  # noqa: E402
-from jaxrl import evaluation  # noqa: E402
 from jaxrl.checkpoint import Checkpointer  # noqa: E402
 from jaxrl.logging import MetricsSink, RunDirectory, to_jsonable  # noqa: E402
 
@@ -157,9 +156,7 @@ def main(argv: list[str]) -> None:
         "resumed_from_update": done_updates,
     }
     run_dir.write_summary(summary)
-    evaluation.plot_learning_curves(
-        run_dir.metrics_path, run_dir.file("learning_curve.png"), title=f"PPO {config.env_name}"
-    )
+    run_dir.write_learning_curve(title=f"PPO {config.env_name}")
     print(
         f"PPO {config.env_name}: final_eval_return {summary['final_eval_return']:.1f} "
         f"(per seed {np.round(eval_returns, 1).tolist()}) after {env_steps:,} env steps x "

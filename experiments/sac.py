@@ -35,7 +35,6 @@ from experiments._common import (  # noqa: E402
     chunk_lengths,
     fail,
 )
-from jaxrl import evaluation  # noqa: E402
 from jaxrl.checkpoint import Checkpointer  # noqa: E402
 from jaxrl.logging import MetricsSink, RunDirectory, to_jsonable  # noqa: E402
 
@@ -159,9 +158,7 @@ def main(argv: list[str]) -> None:
         "resumed_from_iteration": done,
     }
     run_dir.write_summary(summary)
-    evaluation.plot_learning_curves(
-        run_dir.metrics_path, run_dir.file("learning_curve.png"), title=f"SAC {config.env_name}"
-    )
+    run_dir.write_learning_curve(title=f"SAC {config.env_name}")
     print(
         f"SAC {config.env_name}: final_eval_return {summary['final_eval_return']:.1f} "
         f"(per seed {np.round(eval_returns, 1).tolist()}) after {config.total_timesteps:,} env "

@@ -24,7 +24,6 @@ from ml_collections import config_flags  # noqa: E402
 from algos import sft  # noqa: E402
 from experiments import _lm  # noqa: E402
 from experiments._common import REPO_ROOT, build_config, check_resumable, fail  # noqa: E402
-from jaxrl import evaluation  # noqa: E402
 from jaxrl.config import ConfigError  # noqa: E402
 from jaxrl.data import tokenize_sft  # noqa: E402
 from jaxrl.lm import training  # noqa: E402
@@ -124,14 +123,11 @@ def main(argv: list[str]) -> None:
         "resumed_from_step": result.resumed_from_step,
     }
     run_dir.write_summary(summary)
-    if run_dir.writes:  # process 0 of a multi-host run
-        evaluation.plot_learning_curves(
-            run_dir.metrics_path,
-            run_dir.file("learning_curve.png"),
-            x="update",
-            y="loss",
-            title=f"SFT {task.name}",
-        )
+    run_dir.write_learning_curve(
+        x="update",
+        y="loss",
+        title=f"SFT {task.name}",
+    )
     print(
         f"SFT {task.name}: eval_task_accuracy {accuracy:.3f} (mean score {mean_score:.3f}) after "
         f"{config.num_steps} steps in {summary['wall_seconds']:.0f}s (compile "

@@ -126,6 +126,19 @@ class RunDirectory:
             return
         write_json(self.file("summary.json"), summary)
 
+    def write_learning_curve(
+        self, x: str = "env_steps", y: str = "episode_return", title: str | None = None
+    ) -> None:
+        """Plot `y` against `x` from metrics.jsonl into `learning_curve.png`
+        (`jaxrl.evaluation.plot_learning_curves`)."""
+        if not self.writes:
+            return
+        from jaxrl import evaluation  # imports jax and matplotlib: only when plotting
+
+        evaluation.plot_learning_curves(
+            self.metrics_path, self.file("learning_curve.png"), x=x, y=y, title=title
+        )
+
     def truncate_metrics(self, last_step: int, step_key: str = "update") -> None:
         """Drop metric lines logged after `last_step`: a resumed run re-logs them identically."""
         if not self.writes or not os.path.exists(self.metrics_path):
