@@ -27,10 +27,18 @@ from flax import struct
 from jax.flatten_util import ravel_pytree
 
 import envs
-from jaxrl import evaluation
-from jaxrl.config import ConfigError, divisors, require, require_in_range, require_positive
+from jaxrl import evaluation, loop
+from jaxrl.config import (
+    divisors,
+    require,
+    require_in_range,
+    require_non_negative,
+    require_positive,
+)
+from jaxrl.hparams import HParams, hparams, static, swept
+from jaxrl.loop import Algorithm, zeros_step
 from jaxrl.nets import ACTIVATIONS, ActorCritic
-from jaxrl.types import Metrics, Params, PRNGKey, Transition
+from jaxrl.types import Metrics, Params, PRNGKey, Rollout
 
 # --------------------------------------------------------------------------------------------
 # 1. Configuration
@@ -38,23 +46,24 @@ from jaxrl.types import Metrics, Params, PRNGKey, Transition
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    """PPO settings. Defaults are the PureJaxRL / CleanRL CartPole settings."""
+    """PPO settings. Defaults are the PureJaxRL / CleanRL CartPole settings. Fields marked
+    `swept` may differ between the runs of one program (`jaxrl.hparams.sweep`)."""
 
     env_name: str = "CartPole-v1"  # any name in envs.registered()
-    total_timesteps: int = 500_000  # per seed
+    total_timesteps: int = 500_000  # environment steps per seed
     num_envs: int = 4  # parallel environments
-    num_steps: int = 128  # rollout length per environment per update
+    rollout_length: int = 128  # environment steps per environment per update
     num_epochs: int = 4  # passes over each rollout
-    num_minibatches: int = 4  # gradient steps per epoch; must divide num_envs * num_steps
-    learning_rate: float = 2.5e-4
+    num_minibatches: int = 4  # gradient steps per epoch; must divide num_envs * rollout_length
+    learning_rate: float = swept(2.5e-4)
     anneal_lr: bool = True  # linear decay to zero over all gradient steps
-    gamma: float = 0.99  # discount
-    gae_lambda: float = 0.95  # GAE's bias/variance trade-off
-    clip_eps: float = 0.2  # policy-ratio clip range (and value clip range when clip_value)
+    gamma: float = swept(0.99)  # discount (of GAE and of the reward normaliser)
+    gae_lambda: float = swept(0.95)  # GAE's bias/variance trade-off
+    clip_eps: float = swept(0.2)  # policy-ratio clip range (and value clip range when clip_value)
     clip_value: bool = True  # clip the value update to clip_eps around the old value (PPO2)
-    ent_coef: float = 0.01  # weight of the entropy bonus
-    vf_coef: float = 0.5  # weight of the value loss
-    max_grad_norm: float = 0.5  # global gradient-norm clip
+    ent_coef: float = swept(0.01)  # weight of the entropy bonus
+    vf_coef: float = swept(0.5)  # weight of the value loss
+    max_grad_norm: float = swept(0.5)  # global gradient-norm clip
     normalize_advantages: bool = True  # per minibatch
     normalize_observations: bool = False  # running mean/std of observations (a wrapper)
     normalize_rewards: bool = False  # scale rewards by the running std of discounted returns
@@ -70,7 +79,7 @@ class Config:
             self,
             "total_timesteps",
             "num_envs",
-            "num_steps",
+            "rollout_length",
             "num_epochs",
             "num_minibatches",
             "learning_rate",
@@ -81,15 +90,7 @@ class Config:
         )
         require_in_range(self, "gamma", 0.0, 1.0)
         require_in_range(self, "gae_lambda", 0.0, 1.0)
-        require(
-            self.ent_coef >= 0,
-            "ent_coef",
-            f"must be >= 0, got {self.ent_coef}",
-            "set ent_coef >= 0",
-        )
-        require(
-            self.vf_coef >= 0, "vf_coef", f"must be >= 0, got {self.vf_coef}", "set vf_coef >= 0"
-        )
+        require_non_negative(self, "ent_coef", "vf_coef")
         require(
             all(h > 0 for h in self.hidden_sizes),
             "hidden_sizes",
@@ -102,30 +103,27 @@ class Config:
             f"unknown activation {self.activation!r}",
             f"choose one of {sorted(ACTIVATIONS)}",
         )
-        batch = self.num_envs * self.num_steps
+        batch = self.num_envs * self.rollout_length
         require(
             batch % self.num_minibatches == 0,
             "num_minibatches",
-            f"num_envs * num_steps ({batch}) must be divisible by num_minibatches "
+            f"num_envs * rollout_length ({batch}) must be divisible by num_minibatches "
             f"({self.num_minibatches})",
             f"choose num_minibatches among {divisors(batch)[:12]}",
         )
         require(
             self.total_timesteps >= batch,
             "total_timesteps",
-            f"({self.total_timesteps}) is less than one rollout, num_envs * num_steps ({batch})",
+            f"({self.total_timesteps}) is less than one rollout, num_envs * rollout_length "
+            f"({batch})",
             f"set total_timesteps >= {batch}",
         )
-        if self.env_name not in envs.registered():
-            try:
-                envs.make(self.env_name)  # raises with the closest registered names
-            except ValueError as error:
-                raise ConfigError(f"env_name: {error}") from None
+        envs.require_registered(self.env_name)
 
     @property
     def batch_size(self) -> int:
-        """Samples per update: num_envs * num_steps."""
-        return self.num_envs * self.num_steps
+        """Samples per update: num_envs * rollout_length."""
+        return self.num_envs * self.rollout_length
 
     @property
     def minibatch_size(self) -> int:
@@ -133,56 +131,14 @@ class Config:
         return self.batch_size // self.num_minibatches
 
     @property
-    def num_updates(self) -> int:
+    def num_steps(self) -> int:
         """Updates (rollout + epochs) in a run: total_timesteps // batch_size."""
         return self.total_timesteps // self.batch_size
-
-    def hparams(self) -> HParams:
-        """This config's continuous hyper-parameters as float32 scalars (no sweep axis)."""
-        return HParams(
-            learning_rate=jnp.float32(self.learning_rate),
-            ent_coef=jnp.float32(self.ent_coef),
-            clip_eps=jnp.float32(self.clip_eps),
-            vf_coef=jnp.float32(self.vf_coef),
-            gamma=jnp.float32(self.gamma),
-            gae_lambda=jnp.float32(self.gae_lambda),
-            max_grad_norm=jnp.float32(self.max_grad_norm),
-        )
-
-
-@struct.dataclass
-class HParams:
-    """Continuous hyper-parameters as arrays: `jax.vmap` over them makes a sweep one program."""
-
-    learning_rate: jax.Array
-    ent_coef: jax.Array
-    clip_eps: jax.Array
-    vf_coef: jax.Array
-    gamma: jax.Array
-    gae_lambda: jax.Array
-    max_grad_norm: jax.Array
-
-
-def sweep(config: Config, **values: list[float]) -> HParams:
-    """HParams with a leading sweep axis: every combination (outer product) of the given values.
-
-    `sweep(config, learning_rate=[1e-3, 3e-4], ent_coef=[0.0, 0.01])` has 4 entries; fields not
-    named keep the config's value.
-    """
-    base = config.hparams()
-    known = [f.name for f in dataclasses.fields(HParams)]
-    unknown = sorted(set(values) - set(known))
-    if unknown:
-        raise ConfigError(f"sweep: {unknown} are not HParams fields; choose among {known}")
-    grids = jnp.meshgrid(*[jnp.asarray(v, jnp.float32) for v in values.values()], indexing="ij")
-    size = grids[0].size if grids else 1
-    columns = dict(zip(values, (g.reshape(-1) for g in grids), strict=True))
-    return jax.tree.map(lambda leaf: jnp.broadcast_to(leaf, (size,)), base.replace(**columns))
 
 
 @struct.dataclass
 class TrainState:
-    """The whole state of one PPO run: network, optimiser, environments and PRNG key.
+    """The whole state of one PPO run: network, optimiser, environments, PRNG key and step.
 
     `opt_state` is over the parameters flattened into one vector (`ravel_pytree`); `env_state` and
     `obs` are the vectorised environments' (leading axis num_envs).
@@ -193,7 +149,7 @@ class TrainState:
     env_state: Any
     obs: jax.Array
     key: PRNGKey
-    update_step: jax.Array  # number of updates done
+    step: jax.Array  # updates done
 
 
 # --------------------------------------------------------------------------------------------
@@ -279,18 +235,17 @@ def ppo_loss_terms(
 
 
 # --------------------------------------------------------------------------------------------
-# 3. Building blocks: environment, network, optimiser, initial state
+# 3. Building blocks: environment, network, optimiser
 
 
 def make_env(config: Config) -> envs.Wrapper:
     """The training environments: `envs.make_vec` with `num_envs` copies and the config's
-    observation / reward normalisation."""
+    observation / reward normalisation (the normaliser's discount is set per run by `init`)."""
     return envs.make_vec(
         config.env_name,
         config.num_envs,
         normalize_observation=config.normalize_observations,
         normalize_reward=config.normalize_rewards,
-        gamma=config.gamma,
     )
 
 
@@ -316,35 +271,31 @@ def make_optimizer(hp: HParams, learning_rate: jax.Array, adam_eps: float):
     )
 
 
-def init(config: Config, key: PRNGKey, hparams: HParams | None = None) -> TrainState:
-    """A fresh run: network parameters, reset environments, optimiser state and update_step 0.
-
-    `hparams` (default: the config's) supplies the optimiser's gradient-clip norm.
-    """
-    hp = config.hparams() if hparams is None else hparams
-    env, network = make_env(config), make_network(config)
-    key, params_key, env_key = jax.random.split(key, 3)
-    obs, env_state = env.reset(env_key)
-    params = network.init(params_key, obs)
-    flat_params, _ = ravel_pytree(params)  # the optimiser state is over the flat vector
-    opt_state = make_optimizer(hp, hp.learning_rate, config.adam_eps).init(flat_params)
-    return TrainState(params, opt_state, env_state, obs, key, jnp.zeros((), jnp.int32))
-
-
 # --------------------------------------------------------------------------------------------
-# 4. One update: rollout, advantages, epochs of minibatch gradient steps
+# 4. The algorithm: init, update (rollout, advantages, epochs of minibatch steps), evaluate
 
 
-def make_update(config: Config) -> Callable[[TrainState, HParams], tuple[TrainState, Metrics]]:
-    """`update(state, hparams) -> (state, metrics)`: one rollout, GAE and the epochs of minibatch
-    steps for one run (no seed axis; vmap it for several).
+def make(config: Config) -> Algorithm:
+    """PPO as pure functions of one run: `init(key, hparams)`, `update(state, None, hparams)`
+    (one rollout, GAE and the epochs of minibatch steps) and `evaluate(state, key)`.
 
-    `metrics` are scalars: the loss terms averaged over the update's gradient steps, plus
+    `update`'s metrics are scalars: the loss terms averaged over the update's gradient steps, plus
     `episode_return` and `episode_length` of the most recently finished episodes (mean over envs).
+    `evaluate` returns `eval_return[eval_episodes]` of the deterministic policy.
     """
+    config = static(config)
     env, network = make_env(config), make_network(config)
     gradient_steps_per_update = config.num_epochs * config.num_minibatches
-    total_gradient_steps = config.num_updates * gradient_steps_per_update
+    total_gradient_steps = config.num_steps * gradient_steps_per_update
+
+    def init(key: PRNGKey, hp: HParams) -> TrainState:
+        key, params_key, env_key = jax.random.split(key, 3)
+        obs, env_state = env.reset(env_key)
+        env_state = envs.with_reward_discount(env_state, hp.gamma)
+        params = network.init(params_key, obs)
+        flat_params, _ = ravel_pytree(params)  # the optimiser state is over the flat vector
+        opt_state = make_optimizer(hp, hp.learning_rate, config.adam_eps).init(flat_params)
+        return TrainState(params, opt_state, env_state, obs, key, zeros_step())
 
     def rollout_step(carry, keys):
         params, env_state, obs = carry
@@ -352,7 +303,7 @@ def make_update(config: Config) -> Callable[[TrainState, HParams], tuple[TrainSt
         dist, _ = network.apply(params, obs)  # acting needs only the actor; XLA drops the critic
         action, log_prob = dist.sample_and_log_prob(seed=action_key)
         result = env.step(step_key, env_state, action)
-        transition = Transition(
+        transition = Rollout(
             obs=obs,
             action=action,
             reward=result.reward,
@@ -380,10 +331,11 @@ def make_update(config: Config) -> Callable[[TrainState, HParams], tuple[TrainSt
             normalize_advantages=config.normalize_advantages,
         )
 
-    def update(state: TrainState, hp: HParams) -> tuple[TrainState, Metrics]:
+    def update(state: TrainState, inputs: None, hp: HParams) -> tuple[TrainState, Metrics]:
+        del inputs  # the environments run inside
         key, rollout_key, shuffle_key = jax.random.split(state.key, 3)
         # All of the rollout's random keys in one batched call rather than a split per step.
-        rollout_keys = jax.random.split(rollout_key, (config.num_steps, 2))
+        rollout_keys = jax.random.split(rollout_key, (config.rollout_length, 2))
         (_, env_state, obs), traj = jax.lax.scan(
             rollout_step, (state.params, state.env_state, state.obs), rollout_keys
         )
@@ -430,7 +382,7 @@ def make_update(config: Config) -> Callable[[TrainState, HParams], tuple[TrainSt
             )
             return jax.lax.scan(gradient_step, carry, minibatches)
 
-        first_step = state.update_step * gradient_steps_per_update
+        first_step = state.step * gradient_steps_per_update
         (flat_params, opt_state, _), metrics = jax.lax.scan(
             epoch,
             (flat_params, state.opt_state, first_step.astype(jnp.float32)),
@@ -441,14 +393,19 @@ def make_update(config: Config) -> Callable[[TrainState, HParams], tuple[TrainSt
         stats = envs.find_state(env_state, envs.EpisodeStatisticsState)
         metrics["episode_return"] = stats.last_return.mean()
         metrics["episode_length"] = stats.last_length.astype(jnp.float32).mean()
-        new_state = TrainState(params, opt_state, env_state, obs, key, state.update_step + 1)
+        new_state = TrainState(params, opt_state, env_state, obs, key, state.step + 1)
         return new_state, metrics
 
-    return update
+    evaluate_returns = make_evaluate(config)
+
+    def evaluate(state: TrainState, key: PRNGKey) -> Metrics:
+        return {"eval_return": evaluate_returns(state, key)}
+
+    return Algorithm(init, update, evaluate)
 
 
 # --------------------------------------------------------------------------------------------
-# 5. Evaluation and whole runs
+# 5. The policy, its evaluation, and whole runs
 
 
 def make_policy(
@@ -486,50 +443,19 @@ def make_evaluate(config: Config) -> Callable[[TrainState, PRNGKey], jax.Array]:
 def make_train(
     config: Config, final_evaluation: bool = True
 ) -> Callable[[PRNGKey, HParams | None], tuple[TrainState, Metrics]]:
-    """`train(key, hparams=None) -> (state, metrics)`: the whole run, then a final evaluation.
+    """`train(key, hparams=None) -> (state, metrics)`: the whole run as one program, then a final
+    evaluation (PureJaxRL's `make_train`, over `jaxrl.loop.make_train`).
 
     `metrics` holds one value per update for each training scalar, plus `eval_return` (the mean
     undiscounted return of the deterministic policy over `config.eval_episodes` episodes) unless
     `final_evaluation` is False (benchmarks time training alone).
     """
-    update = make_update(config)
-    evaluate = make_evaluate(config)
+    run = loop.make_train(make(config), config.num_steps, final_evaluation)
 
-    def train(key: PRNGKey, hparams: HParams | None = None) -> tuple[TrainState, Metrics]:
-        hp = config.hparams() if hparams is None else hparams
-        init_key, eval_key = jax.random.split(key)
-        state = init(config, init_key, hp)
-        state, metrics = jax.lax.scan(
-            lambda s, _: update(s, hp), state, None, length=config.num_updates
-        )
+    def train(key: PRNGKey, hp: HParams | None = None) -> tuple[TrainState, Metrics]:
+        state, metrics = run(key, hparams(config) if hp is None else hp)
         if final_evaluation:
-            metrics["eval_return"] = evaluate(state, eval_key).mean()
+            metrics["eval_return"] = metrics.pop("eval")["eval_return"].mean()
         return state, metrics
 
     return train
-
-
-def make_train_chunk(
-    config: Config,
-    num_updates: int,
-    callback: Callable[[jax.Array, Metrics], None] | None = None,
-) -> Callable[[TrainState, HParams], tuple[TrainState, Metrics]]:
-    """`chunk(states, hparams) -> (states, metrics)`: `num_updates` updates of a batch of runs.
-
-    `states` and `hparams` carry a leading run axis (seeds and/or sweep members): the update is
-    vmapped inside the scan, so `callback(update_step, metrics)` runs on the host once per update
-    with every run's metrics at once; this is how progress bars and metric files are fed from inside
-    the compiled loop.
-    """
-    batched_update = jax.vmap(make_update(config))
-
-    def chunk(states: TrainState, hparams: HParams) -> tuple[TrainState, Metrics]:
-        def body(states, _):
-            states, metrics = batched_update(states, hparams)
-            if callback is not None:
-                jax.debug.callback(callback, states.update_step[0], metrics)
-            return states, metrics
-
-        return jax.lax.scan(body, states, None, length=num_updates)
-
-    return chunk

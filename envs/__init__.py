@@ -31,7 +31,9 @@ from envs.wrappers import (
     RunningMeanStd,
     Vectorize,
     find_state,
+    with_reward_discount,
 )
+from jaxrl.config import ConfigError
 
 
 def registered() -> list[str]:
@@ -74,6 +76,17 @@ def make(name: str, **env_params: Any) -> GymnaxEnv | MujocoEnv:
     return GymnaxEnv(name, gymnax_env, params)
 
 
+def require_registered(name: str, field: str = "env_name") -> None:
+    """Raise a `ConfigError` naming `field` and the closest registered names unless `make(name)`
+    would succeed (what every algorithm's Config checks)."""
+    if name in registered():
+        return
+    try:
+        make(name)
+    except (ValueError, ImportError) as error:
+        raise ConfigError(f"{field}: {error}") from None
+
+
 def make_vec(
     name: str,
     num_envs: int,
@@ -84,7 +97,8 @@ def make_vec(
     **env_params: Any,
 ) -> Wrapper:
     """The standard training stack: clipped actions, auto-reset, episode stats, `num_envs` copies,
-    and optional observation / reward normalisation (`gamma`: the reward normaliser's discount)."""
+    and optional observation / reward normalisation (`gamma`: the reward normaliser's initial
+    discount; `with_reward_discount` sets a run's own on its state)."""
     env: Any = make(name, **env_params)
     env = EpisodeStatistics(AutoReset(ClipAction(env)))
     env = Vectorize(env, num_envs)
@@ -117,5 +131,7 @@ __all__ = [
     "is_discrete",
     "make",
     "make_vec",
+    "with_reward_discount",
     "registered",
+    "require_registered",
 ]

@@ -12,6 +12,7 @@ Each wrapper's state is a pytree holding the wrapped state: the whole stack vmap
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -184,30 +185,44 @@ class NormalizeRewardState:
     inner: EnvState
     discounted_return: jax.Array  # [num_envs], reset to 0 when an episode ends
     return_stats: RunningMeanStd
+    # The discount of the normalised return: state, not a constant, so that a program whose runs
+    # sweep gamma normalises each run's rewards with that run's gamma (`with_reward_discount`).
+    gamma: jax.Array
 
 
 class NormalizeReward(Wrapper):
     """Scale rewards by the running standard deviation of the discounted return (not re-centred)."""
 
-    def __init__(self, env: Any, gamma: float):
+    def __init__(self, env: Any, gamma: float = 0.99):
         super().__init__(env)
-        self.gamma = gamma
+        self.gamma = gamma  # the initial state's discount
 
     def reset(self, key: jax.Array) -> tuple[Observation, NormalizeRewardState]:
         obs, inner = self.env.reset(key)
         zeros = jnp.zeros(obs.shape[:1], jnp.float32)
-        return obs, NormalizeRewardState(inner, zeros, RunningMeanStd.create())
+        gamma = jnp.float32(self.gamma)
+        return obs, NormalizeRewardState(inner, zeros, RunningMeanStd.create(), gamma)
 
     def step(self, key: jax.Array, state: NormalizeRewardState, action: jax.Array) -> StepResult:
         result = self.env.step(key, state.inner, action)
         done = jnp.logical_or(result.terminated, result.truncated)
-        discounted_return = state.discounted_return * self.gamma + result.reward
+        discounted_return = state.discounted_return * state.gamma + result.reward
         stats = state.return_stats.update(discounted_return)
         reward = result.reward / jnp.sqrt(stats.var + 1e-8)
         new_state = NormalizeRewardState(
-            result.state, jnp.where(done, 0.0, discounted_return), stats
+            result.state, jnp.where(done, 0.0, discounted_return), stats, state.gamma
         )
         return result._replace(reward=reward, state=new_state)
+
+
+def with_reward_discount(state: Any, gamma: jax.Array) -> Any:
+    """`state` (a wrapper-state stack) with its `NormalizeReward` discount set to `gamma`; the
+    stack unchanged when it has no reward normalisation."""
+    if isinstance(state, NormalizeRewardState):
+        return state.replace(gamma=jnp.asarray(gamma, jnp.float32))
+    if hasattr(state, "inner") and dataclasses.is_dataclass(state):
+        return state.replace(inner=with_reward_discount(state.inner, gamma))
+    return state
 
 
 def find_state(state: Any, state_type: type) -> Any:

@@ -5,6 +5,7 @@ A bad setting must fail before anything compiles, with one line that names the f
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 
@@ -18,11 +19,35 @@ def require(condition: bool, field: str, problem: str, fix: str) -> None:
         raise ConfigError(f"{field}: {problem}; {fix}")
 
 
+def is_finite_number(value: Any) -> bool:
+    """True for an int or a finite float (not NaN, not +-inf); False for anything else."""
+    try:
+        return math.isfinite(value)
+    except TypeError:
+        return False
+
+
 def require_positive(config: Any, *fields: str) -> None:
-    """Require each named attribute of `config` to be > 0."""
+    """Require each named attribute of `config` to be a finite number > 0."""
     for field in fields:
         value = getattr(config, field)
+        require_finite(config, field)
         require(value > 0, field, f"must be positive, got {value}", f"set {field} > 0")
+
+
+def require_finite(config: Any, *fields: str) -> None:
+    """Require each named attribute of `config` to be a number that is neither NaN nor +-inf."""
+    for field in fields:
+        value = getattr(config, field)
+        require(is_finite_number(value), field, f"must be a finite number, got {value}", "give one")
+
+
+def require_non_negative(config: Any, *fields: str) -> None:
+    """Require each named attribute of `config` to be a finite number >= 0."""
+    for field in fields:
+        value = getattr(config, field)
+        require_finite(config, field)
+        require(value >= 0, field, f"must be >= 0, got {value}", f"set {field} >= 0")
 
 
 def require_in_range(config: Any, field: str, low: float, high: float) -> None:

@@ -139,48 +139,60 @@ class RunDirectory:
             self.metrics_path, self.file("learning_curve.png"), x=x, y=y, title=title
         )
 
-    def truncate_metrics(self, last_step: int, step_key: str = "update") -> None:
-        """Drop metric lines logged after `last_step`: a resumed run re-logs them identically."""
+    def truncate_metrics(self, last_step: int) -> None:
+        """Drop metric lines logged after `last_step` (all of them for 0), and a torn last line
+        from a killed write: a resumed run re-logs them identically. Rewritten atomically."""
         if not self.writes or not os.path.exists(self.metrics_path):
             return
+        kept = []
         with open(self.metrics_path) as f:
-            rows = [line for line in f if line.strip()]
-        kept = [line for line in rows if json.loads(line).get(step_key, 0) <= last_step]
-        with open(self.metrics_path, "w") as f:
+            for line in f:
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # the end of a line cut by a kill mid-write
+                if row.get("step", 0) <= last_step and line.endswith("\n"):
+                    kept.append(line)
+        tmp = f"{self.metrics_path}.tmp"
+        with open(tmp, "w") as f:
             f.writelines(kept)
+        os.replace(tmp, self.metrics_path)
 
 
 class MetricsSink:
     """Host-side receiver of per-update metrics from inside a compiled loop.
 
-    Called (through `jax.debug.callback`) as `sink(update_step, metrics)`, where each metric has a
-    leading axis over runs (seeds). It advances a progress bar showing env-steps/s and ETA every
-    call (counting the env steps of all runs, so its rate is the program's throughput), and every
-    `log_every` updates writes the across-run mean (and per-run values of the
-    `per_run` keys) to `metrics.jsonl`, TensorBoard and the bar's postfix.
+    Called (through `jax.debug.callback`) as `sink(step, metrics)`, where each metric has a
+    leading axis over runs (seeds) when there are several. It advances a progress bar showing
+    units/s and ETA every call (counting the units of all runs, so its rate is the program's
+    throughput), and every `log_every` steps writes the across-run mean (and per-run values of the
+    `per_run` keys) to `metrics.jsonl`, TensorBoard and the bar's postfix. Each row holds `step`
+    and `units_name` (e.g. `env_steps`: step x units_per_step).
     """
 
     def __init__(
         self,
         run_dir: RunDirectory,
-        total_updates: int,
-        steps_per_update: int,
+        total_steps: int,
+        units_per_step: int,
         num_runs: int = 1,
         log_every: int = 10,
-        start_update: int = 0,
+        start_step: int = 0,
         per_run: tuple[str, ...] = ("episode_return",),
         tensorboard: bool = True,
         progress: bool = True,
         description: str = "train",
+        units_name: str = "env_steps",
     ):
         self.run_dir = run_dir
-        self.total_updates = total_updates
-        self.steps_per_update = steps_per_update  # per run: what metrics.jsonl's env_steps counts
+        self.total_steps = total_steps
+        self.units_per_step = units_per_step  # per run: what the units column counts
+        self.units_name = units_name
         self.num_runs = num_runs
         self.log_every = max(1, log_every)
         self.per_run = per_run
         self.start_time = time.time()
-        self.last_update = start_update
+        self.last_step = start_step
         self.latest: dict[str, float] = {}
         # In a multi-host run only process 0 writes; the others still keep `latest`.
         writes = run_dir.writes
@@ -190,23 +202,23 @@ class MetricsSink:
             from tensorboardX import SummaryWriter
 
             # purge_step drops events a previous, interrupted attempt logged past the checkpoint.
-            self._writer = SummaryWriter(run_dir.file("tb"), purge_step=start_update + 1)
+            self._writer = SummaryWriter(run_dir.file("tb"), purge_step=start_step + 1)
         self.progress = progress and writes
         self.description = description
         self._bar = None  # made at the first update, so its rate and ETA exclude compilation
 
-    def __call__(self, update_step: Any, metrics: Mapping[str, Any]) -> None:
-        update = int(update_step)
+    def __call__(self, step: Any, metrics: Mapping[str, Any]) -> None:
+        step = int(step)
         if self.progress and self._bar is None:
             self._bar = self._make_bar()
         if self._bar is not None:
-            self._bar.update((update - self.last_update) * self.steps_per_update * self.num_runs)
-        self.last_update = update
-        if update % self.log_every != 0 and update != self.total_updates:
+            self._bar.update((step - self.last_step) * self.units_per_step * self.num_runs)
+        self.last_step = step
+        if step % self.log_every != 0 and step != self.total_steps:
             return
         row: dict[str, Any] = {
-            "update": update,
-            "env_steps": update * self.steps_per_update,
+            "step": step,
+            self.units_name: step * self.units_per_step,
             "wall_seconds": round(time.time() - self.start_time, 3),
         }
         for name, value in metrics.items():
@@ -221,17 +233,17 @@ class MetricsSink:
         if self._writer is not None:
             for name, value in row.items():
                 if isinstance(value, float) and name != "wall_seconds":
-                    self._writer.add_scalar(name, value, row["env_steps"])
+                    self._writer.add_scalar(name, value, row[self.units_name])
         if self._bar is not None and "episode_return" in row:
             self._bar.set_postfix(episode_return=f"{row['episode_return']:.1f}", refresh=False)
 
     def _make_bar(self):
         from tqdm import tqdm
 
-        steps = self.steps_per_update * self.num_runs
+        units = self.units_per_step * self.num_runs
         return tqdm(
-            total=self.total_updates * steps,
-            initial=self.last_update * steps,
+            total=self.total_steps * units,
+            initial=self.last_step * units,
             desc=self.description,
             unit="step",
             unit_scale=True,

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from algos import ppo
+from jaxrl import hparams, loop
 from jaxrl.checkpoint import Checkpointer
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -35,10 +36,8 @@ def run_script(*args, check=True):
 
 def restore_final_params(workdir):
     config = ppo.Config(total_timesteps=20480, eval_episodes=4)
-    hps = jax.tree.map(lambda x: np.broadcast_to(x, (2,)), config.hparams())
-    like = jax.vmap(lambda k, hp: ppo.init(config, k, hp))(
-        jax.random.split(jax.random.PRNGKey(0), 2), hps
-    )
+    hps = hparams.repeat(hparams.hparams(config), 2)
+    like = jax.vmap(ppo.make(config).init)(loop.run_keys(0, 2)[0], hps)
     checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"))
     state, meta = checkpointer.restore(like)
     checkpointer.close()
@@ -68,11 +67,11 @@ def test_killed_run_resumes_to_identical_result(tmp_path):
     assert killed.returncode == -9  # SIGKILL: no clean-up ran
     assert not os.path.exists(os.path.join(interrupted, "summary.json"))
     resumed = run_script(f"--workdir={interrupted}", *SMALL_FLAGS)
-    assert "Resuming" in resumed.stdout and "from update 20/40" in resumed.stdout
+    assert "Resuming" in resumed.stdout and "from step 20/40" in resumed.stdout
 
     state_a, meta_a = restore_final_params(whole)
     state_b, meta_b = restore_final_params(interrupted)
-    assert meta_a == meta_b == {"updates": 40}
+    assert meta_a == meta_b == {"step": 40}
     for a, b in zip(jax.tree.leaves(state_a), jax.tree.leaves(state_b), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert read_metrics(whole) == read_metrics(interrupted)
@@ -92,8 +91,9 @@ def test_killed_run_resumes_to_identical_result(tmp_path):
 @pytest.mark.parametrize(
     "flag, expected",
     [
-        ("--config.num_minibatches=3", "error: config.num_minibatches: num_envs * num_steps (512) "
-                                       "must be divisible by num_minibatches (3)"),
+        ("--config.num_minibatches=3", "error: config.num_minibatches: num_envs * "
+                                       "rollout_length (512) must be divisible by "
+                                       "num_minibatches (3)"),
         ("--config.num_envs=-2", "error: config.num_envs: must be positive, got -2"),
         ("--config.env_name=CartPol-v1", "error: config.env_name: Unknown environment 'CartPol"),
         ("--num_seeds=0", "error: --num_seeds must be >= 1, got 0"),

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from algos import ppo
+from jaxrl import hparams, loop
 from jaxrl.config import ConfigError
 
 SMALL = ppo.Config(total_timesteps=4 * 128 * 6, eval_episodes=4)
@@ -61,7 +62,7 @@ def test_vmap_over_seeds_equals_separate_runs():
 def test_vmap_over_hyperparameters_equals_separate_configs():
     """A sweep over learning rate, entropy coefficient and clip range is one program, and each
     member equals a run given that Config's hyper-parameters."""
-    hps = ppo.sweep(SMALL, learning_rate=[1e-3, 2.5e-4], ent_coef=[0.0, 0.05], clip_eps=[0.1])
+    hps = hparams.sweep(SMALL, learning_rate=[1e-3, 2.5e-4], ent_coef=[0.0, 0.05], clip_eps=[0.1])
     assert hps.learning_rate.shape == (4,)
     key = jax.random.PRNGKey(7)
     train = ppo.make_train(SMALL)
@@ -74,7 +75,7 @@ def test_vmap_over_hyperparameters_equals_separate_configs():
             ent_coef=float(hps.ent_coef[i]),
             clip_eps=float(hps.clip_eps[i]),
         )
-        state, _ = single(key, config.hparams())
+        state, _ = single(key, hparams.hparams(config))
         assert_trees_close(member(swept.params, i), state.params)
     # Different hyper-parameters really do give different runs.
     first, last = (jax.tree.leaves(member(swept.params, i)) for i in (0, 3))
@@ -82,19 +83,59 @@ def test_vmap_over_hyperparameters_equals_separate_configs():
 
 
 def test_chunks_equal_one_whole_run():
-    """The host loop's chunks (vmapped inside the scan) compute exactly what `train` does."""
+    """The runner's chunks (`loop.make_chunk`, vmapped inside the scan) compute exactly what
+    `train` does, and stream one callback per update with the step counter."""
     keys = jax.random.split(jax.random.PRNGKey(3), 2)
-    hps = jax.tree.map(lambda x: np.broadcast_to(x, (2,)), SMALL.hparams())
+    hps = hparams.repeat(hparams.hparams(SMALL), 2)
+    algorithm = ppo.make(SMALL)
     init_keys = jax.vmap(lambda k: jax.random.split(k)[0])(keys)
-    states = jax.vmap(lambda k, hp: ppo.init(SMALL, k, hp))(init_keys, hps)
+    states = jax.vmap(algorithm.init)(init_keys, hps)
     calls = []
-    chunk = jax.jit(ppo.make_train_chunk(SMALL, 3, callback=lambda u, m: calls.append(int(u))))
-    states, _ = chunk(states, hps)
-    states, _ = chunk(states, hps)
+    chunk = loop.make_chunk(algorithm.update, 3, callback=lambda u, m: calls.append(int(u)))
+    chunk = jax.jit(chunk)
+    states, _ = chunk(states, None, hps)
+    states, _ = chunk(states, None, hps)
     jax.effects_barrier()
     whole, _ = jax.jit(jax.vmap(ppo.make_train(SMALL)))(keys)
     assert_trees_close(states.params, whole.params)
     assert sorted(calls) == [1, 2, 3, 4, 5, 6]
+
+
+def test_gamma_sweep_with_reward_normalisation_applies_gamma_everywhere():
+    """With normalize_rewards on, the reward normaliser's discount is the run's swept gamma, not
+    the config's: each member of a gamma sweep equals a separate run of a config with that gamma
+    (this was half applied: GAE took the swept gamma, the normaliser the config's)."""
+    config = dataclasses.replace(SMALL, normalize_rewards=True, gamma=0.99)
+    key = jax.random.PRNGKey(5)
+    train = ppo.make_train(config, final_evaluation=False)
+    swept, _ = jax.jit(jax.vmap(train, in_axes=(None, 0)))(
+        key, hparams.sweep(config, gamma=[0.9, 0.5])
+    )
+    for i, gamma in enumerate([0.9, 0.5]):
+        separate = dataclasses.replace(config, gamma=gamma)
+        state, _ = jax.jit(ppo.make_train(separate, final_evaluation=False))(key)
+        assert_trees_close(member(swept.params, i), state.params)
+        discount = member(swept.env_state, i)
+        assert float(discount.gamma) == pytest.approx(gamma)
+
+
+def test_swept_fields_are_read_only_from_hparams():
+    """The program never reads a swept field from the config: building PPO from a config with
+    different swept values but running it with the same hparams changes nothing."""
+    config = dataclasses.replace(SMALL, normalize_rewards=True)
+    other = dataclasses.replace(
+        config, learning_rate=0.1, gamma=0.5, gae_lambda=0.1, clip_eps=0.9, ent_coef=0.3,
+        vf_coef=2.0, max_grad_norm=9.0,
+    )  # fmt: skip
+    assert set(hparams.swept_fields(config)) == {
+        "learning_rate", "gamma", "gae_lambda", "clip_eps", "ent_coef", "vf_coef", "max_grad_norm"
+    }  # fmt: skip
+    key, hp = jax.random.PRNGKey(1), hparams.hparams(config)
+    a, _ = jax.jit(ppo.make_train(config, final_evaluation=False))(key, hp)
+    b, _ = jax.jit(ppo.make_train(other, final_evaluation=False))(key, hp)
+    assert_trees_close(a.params, b.params, atol=0)
+    with pytest.raises(AttributeError, match="swept"):
+        hparams.static(config).gamma  # noqa: B018
 
 
 def test_cartpole_learns():

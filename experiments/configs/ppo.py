@@ -15,7 +15,7 @@ PRESETS = {
         env_name="Pendulum-v1",
         total_timesteps=2_000_000,
         num_envs=32,
-        num_steps=128,
+        rollout_length=128,
         num_epochs=10,
         num_minibatches=16,
         learning_rate=1e-3,
@@ -31,7 +31,7 @@ PRESETS = {
         env_name="Breakout-MinAtar",
         total_timesteps=5_000_000,
         num_envs=64,
-        num_steps=128,
+        rollout_length=128,
         num_epochs=4,
         num_minibatches=8,
         learning_rate=5e-4,
@@ -43,21 +43,7 @@ PRESETS = {
 
 
 def get_config(preset: str = "cartpole") -> ml_collections.ConfigDict:
-    if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
     from algos import ppo
+    from jaxrl import runner
 
-    config = ml_collections.ConfigDict(ppo.Config().__dict__)
-    config.update(PRESETS[preset])
-    config.hidden_sizes = tuple(config.hidden_sizes)
-    config.run = ml_collections.ConfigDict(
-        dict(
-            num_chunks=10,  # the host loop checkpoints and evaluates between compiled chunks
-            checkpoint_every=1,  # chunks
-            keep_checkpoints=3,
-            log_every=10,  # updates
-            tensorboard=True,
-            progress=True,
-        )
-    )
-    return config
+    return runner.config_dict(ppo.Config(), runner.preset_of(PRESETS, preset))

@@ -1,0 +1,360 @@
+"""The one driver every `experiments/<algo>.py` runs on.
+
+A script validates everything (its config, its data, its model), then hands the runner a `Job`:
+how to make fresh states, how to build a compiled chunk of updates, and where each update's inputs
+come from. The runner does the rest the same way for every algorithm:
+
+  run directory (nothing written before the settings are valid; a directory is only resumed with
+  the settings it was started with) -> restore the newest checkpoint, if any, and cut the metrics
+  logged after it -> compile each distinct chunk length ahead -> the chunk loop, streaming metrics
+  from inside the compiled program and checkpointing between chunks -> the summary's common fields.
+
+A run killed at any moment (SIGKILL included) and started again ends where an uninterrupted run
+ends: the state resumes from the newest checkpoint and every metric row logged after it is
+dropped, so the re-run logs it again. Ctrl-C (SIGINT) or SIGTERM stops at the end of the running
+chunk with a checkpoint and a line telling how to resume; a second one stops at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, NoReturn
+
+import jax
+import ml_collections
+import numpy as np
+
+from jaxrl.checkpoint import Checkpointer
+from jaxrl.config import ConfigError
+from jaxrl.logging import MetricsSink, RunDirectory, to_jsonable
+
+# Scripts run as `python experiments/x.py` from a clone; configs and defaults are found from here.
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def fail(message: str) -> NoReturn:
+    """Exit with one clear line (no traceback): bad settings are the user's to fix, not bugs."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+# --------------------------------------------------------------------------------------------
+# Flags and configs
+
+
+def define_flags(default_config: str, seeds: bool = True) -> dict[str, Any]:
+    """The flags every script takes: --config (an ml_collections file and preset under
+    experiments/configs, fields overridable as --config.X=V), --workdir and --kill_after_chunk;
+    with `seeds`, also --num_seeds and --seed (control scripts, whose seeds are vmapped)."""
+    from absl import flags
+    from ml_collections import config_flags
+
+    handles = {
+        "config": config_flags.DEFINE_config_file(
+            "config",
+            os.path.join(REPO_ROOT, "experiments", "configs", default_config),
+            "Config file and preset (FILE:PRESET); override fields with --config.X=V.",
+            lock_config=True,
+        ),
+        "workdir": flags.DEFINE_string(
+            "workdir", None, "Run directory; an existing one is resumed. Default: runs/<name>."
+        ),
+        "kill_after_chunk": flags.DEFINE_integer(
+            "kill_after_chunk", None, "Testing aid: SIGKILL right after chunk K's checkpoint."
+        ),
+    }
+    if seeds:
+        handles["num_seeds"] = flags.DEFINE_integer(
+            "num_seeds", 4, "Independent seeds, vmapped in one program."
+        )
+        handles["seed"] = flags.DEFINE_integer(
+            "seed", 0, "Base seed; run i uses split i of PRNGKey(seed)."
+        )
+    return handles
+
+
+def run_section(**overrides: Any) -> ml_collections.ConfigDict:
+    """The `run` section of every config file: how a run is driven, not what it learns."""
+    return ml_collections.ConfigDict(
+        dict(
+            num_chunks=10,  # compiled chunks; the loop checkpoints (and may evaluate) between them
+            checkpoint_every=1,  # chunks
+            keep_checkpoints=3,
+            log_every=10,  # updates per metrics row
+            tensorboard=True,
+            progress=True,
+        )
+        | overrides
+    )
+
+
+def config_dict(config: Any, preset: Mapping[str, Any], **sections: Any) -> Any:
+    """A config file's `get_config()` result: the algorithm Config's fields with a preset's
+    values, plus named sections (`run` is added when not given)."""
+    flat = ml_collections.ConfigDict(dataclasses.asdict(config))
+    flat.update(dict(preset))
+    for name, value in flat.items():
+        if isinstance(value, list):  # ml_collections keeps tuples only if they start as tuples
+            flat[name] = tuple(value)
+    sections.setdefault("run", run_section())
+    for name, section in sections.items():
+        flat[name] = section
+    return flat
+
+
+def preset_of(presets: Mapping[str, Any], name: str) -> Any:
+    """`presets[name]`, or one error line naming the choices (no traceback)."""
+    if name not in presets:
+        fail(f"--config: unknown preset {name!r}; choose one of {sorted(presets)}")
+    return presets[name]
+
+
+def build_config(config_cls: type, flat: ml_collections.ConfigDict, settings: tuple = ()) -> Any:
+    """The frozen algorithm Config from the top-level fields of an ml_collections config.
+
+    Sections (nested ConfigDicts: run, model, task, ...) are the script's, discovered, not listed;
+    top-level scalars must be Config fields or one of the script's own `settings`. Any problem is
+    one `error: config.<field>: ...` line."""
+    fields = {f.name for f in dataclasses.fields(config_cls)}
+    values = {k: v for k, v in flat.items() if k in fields}
+    unknown = sorted(
+        k
+        for k, v in flat.items()
+        if k not in fields and k not in settings and not isinstance(v, ml_collections.ConfigDict)
+    )
+    if unknown:
+        fail(
+            f"config.{unknown[0]}: not a setting of {config_cls.__module__}.Config; "
+            f"valid settings are {sorted(fields)}"
+        )
+    try:
+        return config_cls(**values)
+    except ConfigError as error:
+        fail(f"config.{error}")
+    except TypeError as error:
+        fail(f"config: {error}")
+
+
+RUN_COUNTS = ("num_chunks", "checkpoint_every", "keep_checkpoints", "log_every")
+
+
+def check_run_settings(run: Any, num_seeds: int = 1) -> None:
+    """The driver's counts (chunks, checkpoint interval, logging interval, seeds) must be >= 1."""
+    if num_seeds < 1:
+        fail(f"--num_seeds must be >= 1, got {num_seeds}")
+    for name in RUN_COUNTS:
+        value = run[name]
+        if not isinstance(value, int) or value < 1:
+            fail(f"config.run.{name} must be >= 1, got {value}")
+
+
+def check_resumable(saved: dict[str, Any] | None, current: dict[str, Any], workdir: str) -> None:
+    """A workdir holding a checkpoint may only be resumed with the settings it was started with."""
+    if saved is None:
+        return
+    changed = [k for k in sorted(set(saved) | set(current)) if saved.get(k) != current.get(k)]
+    if changed:
+        k = changed[0]
+        fail(
+            f"--workdir={workdir} holds a run with config.{k}={saved.get(k)!r}, not "
+            f"{current.get(k)!r}; resume with the same settings or pass a new --workdir"
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# Chunking
+
+
+def block_length(total: int, log_every: int) -> int:
+    """Updates between metric rows: the largest divisor of `total` not above `log_every`, so that
+    chunks can be whole numbers of blocks."""
+    return max(d for d in range(1, min(total, log_every) + 1) if total % d == 0)
+
+
+def chunk_lengths(total: int, num_chunks: int, block: int = 1) -> list[int]:
+    """`total` updates (a multiple of `block`) in near-equal chunks of whole blocks, at most
+    `num_chunks` of them: at most two distinct lengths, so at most two programs to compile."""
+    num_blocks = total // block
+    bounds = np.linspace(0, num_blocks, min(num_chunks, num_blocks) + 1).round().astype(int)
+    return [int(b - a) * block for a, b in zip(bounds[:-1], bounds[1:], strict=True) if b > a]
+
+
+# --------------------------------------------------------------------------------------------
+# The job and the loop
+
+
+@dataclasses.dataclass
+class Job:
+    """What a script hands the runner: everything particular to its algorithm.
+
+    `make_chunk(length, log_every, sink)` returns `chunk(states, inputs, hparams)`, a
+    `jaxrl.loop.make_chunk` over the algorithm's update. `inputs_for(first, count)` gives the
+    inputs of updates [first, first + count) (None when the environment runs inside). After each
+    chunk, `after_chunk(states, step, chunk_index)` may return extra metric rows for the sink (an
+    evaluation, say)."""
+
+    name: str  # "ppo", "grpo", ...: the summary's `algo`
+    description: str  # the progress bar's
+    num_steps: int  # updates in the run
+    init_states: Callable[[], Any]  # fresh states (with a leading runs axis when num_runs > 1)
+    make_chunk: Callable[[int, int, MetricsSink], Callable]
+    hparams: Any
+    units_per_step: int = 1  # environment steps (sequences, pairs, ...) per update, per run
+    units_name: str = "env_steps"  # what metrics.jsonl calls step x units_per_step
+    num_runs: int = 1
+    runs_axis: bool = True  # whether states carry a leading runs axis
+    inputs_for: Callable[[int, int], Any] = lambda first, count: None
+    per_run: tuple[str, ...] = ("episode_return",)  # metrics also logged for every run
+    after_chunk: Callable[[Any, int, int], Mapping[str, Any] | None] | None = None
+    out_shardings: Any = None  # of (states, metrics), for sharded states
+
+
+@dataclasses.dataclass
+class RunResult:
+    """The end of the chunk loop."""
+
+    states: Any
+    compile_seconds: float
+    train_seconds: float
+    resumed_from_step: int
+    last_metrics: Any  # stacked block metrics of the last chunk run here (None if none ran)
+
+
+def open_run(workdir: str, resolved_config: Mapping[str, Any]) -> RunDirectory:
+    """Create (or reopen) the run directory and record the config: call this only once every
+    setting is valid. A directory holding checkpoints is resumed only with the same settings; one
+    without (a start that failed or was stopped before its first checkpoint) is started afresh."""
+    if os.path.exists(workdir) and not os.path.isdir(workdir):
+        fail(f"--workdir={workdir}: is a file, not a directory; pass a directory path")
+    run_dir = RunDirectory(workdir)
+    resolved = to_jsonable(dict(resolved_config))
+    has_checkpoint = os.path.isdir(run_dir.checkpoint_dir) and any(
+        name.isdigit() for name in os.listdir(run_dir.checkpoint_dir)
+    )
+    if has_checkpoint:
+        check_resumable(run_dir.saved_config(), resolved, workdir)
+    run_dir.write_config(resolved)
+    return run_dir
+
+
+class _StopRequests:
+    """SIGINT/SIGTERM handling: the first asks the loop to stop after the running chunk, the
+    second stops at once."""
+
+    def __init__(self):
+        self.requested = False
+        self._previous = {}
+
+    def __enter__(self):
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.requested:
+            print("\nStopped at once; resume from the last checkpoint.", file=sys.stderr)
+            os._exit(130)
+        self.requested = True
+        print(
+            "\nStopping after the running chunk (a checkpoint is saved); press Ctrl-C again to "
+            "stop at once.",
+            file=sys.stderr,
+        )
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def train(
+    job: Job, run: Any, run_dir: RunDirectory, kill_after_chunk: int | None = None
+) -> RunResult:
+    """Run `job` as compiled chunks with checkpoints, resuming from the newest one."""
+    states = job.init_states()
+    checkpointer = Checkpointer(run_dir.checkpoint_dir, keep=run.keep_checkpoints)
+    done = 0
+    if checkpointer.latest_step() is not None:
+        states, meta = checkpointer.restore(states)
+        done = int(meta["step"])
+        print(f"Resuming {run_dir.path} from step {done}/{job.num_steps}.")
+    # Rows logged after the checkpoint (or at all, without one) are logged again by this run.
+    run_dir.truncate_metrics(done)
+
+    block = block_length(job.num_steps, run.log_every)
+    lengths = chunk_lengths(job.num_steps, run.num_chunks, block)
+    sink = MetricsSink(
+        run_dir,
+        total_steps=job.num_steps,
+        units_per_step=job.units_per_step,
+        units_name=job.units_name,
+        num_runs=job.num_runs,
+        log_every=block,
+        start_step=done,
+        per_run=job.per_run,
+        tensorboard=run.tensorboard,
+        progress=run.progress,
+        description=job.description,
+    )
+    t0 = time.time()
+    compiled = {}
+    for length in sorted(set(lengths)):
+        jit_options = {"donate_argnums": 0}
+        if job.out_shardings is not None:
+            jit_options["out_shardings"] = job.out_shardings
+        program = jax.jit(job.make_chunk(length, block, sink), **jit_options)
+        compiled[length] = program.lower(states, job.inputs_for(0, length), job.hparams).compile()
+    compile_seconds = time.time() - t0
+
+    start = time.time()
+    last_metrics = None
+    ends = np.cumsum(lengths).tolist()
+    with _StopRequests() as stop:
+        for index, (length, last) in enumerate(zip(lengths, ends, strict=True)):
+            if last <= done:
+                continue  # done before the interruption
+            inputs = job.inputs_for(last - length, length)
+            states, last_metrics = compiled[length](states, inputs, job.hparams)
+            if job.after_chunk is not None:
+                row = job.after_chunk(states, last, index)
+                if row:
+                    sink(last, row)
+            is_last = index == len(lengths) - 1
+            if is_last or stop.requested or (index + 1) % run.checkpoint_every == 0:
+                checkpointer.save(last, states, {"step": last})
+            if kill_after_chunk == index + 1:
+                os.kill(os.getpid(), signal.SIGKILL)
+            if stop.requested and not is_last:
+                sink.close()
+                checkpointer.close()
+                print(
+                    f"Stopped at step {last}/{job.num_steps} with a checkpoint; run the same "
+                    f"command again to resume ({run_dir.path}).",
+                    file=sys.stderr,
+                )
+                sys.exit(130)
+    jax.block_until_ready(states)
+    sink.close()
+    checkpointer.close()
+    last_metrics = None if last_metrics is None else jax.device_get(last_metrics)
+    return RunResult(states, compile_seconds, time.time() - start, done, last_metrics)
+
+
+def summary_fields(job: Job, result: RunResult, eval_seconds: float = 0.0) -> dict[str, Any]:
+    """The summary keys every script writes: algo, num_seeds, wall and compile time, steps and
+    their rate (of this process, excluding what a resumed run had done before), resume point."""
+    ran = job.num_steps - result.resumed_from_step
+    seconds = max(result.train_seconds, 1e-9)
+    return {
+        "algo": job.name,
+        "num_seeds": job.num_runs,
+        "wall_seconds": round(result.compile_seconds + result.train_seconds + eval_seconds, 2),
+        "compile_seconds": round(result.compile_seconds, 2),
+        "steps": job.num_steps,
+        "steps_per_second": round(ran * job.num_runs / seconds, 3),
+        "resumed_from_step": result.resumed_from_step,
+    }
