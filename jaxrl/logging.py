@@ -1,8 +1,8 @@
 """Run directories and the metrics sink that compiled training loops stream into.
 
-A run directory holds, as docs/design.md fixes: `config.json`, `versions.json` (package versions and git
-commit), `metrics.jsonl` (one JSON object per logging step), TensorBoard event files under `tb/`,
-orbax checkpoints under `checkpoints/`, and `summary.json` at the end.
+A run directory holds, as docs/design.md fixes: `config.json`, `versions.json` (package versions
+and git commit), `metrics.jsonl` (one JSON object per logging step), TensorBoard event files under
+`tb/`, orbax checkpoints under `checkpoints/`, and `summary.json` at the end.
 """
 
 from __future__ import annotations
