@@ -1,6 +1,6 @@
 """Behaviour cloning: the baseline every offline RL method must beat on the same data.
 
-    data = cql.device_dataset(rlds.load_transitions(path), config)   # same dataset type as CQL
+    data = cql.device_dataset(load_transitions(path), config)        # same dataset type as CQL
     states, metrics = jax.jit(bc.make_train_chunk(config, 5_000))(states, data, eval_keys)
 
 The actor is SAC's tanh-squashed Gaussian; its deterministic action tanh(mean) is regressed onto

@@ -1,6 +1,6 @@
 """Conservative Q-Learning (Kumar et al., 2020), CQL(H) on top of SAC, from a fixed dataset.
 
-    data = cql.device_dataset(rlds.load_transitions(path), config)     # (-1, 1) actions, on device
+    data = cql.device_dataset(load_transitions(path), config)          # (-1, 1) actions, on device
     chunk = jax.jit(cql.make_train_chunk(config, num_updates=1_000))
     states, metrics = chunk(states, hparams, data, eval_keys)         # a batch of seeds at once
 
@@ -162,7 +162,7 @@ class Dataset:
 
 def device_dataset(transitions: Any, config: Config) -> Dataset:
     """Environment-scale transitions (anything with obs/action/reward/next_obs/terminal arrays,
-    e.g. `jaxrl.data.rlds.Transitions`) as a `Dataset` the compiled loop samples from.
+    e.g. `jaxrl.data.transitions.Transitions`) as a `Dataset` the compiled loop samples from.
 
     Raises a ValueError naming the field when shapes do not fit the environment, and when actions
     lie outside its action box (they would map outside (-1, 1), where tanh cannot reach).

@@ -23,6 +23,9 @@ from experiments._common import fail
 from jaxrl import sharding
 from jaxrl.checkpoint import Checkpointer
 from jaxrl.config import ConfigError
+from jaxrl.data.step_batches import dataset_batches as dataset_batches
+from jaxrl.data.step_batches import stacked_batches as stacked_batches
+from jaxrl.data.step_batches import step_batch_indices as step_batch_indices
 from jaxrl.lm import load_tokenizer, training
 from jaxrl.lm.model import ModelConfig, init_params, param_shardings
 from jaxrl.lm.sampler import SamplingConfig, generate
@@ -142,33 +145,6 @@ def save_params(run_dir: RunDirectory, params: Any) -> None:
         checkpointer.save(path, params, force=True)
 
 
-def step_batch_indices(num_examples: int, batch_size: int, seed: int, step: int) -> np.ndarray:
-    """The example indices of optimizer step `step` (0-based): epochs are seeded permutations and
-    the remainder of each is dropped, so any step's batch can be recomputed after a restart."""
-    per_epoch = num_examples // batch_size
-    epoch, position = divmod(step, per_epoch)
-    order = np.random.default_rng([seed, epoch]).permutation(num_examples)
-    return order[position * batch_size : (position + 1) * batch_size]
-
-
-def stacked_batches(
-    arrays: dict[str, np.ndarray],
-    config: training.TrainConfig,
-    seed: int,
-    first_step: int,
-    count: int,
-) -> dict[str, np.ndarray]:
-    """`count` steps' batches stacked [count, grad_accum_steps, micro_batch, ...]."""
-    n = len(next(iter(arrays.values())))
-    index = np.stack(
-        [
-            step_batch_indices(n, config.batch_size, seed, s)
-            for s in range(first_step, first_step + count)
-        ]
-    ).reshape(count, config.grad_accum_steps, config.micro_batch_size)
-    return {name: value[index] for name, value in arrays.items()}
-
-
 @dataclasses.dataclass
 class LoopResult:
     state: training.TrainState
@@ -176,18 +152,6 @@ class LoopResult:
     train_seconds: float
     resumed_from_step: int
     last_metrics: dict[str, np.ndarray] | None  # per step of the last chunk run, if any
-
-
-def dataset_batches(
-    arrays: dict[str, np.ndarray], config: training.TrainConfig, seed: int, mesh: Any
-) -> Callable[[int, int], dict[str, Any]]:
-    """batches_for(first_step, count) for `train_in_chunks`: that many steps' batches of the
-    dataset `arrays`, stacked and placed on the mesh."""
-
-    def batches_for(first_step: int, count: int) -> dict[str, Any]:
-        return training.shard_chunk(stacked_batches(arrays, config, seed, first_step, count), mesh)
-
-    return batches_for
 
 
 def train_in_chunks(

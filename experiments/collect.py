@@ -33,8 +33,9 @@ from absl import app, flags, logging  # noqa: E402
 
 from experiments import _offline  # noqa: E402
 from experiments._common import fail  # noqa: E402
-from jaxrl.data import rlds  # noqa: E402
+from jaxrl.data import normalized_score  # noqa: E402
 from jaxrl.data.collect import episode_returns  # noqa: E402
+from jaxrl.data.rlds_builder import DEFAULT_VERSION, build_episode_dataset, build_path  # noqa: E402
 
 _ENV = flags.DEFINE_string(
     "env", None, "Environment name (envs.registered()); default: the --policy run's environment."
@@ -69,7 +70,7 @@ _DATA_DIR = flags.DEFINE_string(
 _NAME = flags.DEFINE_string(
     "name", None, "Dataset name NAME or NAME/CONFIG; default <env>/<mixture>."
 )
-_VERSION = flags.DEFINE_string("version", rlds.DEFAULT_VERSION, "Dataset version X.Y.Z.")
+_VERSION = flags.DEFINE_string("version", DEFAULT_VERSION, "Dataset version X.Y.Z.")
 _OVERWRITE = flags.DEFINE_bool("overwrite", False, "Replace an existing dataset of that name.")
 _SEED = flags.DEFINE_integer("seed", 0, "Collection seed.")
 _POLICY_SEED = flags.DEFINE_integer(
@@ -130,7 +131,7 @@ def main(argv: list[str]) -> None:
         fail(f"--env: {error}")
     name = _NAME.value or default_name(env_name, mixture)
     try:  # before spending time on collection
-        rlds.build_path(_DATA_DIR.value, name, _VERSION.value, overwrite=_OVERWRITE.value)
+        build_path(_DATA_DIR.value, name, _VERSION.value, overwrite=_OVERWRITE.value)
     except (FileExistsError, NotADirectoryError, ValueError) as error:
         fail(f"--name/--data_dir: {error}")
 
@@ -170,7 +171,7 @@ def main(argv: list[str]) -> None:
     try:
         # tfds reports its progress on stdout; keep stdout for this script's own summary.
         with contextlib.redirect_stdout(sys.stderr):
-            path = rlds.build_episode_dataset(
+            path = build_episode_dataset(
                 episodes,
                 _DATA_DIR.value,
                 name,
@@ -201,7 +202,7 @@ def main(argv: list[str]) -> None:
             f"{returns.mean():.2f} (std {returns.std():.2f})"
         )
         if _REF_MIN.value is not None and _REF_MAX.value is not None:
-            normalized = rlds.normalized_score(returns.mean(), _REF_MIN.value, _REF_MAX.value)
+            normalized = normalized_score(returns.mean(), _REF_MIN.value, _REF_MAX.value)
             score += f", normalized {normalized:.1f}"
         print(score)
     else:

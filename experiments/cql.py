@@ -40,7 +40,12 @@ from experiments._common import (  # noqa: E402
 )
 from jaxrl.checkpoint import Checkpointer  # noqa: E402
 from jaxrl.config import ConfigError  # noqa: E402
-from jaxrl.data import rlds  # noqa: E402
+from jaxrl.data import (  # noqa: E402
+    CorruptDatasetError,
+    DatasetNotFoundError,
+    load_dataset_info,
+    load_transitions,
+)
 from jaxrl.logging import MetricsSink, RunDirectory, to_jsonable  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -71,9 +76,9 @@ def load_dataset(flat, config: cql.Config) -> tuple[cql.Dataset, dict]:
     path = os.path.expanduser(section.path)
     data_dir = os.path.expanduser(section.data_dir) if section.data_dir else None
     try:
-        transitions = rlds.load_transitions(path, split=section.split, data_dir=data_dir)
-        info = rlds.load_dataset_info(path, data_dir=data_dir)
-    except (rlds.DatasetNotFoundError, rlds.CorruptDatasetError, ImportError) as error:
+        transitions = load_transitions(path, split=section.split, data_dir=data_dir)
+        info = load_dataset_info(path, data_dir=data_dir)
+    except (DatasetNotFoundError, CorruptDatasetError, ImportError) as error:
         fail(f"config.dataset.path: {error}")
     metadata = dict(info.get("metadata") or {})
     env_name = metadata.get("env_name")

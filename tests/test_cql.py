@@ -10,8 +10,8 @@ import pytest
 
 from algos import bc, cql
 from jaxrl.config import ConfigError
+from jaxrl.data import Transitions, build_episode_dataset, episodes_to_transitions, load_transitions
 from jaxrl.data import collect as collect_lib
-from jaxrl.data import rlds
 
 CQL_UPDATES = 3_000
 
@@ -79,7 +79,7 @@ def test_config_and_dataset_errors_name_the_field():
     with pytest.raises(ConfigError, match="env_name"):
         cql.Config(env_name="CartPole-v1")
     config = cql.Config()
-    bad_obs = rlds.Transitions(
+    bad_obs = Transitions(
         obs=np.zeros((4, 5), np.float32),
         action=np.zeros((4, 1), np.float32),
         reward=np.zeros(4, np.float32),
@@ -115,7 +115,7 @@ def random_pendulum_data():
 
 
 def collect_lib_transitions(episodes):
-    return rlds.episodes_to_transitions(episodes)
+    return episodes_to_transitions(episodes)
 
 
 def test_q_values_stay_bounded_on_random_data(random_pendulum_data):
@@ -160,10 +160,8 @@ def test_cql_beats_behaviour_and_behaviour_cloning_on_medium_pendulum(tmp_path):
     return about -756) goes through the TFDS builder and loader; CQL must score at or above the
     behaviour policy and above behaviour cloning on the same data. The full-size run (100k
     transitions, 3 seeds) is in the README."""
-    path = rlds.build_episode_dataset(
-        FIXTURE, str(tmp_path), "pendulum_medium", env_name="Pendulum-v1"
-    )
-    transitions = rlds.load_transitions(path)
+    path = build_episode_dataset(FIXTURE, str(tmp_path), "pendulum_medium", env_name="Pendulum-v1")
+    transitions = load_transitions(path)
     behaviour = float(np.mean(transitions.episode_returns()))
     config = cql.Config(
         num_updates=CQL_UPDATES,

@@ -396,3 +396,29 @@ def test_batches_deterministic_fixed_shape():
         batches(arrays, 11, 0)  # raised at the call, not at the first next()
     with pytest.raises(ConfigError, match="leading sizes differ"):
         batches({"x": np.arange(3), "y": np.arange(4)}, 2, 0)
+
+
+def test_step_batches_resumable_stacked_and_placed():
+    from jaxrl.data.step_batches import dataset_batches, stacked_batches, step_batch_indices
+    from jaxrl.lm.training import TrainConfig
+
+    n, batch_size, seed = 10, 4, 5
+    # Steps 0-1 are epoch 0 and steps 2-3 epoch 1: 8 distinct examples each, remainder dropped.
+    steps = [step_batch_indices(n, batch_size, seed, s) for s in range(4)]
+    for epoch in range(2):
+        rows = np.concatenate(steps[2 * epoch : 2 * epoch + 2])
+        assert len(rows) == 8 and len(set(rows.tolist())) == 8 and rows.max() < n
+    assert steps[0].tolist() != steps[2].tolist()  # a fresh permutation per epoch
+    assert step_batch_indices(n, batch_size, seed, 3).tolist() == steps[3].tolist()
+    assert step_batch_indices(n, batch_size, seed + 1, 0).tolist() != steps[0].tolist()
+
+    arrays = {"x": np.arange(n), "y": np.arange(2 * n).reshape(n, 2)}
+    config = TrainConfig(batch_size=batch_size, grad_accum_steps=2)
+    chunk = stacked_batches(arrays, config, seed, first_step=1, count=3)
+    assert chunk["x"].shape == (3, 2, 2) and chunk["y"].shape == (3, 2, 2, 2)
+    for i, step in enumerate(range(1, 4)):  # a resumed run's chunk is the same steps' batches
+        np.testing.assert_array_equal(chunk["x"][i].reshape(-1), steps[step])
+    np.testing.assert_array_equal(chunk["y"][..., 0], 2 * chunk["x"])  # rows stay aligned
+
+    placed = dataset_batches(arrays, config, seed, mesh=None)(1, 3)
+    np.testing.assert_array_equal(np.asarray(placed["x"]), chunk["x"])

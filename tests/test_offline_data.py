@@ -1,6 +1,7 @@
-"""Offline RL data (jaxrl.data.collect, jaxrl.data.rlds, experiments/collect.py): collect in JAX ->
-RLDS TFDS dataset -> flat transitions, exactly; terminal vs time-limit semantics; errors for
-missing, corrupted and malformed data; host batches and the in-JAX sampler; the script."""
+"""Offline RL data (jaxrl.data's collect, episodes, rlds_builder, locate, rlds_reader and
+transitions; experiments/collect.py): collect in JAX -> RLDS TFDS dataset -> flat transitions,
+exactly; terminal vs time-limit semantics; errors for missing, corrupted and malformed data; host
+batches and the in-JAX sampler; the script."""
 
 import dataclasses
 import importlib.util
@@ -16,7 +17,25 @@ import numpy as np
 import pytest
 
 import envs
-from jaxrl.data import collect, rlds
+from jaxrl.data import (
+    CorruptDatasetError,
+    DatasetNotFoundError,
+    EpisodeDataError,
+    Transitions,
+    build_episode_dataset,
+    collect,
+    episodes_to_transitions,
+    load_dataset_info,
+    load_episodes,
+    load_transitions,
+    normalized_score,
+    rlds_reader,
+    sample_batch,
+    sample_indices,
+    to_device,
+    transition_batches,
+)
+from jaxrl.data.episodes import RLDS_STEP_FIELDS
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -43,7 +62,7 @@ def rollout_transitions(record, steps_run):
     def flat(x):
         return np.swapaxes(x, 0, 1).reshape((-1,) + x.shape[2:])[valid]
 
-    return rlds.Transitions(
+    return Transitions(
         obs=flat(host.obs),
         action=flat(host.action),
         reward=flat(host.reward),
@@ -70,7 +89,7 @@ def pendulum(tmp_path_factory):
     record, steps_run = collect_raw(env, num_steps=95, num_envs=4)
     episodes = collect.split_episodes(record, steps_run, policy_name="random")
     data_dir = tmp_path_factory.mktemp("pendulum")
-    path = rlds.build_episode_dataset(
+    path = build_episode_dataset(
         episodes,
         data_dir,
         "pendulum_v1/random",
@@ -91,7 +110,7 @@ def cartpole(tmp_path_factory):
     record, steps_run = collect_raw(env, num_steps=300, num_envs=3, seed=1)
     episodes = collect.split_episodes(record, steps_run)
     data_dir = tmp_path_factory.mktemp("cartpole")
-    path = rlds.build_episode_dataset(episodes, data_dir, "cartpole", num_actions=2)
+    path = build_episode_dataset(episodes, data_dir, "cartpole", num_actions=2)
     return dict(record=record, steps_run=steps_run, episodes=episodes, path=path, dir=data_dir)
 
 
@@ -116,17 +135,17 @@ def test_pendulum_round_trip_truncation_is_not_terminal(pendulum):
     assert [e["complete"] for e in episodes] == [True] * 8 + [False] * 4
     assert not any(e["terminal"] for e in episodes)
 
-    loaded = rlds.load_episodes(path)
+    loaded = load_episodes(path)
     assert_episodes_equal(episodes, loaded)
     assert [e["policy"] for e in loaded] == ["random"] * 12
     assert [e["episode_id"] for e in loaded] == list(range(12))
 
-    t = rlds.load_transitions("pendulum_v1/random", data_dir=pendulum["dir"])  # by name
+    t = load_transitions("pendulum_v1/random", data_dir=pendulum["dir"])  # by name
     assert t.obs.shape == (96, 3) and t.action.shape == (96, 1) and t.obs.dtype == np.float32
     raw = rollout_transitions(pendulum["record"], pendulum["steps_run"])
     np.testing.assert_array_equal(transition_rows(t), transition_rows(raw))
-    expected = rlds.episodes_to_transitions(episodes)  # same order as stored
-    for field in rlds.Transitions._fields:
+    expected = episodes_to_transitions(episodes)  # same order as stored
+    for field in Transitions._fields:
         np.testing.assert_array_equal(getattr(t, field), getattr(expected, field))
     assert not t.terminal.any()  # time limits are not terminals
     assert t.last.sum() == t.first.sum() == 12
@@ -140,7 +159,7 @@ def test_pendulum_round_trip_truncation_is_not_terminal(pendulum):
     assert not np.array_equal(host.next_obs[t_end, env_index], host.obs[t_end + 1, env_index])
     np.testing.assert_array_equal(episodes[0]["observation"][-1], host.next_obs[t_end, env_index])
 
-    info = rlds.load_dataset_info(path)
+    info = load_dataset_info(path)
     meta = info["metadata"]
     assert meta["env_name"] == "Pendulum-v1" and meta["observation_shape"] == [3]
     assert meta["action_shape"] == [1] and meta["discrete_actions"] is False
@@ -163,13 +182,13 @@ def test_cartpole_terminations_and_stored_rlds_steps(cartpole):
     assert terminal and timed_out  # both kinds of ending happen
     assert all(len(e["reward"]) == 25 for e in timed_out)  # exactly at the limit
 
-    t = rlds.load_transitions(path)
+    t = load_transitions(path)
     assert t.action.dtype == np.int32 and t.action.shape == (300,)  # discrete: int32 indices
     raw = rollout_transitions(cartpole["record"], cartpole["steps_run"])
     np.testing.assert_array_equal(transition_rows(t), transition_rows(raw))
     assert t.terminal.sum() == len(terminal) == raw.terminal.sum()
     assert (t.terminal <= t.last).all()  # a terminal only ever ends an episode
-    assert_episodes_equal(episodes, rlds.load_episodes(path))
+    assert_episodes_equal(episodes, load_episodes(path))
 
     # The stored RLDS form: L + 1 steps, the last one padding with is_last, is_terminal only
     # there and only for absorbing ends, discount 0 into a terminal state.
@@ -178,9 +197,9 @@ def test_cartpole_terminations_and_stored_rlds_steps(cartpole):
     source = tfds.builder_from_directory(path).as_data_source(split="train")
     for index, episode in enumerate(episodes):
         record = source[index]
-        steps = rlds._stack_steps(record["steps"])
-        slow = rlds._stack_rows([record["steps"][i] for i in range(len(record["steps"]))])
-        for key in rlds.RLDS_STEP_FIELDS:  # the fast path equals step-by-step decoding
+        steps = rlds_reader._stack_steps(record["steps"])
+        slow = rlds_reader._stack_rows([record["steps"][i] for i in range(len(record["steps"]))])
+        for key in RLDS_STEP_FIELDS:  # the fast path equals step-by-step decoding
             np.testing.assert_array_equal(steps[key], slow[key])
         length = len(episode["reward"])
         assert len(steps["observation"]) == length + 1
@@ -219,19 +238,19 @@ def test_collect_by_episodes():
 
 def test_missing_dataset_names_path_and_how_to_create(pendulum, tmp_path):
     missing = tmp_path / "nowhere"
-    with pytest.raises(rlds.DatasetNotFoundError) as error:
-        rlds.load_transitions(str(missing))
+    with pytest.raises(DatasetNotFoundError) as error:
+        load_transitions(str(missing))
     assert str(missing) in str(error.value) and "experiments/collect.py" in str(error.value)
-    with pytest.raises(rlds.DatasetNotFoundError) as error:
-        rlds.load_transitions("pendulum_v1/expert", data_dir=tmp_path)
+    with pytest.raises(DatasetNotFoundError) as error:
+        load_transitions("pendulum_v1/expert", data_dir=tmp_path)
     message = str(error.value)
     assert str(tmp_path / "pendulum_v1" / "expert") in message and "collect.py" in message
-    with pytest.raises(rlds.DatasetNotFoundError, match="data directory holding pendulum_v1/"):
-        rlds.load_transitions(pendulum["dir"])  # a data_dir, not a dataset
+    with pytest.raises(DatasetNotFoundError, match="data directory holding pendulum_v1/"):
+        load_transitions(pendulum["dir"])  # a data_dir, not a dataset
     empty = tmp_path / "empty"
     empty.mkdir()
-    with pytest.raises(rlds.DatasetNotFoundError, match="no built RLDS dataset"):
-        rlds.load_transitions(empty)
+    with pytest.raises(DatasetNotFoundError, match="no built RLDS dataset"):
+        load_transitions(empty)
 
 
 def corrupt_copy(path, tmp_path, name):
@@ -245,36 +264,36 @@ def test_corrupted_dataset_names_file_and_says_rebuild(pendulum, tmp_path):
     copy, shard = corrupt_copy(pendulum["path"], tmp_path, "truncated")
     with open(shard, "r+b") as f:
         f.truncate(os.path.getsize(shard) // 2)
-    with pytest.raises(rlds.CorruptDatasetError) as error:
-        rlds.load_transitions(copy)
+    with pytest.raises(CorruptDatasetError) as error:
+        load_transitions(copy)
     message = str(error.value)
     assert message.startswith(shard) and "corrupted" in message and "rebuild" in message
 
     copy, shard = corrupt_copy(pendulum["path"], tmp_path, "garbage")
     with open(shard, "wb") as f:
         f.write(np.random.default_rng(0).bytes(70_000))
-    with pytest.raises(rlds.CorruptDatasetError, match=f"^{shard}: .*corrupted.*rebuild"):
-        rlds.load_transitions(copy)
+    with pytest.raises(CorruptDatasetError, match=f"^{shard}: .*corrupted.*rebuild"):
+        load_transitions(copy)
 
     copy, shard = corrupt_copy(pendulum["path"], tmp_path, "no_shard")
     os.remove(shard)
-    with pytest.raises(rlds.CorruptDatasetError, match=f"^{shard}: missing.*rebuild"):
-        rlds.load_transitions(copy)
+    with pytest.raises(CorruptDatasetError, match=f"^{shard}: missing.*rebuild"):
+        load_transitions(copy)
 
     copy, _ = corrupt_copy(pendulum["path"], tmp_path, "no_info")
     os.remove(os.path.join(copy, "dataset_info.json"))
     info = os.path.join(copy, "dataset_info.json")
-    with pytest.raises(rlds.CorruptDatasetError, match=f"^{info}: missing.*corrupted.*rebuild"):
-        rlds.load_transitions(copy)
+    with pytest.raises(CorruptDatasetError, match=f"^{info}: missing.*corrupted.*rebuild"):
+        load_transitions(copy)
     # Found through the name too, where the version directory is picked automatically.
-    with pytest.raises(rlds.CorruptDatasetError, match="dataset_info.json: missing"):
-        rlds.load_transitions(os.path.dirname(copy))
+    with pytest.raises(CorruptDatasetError, match="dataset_info.json: missing"):
+        load_transitions(os.path.dirname(copy))
 
     copy, _ = corrupt_copy(pendulum["path"], tmp_path, "bad_info")
     with open(os.path.join(copy, "dataset_info.json"), "w") as f:
         f.write("{not json")
-    with pytest.raises(rlds.CorruptDatasetError, match="dataset_info.json.*corrupted"):
-        rlds.load_transitions(copy)
+    with pytest.raises(CorruptDatasetError, match="dataset_info.json.*corrupted"):
+        load_transitions(copy)
 
 
 @pytest.mark.skipif(
@@ -290,7 +309,7 @@ def test_tfrecord_dataset_without_tensorflow_says_install(pendulum, tmp_path):
     with open(info_path, "w") as f:
         json.dump(info, f)
     with pytest.raises(ImportError, match="pip install tensorflow"):
-        rlds.load_transitions(copy)
+        load_transitions(copy)
 
 
 def episode(length=3, obs_dim=2, act_dim=1):
@@ -318,18 +337,18 @@ def episode(length=3, obs_dim=2, act_dim=1):
 def test_malformed_episode_names_index_and_field(tmp_path, field, value, problem):
     episodes = [episode(3), episode(3), episode(3)]
     episodes[2][field] = value(episodes[2])
-    with pytest.raises(rlds.EpisodeDataError) as error:
-        rlds.build_episode_dataset(episodes, tmp_path / "data", "bad")
+    with pytest.raises(EpisodeDataError) as error:
+        build_episode_dataset(episodes, tmp_path / "data", "bad")
     assert str(error.value).startswith("episode 2: ") and problem in str(error.value)
     assert not (tmp_path / "data").exists()  # checked before anything is written
     missing = [episode(3), {k: v for k, v in episode(3).items() if k != "terminal"}]
-    with pytest.raises(rlds.EpisodeDataError, match="^episode 1: missing field 'terminal'"):
-        rlds.build_episode_dataset(missing, tmp_path / "data", "bad")
+    with pytest.raises(EpisodeDataError, match="^episode 1: missing field 'terminal'"):
+        build_episode_dataset(missing, tmp_path / "data", "bad")
 
 
 def test_existing_dataset_needs_overwrite(pendulum):
     with pytest.raises(FileExistsError, match="already exists.*overwrite"):
-        rlds.build_episode_dataset(pendulum["episodes"], pendulum["dir"], "pendulum_v1/random")
+        build_episode_dataset(pendulum["episodes"], pendulum["dir"], "pendulum_v1/random")
 
 
 def test_user_files_npz_and_jsonl(tmp_path):
@@ -343,7 +362,7 @@ def test_user_files_npz_and_jsonl(tmp_path):
         timeouts=np.array([0, 0, 0, 0, 0, 1, 0, 0, 0], bool),
     )
     np.savez(tmp_path / "flat.npz", **flat)
-    t = rlds.load_transitions(rlds.build_episode_dataset(str(tmp_path / "flat.npz"), tmp_path, "a"))
+    t = load_transitions(build_episode_dataset(str(tmp_path / "flat.npz"), tmp_path, "a"))
     # Without next_observations the time-limit end and the final cut lose their last transition.
     assert len(t.reward) == 3 + 2 + 2
     assert t.terminal.tolist() == [False, False, True, False, False, False, False]
@@ -351,15 +370,15 @@ def test_user_files_npz_and_jsonl(tmp_path):
 
     next_obs = rng.normal(size=(n, 2)).astype(np.float32)
     np.savez(tmp_path / "next.npz", **flat, next_observations=next_obs)
-    t = rlds.load_transitions(rlds.build_episode_dataset(str(tmp_path / "next.npz"), tmp_path, "b"))
+    t = load_transitions(build_episode_dataset(str(tmp_path / "next.npz"), tmp_path, "b"))
     assert len(t.reward) == n and t.terminal.sum() == 1 and t.last.sum() == 3
     np.testing.assert_array_equal(t.next_obs[t.last], next_obs[[2, 5, 8]])
     np.testing.assert_array_equal(t.obs, flat["observations"])
 
     lines = [{k: np.asarray(v).tolist() for k, v in episode(2).items()}, {"observation": [[1]]}]
     (tmp_path / "eps.jsonl").write_text("\n".join(json.dumps(line) for line in lines) + "\n")
-    with pytest.raises(rlds.EpisodeDataError, match=r"eps.jsonl:2: episode 1: missing field"):
-        rlds.build_episode_dataset(str(tmp_path / "eps.jsonl"), tmp_path, "c")
+    with pytest.raises(EpisodeDataError, match=r"eps.jsonl:2: episode 1: missing field"):
+        build_episode_dataset(str(tmp_path / "eps.jsonl"), tmp_path, "c")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -367,16 +386,16 @@ def test_user_files_npz_and_jsonl(tmp_path):
 
 
 def test_batches_fixed_shape_and_deterministic(cartpole):
-    t = rlds.load_transitions(cartpole["path"])
-    first = list(rlds.batches(t, 64, key_or_seed=7, epochs=2))
-    again = list(rlds.batches(t, 64, key_or_seed=jax.random.PRNGKey(7)))
-    other = list(rlds.batches(t, 64, key_or_seed=8))
+    t = load_transitions(cartpole["path"])
+    first = list(transition_batches(t, 64, key_or_seed=7, epochs=2))
+    again = list(transition_batches(t, 64, key_or_seed=jax.random.PRNGKey(7)))
+    other = list(transition_batches(t, 64, key_or_seed=8))
     assert len(first) == 2 * (300 // 64)
     for batch in first:
-        assert isinstance(batch, rlds.Transitions)
+        assert isinstance(batch, Transitions)
         assert batch.obs.shape == (64, 4) and batch.action.shape == (64,)
         assert batch.reward.shape == batch.terminal.shape == (64,)
-    second = list(rlds.batches(t, 64, key_or_seed=7, epochs=2))
+    second = list(transition_batches(t, 64, key_or_seed=7, epochs=2))
     for a, b in zip(first, second, strict=True):
         for x, y in zip(a, b, strict=True):
             np.testing.assert_array_equal(x, y)
@@ -388,14 +407,14 @@ def test_batches_fixed_shape_and_deterministic(cartpole):
 
 
 def test_in_jax_sampler_inside_compiled_loop(cartpole):
-    t = rlds.load_transitions(cartpole["path"])
-    data = rlds.to_device(t)
+    t = load_transitions(cartpole["path"])
+    data = to_device(t)
     assert isinstance(data.obs, jax.Array)
 
     @jax.jit
     def chunk(data, key):
         def body(total, k):
-            batch = rlds.sample_batch(data, k, 32)
+            batch = sample_batch(data, k, 32)
             return total + batch.reward.sum(), batch
 
         return jax.lax.scan(body, jnp.zeros(()), jax.random.split(key, 5))
@@ -405,16 +424,14 @@ def test_in_jax_sampler_inside_compiled_loop(cartpole):
     _, again = chunk(data, jax.random.PRNGKey(0))
     np.testing.assert_array_equal(np.asarray(batches.obs), np.asarray(again.obs))
     # Every sampled row is a whole transition of the dataset (fields indexed together).
-    index = np.asarray(rlds.sample_indices(jax.random.PRNGKey(1), len(t.reward), 1000))
+    index = np.asarray(sample_indices(jax.random.PRNGKey(1), len(t.reward), 1000))
     assert index.min() >= 0 and index.max() < len(t.reward) and len(np.unique(index)) > 250
-    sample = rlds.sample_batch(data, jax.random.PRNGKey(1), 1000)
+    sample = sample_batch(data, jax.random.PRNGKey(1), 1000)
     np.testing.assert_array_equal(np.asarray(sample.next_obs), t.next_obs[index])
     np.testing.assert_array_equal(np.asarray(sample.terminal), t.terminal[index])
-    vmapped = jax.vmap(lambda k: rlds.sample_batch(data, k, 8))(
-        jax.random.split(jax.random.key(2), 3)
-    )
+    vmapped = jax.vmap(lambda k: sample_batch(data, k, 8))(jax.random.split(jax.random.key(2), 3))
     assert vmapped.obs.shape == (3, 8, 4)
-    assert rlds.normalized_score(-675.0, -1200.0, -150.0) == pytest.approx(50.0)
+    assert normalized_score(-675.0, -1200.0, -150.0) == pytest.approx(50.0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -510,12 +527,12 @@ def test_collect_script_random_policy(tmp_path):
     path = os.path.join(str(tmp_path), "cartpole_v1", "random", "1.0.0")
     lines = result.stdout.splitlines()
     assert lines[0] == f"Dataset: {path}"
-    t = rlds.load_transitions("cartpole_v1/random", data_dir=tmp_path)
-    episodes = rlds.load_episodes(path)
+    t = load_transitions("cartpole_v1/random", data_dir=tmp_path)
+    episodes = load_episodes(path)
     assert lines[1].startswith(f"episodes: {len(episodes)} (") and "transitions: 200" in lines[1]
     complete = [e["reward"].sum(dtype=np.float64) for e in episodes if e["complete"]]
     assert f"mean return of {len(complete)} complete episodes): {np.mean(complete):.2f}" in lines[2]
     assert len(t.reward) == 200 and t.terminal.sum() == sum(e["terminal"] for e in episodes)
-    meta = rlds.load_dataset_info(path)["metadata"]
+    meta = load_dataset_info(path)["metadata"]
     assert (meta["mixture"], meta["policy"], meta["num_actions"]) == ("random", "random", 2)
     assert meta["max_episode_steps"] == 50

@@ -121,11 +121,9 @@ def test_cql_bad_input_fails_with_one_clear_line(tmp_path, flags, expected):
 
 
 def test_cql_refuses_a_dataset_from_another_environment(tmp_path):
-    from jaxrl.data import rlds
+    from jaxrl.data import build_episode_dataset
 
-    path = rlds.build_episode_dataset(
-        FIXTURE, str(tmp_path), "pendulum_medium", env_name="Pendulum-v1"
-    )
+    path = build_episode_dataset(FIXTURE, str(tmp_path), "pendulum_medium", env_name="Pendulum-v1")
     result = run(
         "cql.py",
         f"--workdir={tmp_path / 'run'}",

@@ -1,6 +1,6 @@
 """Collecting offline RL episodes: a policy acts in `num_envs` copies of a JAX environment inside
 one compiled loop; the host then cuts the time-major record into episodes in the in-memory format
-of `jaxrl.data.rlds` (ready for `build_episode_dataset`).
+of `jaxrl.data.episodes` (ready for `build_episode_dataset`).
 
     env = envs.make("Pendulum-v1")
     episodes = collect_episodes(env, random_policy(env.action_space), key, num_steps=10_000,
@@ -218,7 +218,7 @@ def split_episodes(
     keep_partial: bool = True,
     policy_name: str | None = None,
 ) -> list[dict[str, Any]]:
-    """Cuts a time-major `Rollout` into episodes (format: `jaxrl.data.rlds`), on the host.
+    """Cuts a time-major `Rollout` into episodes (format: `jaxrl.data.episodes`), on the host.
 
     An episode ends at a step with terminated or truncated; its observations are those acted on
     plus the last step's next_obs (the true final observation, not the next episode's first), and
