@@ -20,7 +20,6 @@ import time  # noqa: E402
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
-from absl import app, logging  # noqa: E402
 
 from algos import ppo  # noqa: E402
 from jaxrl import hparams, loop, runner  # noqa: E402
@@ -29,11 +28,6 @@ FLAGS = runner.define_flags("ppo.py:cartpole")
 
 
 def main(argv: list[str]) -> None:
-    logging.set_verbosity(logging.WARNING)  # orbax narrates every save at INFO
-    if len(argv) > 1:
-        runner.fail(
-            f"unexpected arguments {argv[1:]}; settings are flags, e.g. --config.num_envs=8"
-        )
     flat = FLAGS["config"].value
     config = runner.build_config(ppo.Config, flat)
     num_seeds, seed = FLAGS["num_seeds"].value, FLAGS["seed"].value
@@ -84,4 +78,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    runner.main(main)

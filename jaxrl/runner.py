@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import signal
 import sys
 import time
@@ -26,6 +27,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
@@ -50,17 +52,24 @@ def fail(message: str) -> NoReturn:
 def define_flags(default_config: str, seeds: bool = True) -> dict[str, Any]:
     """The flags every script takes: --config (an ml_collections file and preset under
     experiments/configs, fields overridable as --config.X=V), --workdir and --kill_after_chunk;
-    with `seeds`, also --num_seeds and --seed (control scripts, whose seeds are vmapped)."""
+    with `seeds`, also --num_seeds and --seed (control scripts, whose seeds are vmapped).
+
+    ml_collections loads the default config and applies --config.X overrides while the flag is
+    defined, so a mistyped field fails here, at import: it becomes one `error:` line."""
     from absl import flags
     from ml_collections import config_flags
 
-    handles = {
-        "config": config_flags.DEFINE_config_file(
+    try:
+        config = config_flags.DEFINE_config_file(
             "config",
             os.path.join(REPO_ROOT, "experiments", "configs", default_config),
             "Config file and preset (FILE:PRESET); override fields with --config.X=V.",
             lock_config=True,
-        ),
+        )
+    except Exception as error:  # noqa: BLE001  anything ml_collections raises is a bad flag
+        fail(flag_error_message(error))
+    handles = {
+        "config": config,
         "workdir": flags.DEFINE_string(
             "workdir", None, "Run directory; an existing one is resumed. Default: runs/<name>."
         ),
@@ -76,6 +85,55 @@ def define_flags(default_config: str, seeds: bool = True) -> dict[str, Any]:
             "seed", 0, "Base seed; run i uses split i of PRNGKey(seed)."
         )
     return handles
+
+
+def flag_error_message(error: BaseException) -> str:
+    """One line for an error raised while parsing flags or loading the config file."""
+    text = " ".join(str(error).replace("\\n", " ").split())
+    guess = re.search(r'Did you mean "([^"]+)" instead of "([^"]+)"', text.replace("\\", ""))
+    if guess:
+        wanted, typed = guess.groups()
+        flag = next(
+            (a.split("=")[0] for a in sys.argv[1:] if a.split("=")[0].endswith(f".{typed}")),
+            f"--config.{typed}",
+        )
+        return f"{flag}: not a setting of this config; did you mean {flag[: -len(typed)]}{wanted}?"
+    unknown = re.search(r"Unknown command line flag '([^']+)'", text)
+    if unknown:
+        return f"--{unknown.group(1)}: unknown flag; see --helpfull for the flags this script takes"
+    bad_value = re.match(r"flag (--[^=]+)=(.*?): (.*)$", text)
+    if bad_value:
+        flag, value, problem = bad_value.groups()
+        return f"{flag}: {problem} (got {value!r}); give a value of the flag's type"
+    if "No such file" in text or "Attempted" in text:
+        path = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--config=")), "")
+        return f"--config={path}: no such config file; pass experiments/configs/<algo>.py[:PRESET]"
+    return f"flags: {text}; check the flag's spelling and value"
+
+
+def main(script_main: Callable[[list[str]], None]) -> None:
+    """`absl.app.run(script_main)` where any flag-parsing error is one `error:` line (exit 2) and
+    positional arguments are refused (settings are flags)."""
+    from absl import app, flags
+    from absl import logging as absl_logging
+
+    def parse(argv: list[str]) -> list[str]:
+        try:
+            rest = flags.FLAGS(argv)
+            list(flags.FLAGS["config"].value.keys())  # loads the config file (and preset) now
+        except SystemExit:
+            raise
+        except Exception as error:  # noqa: BLE001
+            fail(flag_error_message(error))
+        if len(rest) > 1:
+            fail(f"unexpected arguments {rest[1:]}; settings are flags, e.g. --config.seed=1")
+        return rest
+
+    def run(argv: list[str]) -> None:
+        absl_logging.set_verbosity(absl_logging.WARNING)  # orbax narrates every save at INFO
+        script_main(argv)
+
+    app.run(run, flags_parser=parse)
 
 
 def run_section(**overrides: Any) -> ml_collections.ConfigDict:
@@ -319,6 +377,11 @@ def train(
                 continue  # done before the interruption
             inputs = job.inputs_for(last - length, length)
             states, last_metrics = compiled[length](states, inputs, job.hparams)
+            if not all_finite(states):  # never checkpoint (or continue from) a diverged state
+                message = divergence_message(last_metrics, last - length, block, checkpointer)
+                sink.close()
+                checkpointer.close()
+                fail(message)
             if job.after_chunk is not None:
                 row = job.after_chunk(states, last, index)
                 if row:
@@ -342,6 +405,34 @@ def train(
     checkpointer.close()
     last_metrics = None if last_metrics is None else jax.device_get(last_metrics)
     return RunResult(states, compile_seconds, time.time() - start, done, last_metrics)
+
+
+@jax.jit
+def _leaf_finiteness(tree: Any) -> jax.Array:
+    leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
+    return jnp.stack([jnp.isfinite(x).all() for x in leaves]) if leaves else jnp.ones((1,), bool)
+
+
+def all_finite(tree: Any) -> bool:
+    """Whether every floating-point value of `tree` is finite (one small compiled reduction)."""
+    return bool(np.asarray(_leaf_finiteness(tree)).all())
+
+
+def divergence_message(metrics: Any, first_step: int, block: int, checkpointer: Any) -> str:
+    """The one line a diverged run stops with: the first non-finite metric and its step, and the
+    checkpoint that is kept."""
+    where = "the training state"
+    for name, values in sorted(jax.device_get(metrics).items()):
+        bad = ~np.isfinite(np.asarray(values, np.float64).reshape(len(values), -1)).all(axis=1)
+        if bad.any():
+            where = f"{name} at step {first_step + (int(np.argmax(bad)) + 1) * block}"
+            break
+    kept = checkpointer.latest_step()
+    keeps = f"the checkpoint of step {kept} is kept" if kept is not None else "no checkpoint yet"
+    return (
+        f"training: non-finite {where} (NaN or inf); stopped without saving it, {keeps}: lower "
+        f"the learning rate, or check the reward and the data"
+    )
 
 
 def summary_fields(job: Job, result: RunResult, eval_seconds: float = 0.0) -> dict[str, Any]:

@@ -12,6 +12,7 @@ import pytest
 from algos import ppo
 from jaxrl import hparams, loop
 from jaxrl.checkpoint import Checkpointer
+from tests.script_runs import assert_no_duplicate_steps, kill_at_random_moment
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "experiments", "ppo.py")
@@ -86,6 +87,21 @@ def test_killed_run_resumes_to_identical_result(tmp_path):
     assert os.listdir(os.path.join(whole, "tb"))
     versions = read_json(whole, "versions.json")
     assert versions["packages"]["jax"] == jax.__version__
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_sigkill_at_a_random_moment_then_rerun_equals_an_uninterrupted_run(tmp_path, seed):
+    """SIGKILL at any moment (mid-chunk, mid-checkpoint, between chunks), not only after a
+    checkpoint: the rerun's metrics have each step once and its summary equals an uninterrupted
+    run's."""
+    whole, killed = str(tmp_path / "whole"), str(tmp_path / "killed")
+    run_script(f"--workdir={whole}", *SMALL_FLAGS)
+    kill_at_random_moment("ppo.py", f"--workdir={killed}", *SMALL_FLAGS, seed=seed, max_delay=1.5)
+    run_script(f"--workdir={killed}", *SMALL_FLAGS)
+    assert_no_duplicate_steps(killed)
+    assert read_metrics(whole) == read_metrics(killed)
+    a, b = read_json(whole, "summary.json"), read_json(killed, "summary.json")
+    assert a["final_eval_return_per_seed"] == b["final_eval_return_per_seed"]
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,167 @@
+"""The runner on a toy algorithm: resume, metric rows, divergence, run-directory rules.
+
+The toy's state is one number that grows by the swept `rate` each update, so every expected value
+is known exactly; it compiles in a fraction of a second, which keeps these checks cheap.
+"""
+
+import dataclasses
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+from flax import struct
+
+from jaxrl import hparams, loop, runner
+from jaxrl.checkpoint import Checkpointer
+from jaxrl.hparams import swept
+
+
+@dataclasses.dataclass(frozen=True)
+class ToyConfig:
+    rate: float = swept(1.0)
+    num_steps: int = 12
+    diverge_at: int = -1  # the update whose result is NaN (-1: never)
+
+
+@struct.dataclass
+class ToyState:
+    x: jax.Array
+    key: jax.Array
+    step: jax.Array
+
+
+def make_toy(config: ToyConfig) -> loop.Algorithm:
+    config = hparams.static(config)
+
+    def init(key, hp):
+        return ToyState(jnp.zeros(()), key, loop.zeros_step())
+
+    def update(state, inputs, hp):
+        x = state.x + hp.rate
+        x = jnp.where(state.step + 1 == config.diverge_at, jnp.nan, x)
+        return ToyState(x, state.key, state.step + 1), {"x": x}
+
+    return loop.Algorithm(init, update)
+
+
+def toy_job(config: ToyConfig, num_runs: int = 2) -> runner.Job:
+    algorithm = make_toy(config)
+    hps = hparams.sweep(config, rate=[1.0, 2.0][:num_runs])
+    init_keys, _ = loop.run_keys(0, num_runs)
+    return runner.Job(
+        name="toy",
+        description="toy",
+        num_steps=config.num_steps,
+        init_states=lambda: jax.vmap(algorithm.init)(init_keys, hps),
+        make_chunk=lambda length, block, sink: loop.make_chunk(
+            algorithm.update, length, log_every=block, callback=sink
+        ),
+        hparams=hps,
+        num_runs=num_runs,
+        per_run=("x",),
+    )
+
+
+RUN = runner.run_section(num_chunks=3, log_every=2, tensorboard=False, progress=False)
+
+
+def rows(workdir):
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def test_runs_resume_and_log_each_step_once(tmp_path):
+    workdir = str(tmp_path / "run")
+    config = ToyConfig()
+    run_dir = runner.open_run(workdir, {"rate": 1.0})
+    result = runner.train(toy_job(config), RUN, run_dir)
+    np.testing.assert_allclose(result.states.x, [12.0, 24.0])
+    assert [r["step"] for r in rows(workdir)] == [2, 4, 6, 8, 10, 12]
+    assert rows(workdir)[-1]["x_per_run"] == [11.5, 23.0]  # the mean over the block of 2
+
+    # A rerun of a finished run restores the last checkpoint, runs nothing, and logs nothing twice.
+    again = runner.train(toy_job(config), RUN, runner.open_run(workdir, {"rate": 1.0}))
+    assert again.resumed_from_step == 12 and again.last_metrics is None
+    np.testing.assert_allclose(again.states.x, [12.0, 24.0])
+    assert [r["step"] for r in rows(workdir)] == [2, 4, 6, 8, 10, 12]
+
+
+def test_rows_without_a_checkpoint_are_dropped_on_rerun(tmp_path):
+    """A run stopped before its first checkpoint (or whose checkpoints/ was deleted) left metric
+    rows behind: the rerun starts at step 0 and must not append a second copy of them."""
+    workdir = str(tmp_path / "run")
+    run_dir = runner.open_run(workdir, {"rate": 1.0})
+    with open(run_dir.metrics_path, "w") as f:
+        f.write('{"step": 2, "x": 2.0}\n{"step": 4, "x": 4.0}\n{"step": 6, "x"')  # torn last row
+    runner.train(toy_job(ToyConfig()), RUN, run_dir)
+    assert [r["step"] for r in rows(workdir)] == [2, 4, 6, 8, 10, 12]
+
+
+def test_settings_are_checked_only_against_a_run_with_checkpoints(tmp_path, capsys):
+    workdir = str(tmp_path / "run")
+    runner.open_run(workdir, {"rate": 1.0})  # a start that failed before any checkpoint
+    runner.open_run(workdir, {"rate": 3.0})  # the corrected retry is not refused
+    runner.train(toy_job(ToyConfig()), RUN, runner.open_run(workdir, {"rate": 3.0}))
+    with pytest.raises(SystemExit) as exit_info:
+        runner.open_run(workdir, {"rate": 5.0})
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: --workdir={workdir} holds a run with")
+
+
+def test_workdir_that_is_a_file_is_one_line(tmp_path, capsys):
+    path = tmp_path / "file"
+    path.write_text("x")
+    with pytest.raises(SystemExit):
+        runner.open_run(str(path), {})
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: --workdir={path}: is a file, not a directory; pass a directory path"]
+
+
+def test_divergence_stops_with_one_line_and_keeps_the_last_good_checkpoint(tmp_path, capsys):
+    workdir = str(tmp_path / "run")
+    config = ToyConfig(diverge_at=7)  # inside the second chunk (steps 5-8)
+    run_dir = runner.open_run(workdir, {"rate": 1.0})
+    with pytest.raises(SystemExit) as exit_info:
+        runner.train(toy_job(config), RUN, run_dir)
+    assert exit_info.value.code == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1
+    assert err[0].startswith("error: training: non-finite x at step 8 (NaN or inf)"), err[0]
+    assert "the checkpoint of step 4 is kept" in err[0]
+    checkpointer = Checkpointer(run_dir.checkpoint_dir)
+    assert checkpointer.latest_step() == 4  # nothing NaN was saved
+    state, meta = checkpointer.restore(toy_job(config).init_states())
+    checkpointer.close()
+    assert meta == {"step": 4} and np.isfinite(np.asarray(state.x)).all()
+
+
+def test_sweep_refuses_unknown_and_invalid_values():
+    from jaxrl.config import ConfigError
+
+    @dataclasses.dataclass(frozen=True)
+    class Checked:
+        rate: float = swept(1.0)
+
+        def __post_init__(self):
+            if not self.rate > 0:
+                raise ConfigError(f"rate: must be positive, got {self.rate}; set rate > 0")
+
+    assert hparams.sweep(Checked(), rate=[1.0, 2.0]).rate.shape == (2,)
+    with pytest.raises(ConfigError, match="not swept fields"):
+        hparams.sweep(Checked(), gamma=[0.9])
+    with pytest.raises(ConfigError, match="rate: must be positive"):
+        hparams.sweep(Checked(), rate=[1.0, -1.0])
+
+
+def test_build_config_discovers_sections_and_refuses_unknown_fields(capsys):
+    flat = ml_collections.ConfigDict({"rate": 2.0, "run": RUN, "model": {"width": 3}})
+    assert runner.build_config(ToyConfig, flat).rate == 2.0
+    flat.unknown = 1
+    with pytest.raises(SystemExit):
+        runner.build_config(ToyConfig, flat)
+    assert capsys.readouterr().err.startswith("error: config.unknown: not a setting of")
