@@ -26,6 +26,10 @@ def _without_empty_arrays(tree: Any) -> Any:
     return jax.tree.map(lambda x: np.zeros((1,), x.dtype) if _is_empty(x) else x, tree)
 
 
+class DamagedCheckpointError(RuntimeError):
+    """Checkpoints exist but none of them can be read back."""
+
+
 class Checkpointer:
     """Save a state pytree and JSON metadata every `save_every` steps, keeping the newest `keep`."""
 
@@ -78,6 +82,43 @@ class Checkpointer:
             like,
         )
         return state, dict(restored["metadata"])
+
+    def all_steps(self) -> list[int]:
+        """Steps of every complete checkpoint, oldest first."""
+        return sorted(self._manager.all_steps())
+
+    def restore_newest_intact(
+        self, like: Any, quarantine: str
+    ) -> tuple[Any, dict[str, Any], list[str]] | None:
+        """Restore the newest checkpoint that reads back whole. Damaged newer ones (a deleted or
+        truncated file, say) are moved into the `quarantine` directory, so the run continues
+        from the intact one and saving over their steps works. Returns (state, metadata, one
+        note per damaged checkpoint), or None when there is no checkpoint at all; raises
+        `DamagedCheckpointError` when there are checkpoints and none is intact."""
+        steps = self.all_steps()
+        if not steps:
+            return None
+        notes = []
+        for step in reversed(steps):
+            try:
+                state, metadata = self.restore(like, step)
+            except Exception as error:  # noqa: BLE001  orbax/tensorstore raise many types
+                reason = " ".join(str(error).split())[:160]
+                notes.append(f"checkpoint {step} is damaged ({type(error).__name__}: {reason})")
+                continue
+            if notes:
+                self._quarantine([s for s in steps if s > step], quarantine)
+            return state, metadata, notes
+        raise DamagedCheckpointError(
+            f"none of the {len(steps)} checkpoints in {self.directory} is intact "
+            f"(steps {steps}); move that directory away to start the run afresh"
+        )
+
+    def _quarantine(self, steps: list[int], quarantine: str) -> None:
+        os.makedirs(quarantine, exist_ok=True)
+        for step in steps:
+            os.replace(os.path.join(self.directory, str(step)), os.path.join(quarantine, str(step)))
+        self._manager.reload()
 
     def close(self) -> None:
         """Wait for pending writes and release the checkpoint manager."""

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from jaxrl.checkpoint import Checkpointer
+from jaxrl.checkpoint import Checkpointer, DamagedCheckpointError
 from jaxrl.config import ConfigError
 from jaxrl.logging import MetricsSink, RunDirectory, to_jsonable
 
@@ -336,8 +336,15 @@ def train(
     states = job.init_states()
     checkpointer = Checkpointer(run_dir.checkpoint_dir, keep=run.keep_checkpoints)
     done = 0
-    if checkpointer.latest_step() is not None:
-        states, meta = checkpointer.restore(states)
+    try:
+        restored = checkpointer.restore_newest_intact(states, run_dir.file("damaged_checkpoints"))
+    except DamagedCheckpointError as error:
+        checkpointer.close()
+        fail(f"--workdir={run_dir.path}: {error}")
+    if restored is not None:
+        states, meta, notes = restored
+        for note in notes:
+            print(f"warning: {note}; moved to damaged_checkpoints/", file=sys.stderr)
         done = int(meta["step"])
         print(f"Resuming {run_dir.path} from step {done}/{job.num_steps}.")
     # Rows logged after the checkpoint (or at all, without one) are logged again by this run.

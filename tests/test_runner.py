@@ -165,3 +165,46 @@ def test_build_config_discovers_sections_and_refuses_unknown_fields(capsys):
     with pytest.raises(SystemExit):
         runner.build_config(ToyConfig, flat)
     assert capsys.readouterr().err.startswith("error: config.unknown: not a setting of")
+
+
+def damage(checkpoint_dir, step):
+    """Delete a checkpoint's array data, as the issue's reproduction does."""
+    import shutil
+
+    state = os.path.join(checkpoint_dir, str(step), "state")
+    for name in os.listdir(state):
+        if name == "d" or name.startswith("manifest"):
+            path = os.path.join(state, name)
+            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+
+
+def test_a_damaged_newest_checkpoint_falls_back_to_the_newest_intact_one(tmp_path, capsys):
+    workdir = str(tmp_path / "run")
+    config = ToyConfig()
+    run_dir = runner.open_run(workdir, {"rate": 1.0})
+    runner.train(toy_job(config), RUN, run_dir)
+    damage(run_dir.checkpoint_dir, 12)
+    capsys.readouterr()
+    result = runner.train(toy_job(config), RUN, runner.open_run(workdir, {"rate": 1.0}))
+    captured = capsys.readouterr()
+    warnings = [line for line in captured.err.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and warnings[0].startswith("warning: checkpoint 12 is damaged")
+    assert "from step 8/12" in captured.out
+    assert result.resumed_from_step == 8
+    np.testing.assert_allclose(result.states.x, [12.0, 24.0])
+    assert [r["step"] for r in rows(workdir)] == [2, 4, 6, 8, 10, 12]
+    assert os.listdir(os.path.join(workdir, "damaged_checkpoints")) == ["12"]
+
+
+def test_no_intact_checkpoint_is_one_line(tmp_path, capsys):
+    workdir = str(tmp_path / "run")
+    run_dir = runner.open_run(workdir, {"rate": 1.0})
+    runner.train(toy_job(ToyConfig()), RUN, run_dir)
+    for step in (4, 8, 12):
+        damage(run_dir.checkpoint_dir, step)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        runner.train(toy_job(ToyConfig()), RUN, runner.open_run(workdir, {"rate": 1.0}))
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "none of the 3 checkpoints" in err[0] and "is intact" in err[0]
