@@ -46,9 +46,7 @@ def main(argv: list[str]) -> None:
         units_per_step=config.batch_size,
         num_runs=num_seeds,
         init_states=lambda: jax.jit(jax.vmap(algorithm.init))(init_keys, hps),
-        make_chunk=lambda length, block, sink: loop.make_chunk(
-            algorithm.update, length, log_every=block, callback=sink
-        ),
+        update=algorithm.update,
         hparams=hps,
     )
     run_dir = runner.open_run(workdir, {**flat.to_dict(), "num_seeds": num_seeds, "seed": seed})

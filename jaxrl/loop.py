@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.experimental import io_callback
 
 from jaxrl.hparams import HParams
 
@@ -44,6 +45,7 @@ def make_chunk(
     callback: Callable[[jax.Array, Metrics], None] | None = None,
     runs_axis: bool = True,
     scan_inputs: bool = False,
+    keep_going: Callable[[jax.Array], bool] | None = None,
 ) -> Callable[[State, Any, HParams], tuple[State, Metrics]]:
     """`chunk(states, inputs, hparams) -> (states, metrics)`: `num_steps` updates in one program.
 
@@ -57,13 +59,19 @@ def make_chunk(
     which matters when an update costs less than the call (one SAC environment step). `step` is
     the state's step counter after the block. The returned metrics are those block means, stacked
     [num_steps // log_every, (runs,) ...].
+
+    With `keep_going`, the host is asked `keep_going(step)` before each block, and a block it
+    declines is skipped (the state passes through; its metrics are zeros and not streamed): this
+    is how a run stops within seconds of Ctrl-C instead of at the end of a long chunk, and how a
+    run resumed between chunk boundaries stops at the next one. The caller reads where the chunk
+    stopped from the state's step.
     """
     if num_steps % log_every:
         raise ValueError(f"num_steps ({num_steps}) must be a multiple of log_every ({log_every})")
     num_blocks = num_steps // log_every
     one_update = jax.vmap(update, in_axes=(0, None, 0)) if runs_axis else update
 
-    def block(states, block_inputs, hparams):
+    def run_block(states, block_inputs, hparams):
         def body(states, step_inputs):
             return one_update(states, step_inputs, hparams)
 
@@ -75,9 +83,22 @@ def make_chunk(
             )
         metrics = jax.tree.map(lambda m: m.mean(axis=0), metrics)
         if callback is not None:
-            step = states.step[0] if runs_axis else states.step
-            jax.debug.callback(callback, step, metrics)
+            jax.debug.callback(callback, step_of(states), metrics)
         return states, metrics
+
+    def step_of(states):
+        return states.step[0] if runs_axis else states.step
+
+    def block(states, block_inputs, hparams):
+        if keep_going is None:
+            return run_block(states, block_inputs, hparams)
+        go = io_callback(keep_going, jax.ShapeDtypeStruct((), jnp.bool_), step_of(states))
+        shapes = jax.eval_shape(run_block, states, block_inputs, hparams)[1]
+
+        def skip(states, block_inputs, hparams):
+            return states, jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
+
+        return jax.lax.cond(go, run_block, skip, states, block_inputs, hparams)
 
     def chunk(states: State, inputs: Any, hparams: HParams) -> tuple[State, Metrics]:
         if scan_inputs:

@@ -22,6 +22,7 @@ import os
 import re
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
@@ -31,6 +32,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from jaxrl import loop
 from jaxrl.checkpoint import Checkpointer, DamagedCheckpointError
 from jaxrl.config import ConfigError
 from jaxrl.logging import MetricsSink, RunDirectory, to_jsonable
@@ -250,8 +252,8 @@ def chunk_lengths(total: int, num_chunks: int, block: int = 1) -> list[int]:
 class Job:
     """What a script hands the runner: everything particular to its algorithm.
 
-    `make_chunk(length, log_every, sink)` returns `chunk(states, inputs, hparams)`, a
-    `jaxrl.loop.make_chunk` over the algorithm's update. `inputs_for(first, count)` gives the
+    The runner compiles chunks of the algorithm's `update` with `jaxrl.loop.make_chunk` (or calls
+    `make_chunk(length, log_every, sink)` for a custom chunk). `inputs_for(first, count)` gives the
     inputs of updates [first, first + count) (None when the environment runs inside). After each
     chunk, `after_chunk(states, step, chunk_index)` may return extra metric rows for the sink (an
     evaluation, say)."""
@@ -260,8 +262,10 @@ class Job:
     description: str  # the progress bar's
     num_steps: int  # updates in the run
     init_states: Callable[[], Any]  # fresh states (with a leading runs axis when num_runs > 1)
-    make_chunk: Callable[[int, int, MetricsSink], Callable]
     hparams: Any
+    update: Callable | None = None  # the algorithm's update: the runner makes the chunks
+    scan_inputs: bool = False  # inputs_for gives one input per update (host batches)
+    make_chunk: Callable[[int, int, MetricsSink], Callable] | None = None  # or the chunks
     units_per_step: int = 1  # environment steps (sequences, pairs, ...) per update, per run
     units_name: str = "env_steps"  # what metrics.jsonl calls step x units_per_step
     num_runs: int = 1
@@ -301,32 +305,49 @@ def open_run(workdir: str, resolved_config: Mapping[str, Any]) -> RunDirectory:
 
 
 class _StopRequests:
-    """SIGINT/SIGTERM handling: the first asks the loop to stop after the running chunk, the
-    second stops at once."""
+    """SIGINT/SIGTERM handling: the first asks the loop to stop at the next block boundary, the
+    second stops at once.
+
+    Python runs signal handlers only on the main thread between bytecodes, and the main thread sits
+    inside the compiled chunk until it returns. So the handlers do nothing themselves: the signal
+    number reaches a watcher thread through `signal.set_wakeup_fd` (written by the C-level handler,
+    whichever thread the signal interrupts), and the compiled chunk's `keep_going` callback reads
+    the watcher's flag."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self):
         self.requested = False
-        self._previous = {}
+        self._previous: dict[int, Any] = {}
 
     def __enter__(self):
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            self._previous[sig] = signal.signal(sig, self._handle)
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._write, False)
+        self._previous_fd = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
+        for sig in self.SIGNALS:
+            self._previous[sig] = signal.signal(sig, lambda signum, frame: None)
+        threading.Thread(target=self._watch, daemon=True).start()
         return self
 
-    def _handle(self, signum, frame):
-        if self.requested:
-            print("\nStopped at once; resume from the last checkpoint.", file=sys.stderr)
-            os._exit(130)
-        self.requested = True
-        print(
-            "\nStopping after the running chunk (a checkpoint is saved); press Ctrl-C again to "
-            "stop at once.",
-            file=sys.stderr,
-        )
+    def _watch(self) -> None:
+        while data := os.read(self._read, 1):
+            if data[0] not in self.SIGNALS:
+                continue
+            if self.requested:
+                print("\nStopped at once; resume from the last checkpoint.", file=sys.stderr)
+                os._exit(130)
+            self.requested = True
+            print(
+                "\nStopping at the next safe point with a checkpoint; press Ctrl-C again to stop "
+                "at once.",
+                file=sys.stderr,
+            )
 
     def __exit__(self, *exc):
+        signal.set_wakeup_fd(self._previous_fd)
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+        os.close(self._write)  # the watcher reads end-of-file and returns
 
 
 def train(
@@ -365,53 +386,92 @@ def train(
         progress=run.progress,
         description=job.description,
     )
+    # Asked before every block inside the compiled chunk: a stop request (or, after a resume
+    # between chunk boundaries, the chunk's scheduled end) skips the remaining blocks. Runs whose
+    # state is spread over several devices stop at chunk ends instead: a host callback that
+    # returns a value inside a multi-device CPU program can deadlock jaxlib 0.10's runtime.
+    stop = _StopRequests()
+    control = {"end": 0}
+    one_device = len({d for x in jax.tree.leaves(states) for d in x.devices()}) == 1
+
+    def keep_going(step: Any) -> bool:
+        return not stop.requested and int(step) < control["end"]
+
+    def chunk_program(length: int) -> Callable:
+        if job.make_chunk is not None:
+            return job.make_chunk(length, block, sink)
+        return loop.make_chunk(
+            job.update,
+            length,
+            log_every=block,
+            callback=sink,
+            runs_axis=job.runs_axis,
+            scan_inputs=job.scan_inputs,
+            keep_going=keep_going if one_device else None,
+        )
+
     t0 = time.time()
     compiled = {}
     for length in sorted(set(lengths)):
         jit_options = {"donate_argnums": 0}
         if job.out_shardings is not None:
             jit_options["out_shardings"] = job.out_shardings
-        program = jax.jit(job.make_chunk(length, block, sink), **jit_options)
+        program = jax.jit(chunk_program(length), **jit_options)
         compiled[length] = program.lower(states, job.inputs_for(0, length), job.hparams).compile()
     compile_seconds = time.time() - t0
 
     start = time.time()
     last_metrics = None
+    step = done
     ends = np.cumsum(lengths).tolist()
-    with _StopRequests() as stop:
-        for index, (length, last) in enumerate(zip(lengths, ends, strict=True)):
-            if last <= done:
+    with stop:
+        for index, (length, end) in enumerate(zip(lengths, ends, strict=True)):
+            if end <= step:
                 continue  # done before the interruption
-            inputs = job.inputs_for(last - length, length)
+            control["end"] = end
+            inputs = job.inputs_for(step, length)
             states, last_metrics = compiled[length](states, inputs, job.hparams)
+            reached = int(np.asarray(states.step).reshape(-1)[0])
+            blocks_run = (reached - step) // block
+            last_metrics = jax.tree.map(lambda m, n=blocks_run: m[:n], last_metrics)
             if not all_finite(states):  # never checkpoint (or continue from) a diverged state
-                message = divergence_message(last_metrics, last - length, block, checkpointer)
+                message = divergence_message(last_metrics, step, block, checkpointer)
                 sink.close()
                 checkpointer.close()
                 fail(message)
+            step = reached
+            if step < end:  # stopped within the chunk
+                _stop_with_checkpoint(checkpointer, sink, states, step, job, run_dir)
             if job.after_chunk is not None:
-                row = job.after_chunk(states, last, index)
+                row = job.after_chunk(states, end, index)
                 if row:
-                    sink(last, row)
+                    sink(end, row)
             is_last = index == len(lengths) - 1
             if is_last or stop.requested or (index + 1) % run.checkpoint_every == 0:
-                checkpointer.save(last, states, {"step": last})
+                checkpointer.save(end, states, {"step": end})
             if kill_after_chunk == index + 1:
                 os.kill(os.getpid(), signal.SIGKILL)
             if stop.requested and not is_last:
-                sink.close()
-                checkpointer.close()
-                print(
-                    f"Stopped at step {last}/{job.num_steps} with a checkpoint; run the same "
-                    f"command again to resume ({run_dir.path}).",
-                    file=sys.stderr,
-                )
-                sys.exit(130)
+                _stop_with_checkpoint(checkpointer, sink, states, step, job, run_dir)
     jax.block_until_ready(states)
     sink.close()
     checkpointer.close()
     last_metrics = None if last_metrics is None else jax.device_get(last_metrics)
     return RunResult(states, compile_seconds, time.time() - start, done, last_metrics)
+
+
+def _stop_with_checkpoint(checkpointer, sink, states, step, job, run_dir) -> NoReturn:
+    """Save `states` at `step` (unless that checkpoint exists), say how to resume, exit 130."""
+    if checkpointer.latest_step() != step:
+        checkpointer.save(step, states, {"step": step})
+    sink.close()
+    checkpointer.close()
+    print(
+        f"Stopped at step {step}/{job.num_steps} with a checkpoint; run the same command again "
+        f"to resume ({run_dir.path}).",
+        file=sys.stderr,
+    )
+    sys.exit(130)
 
 
 @jax.jit

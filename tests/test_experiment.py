@@ -2,8 +2,10 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import jax
 import numpy as np
@@ -137,3 +139,43 @@ def test_resuming_with_different_settings_is_refused(tmp_path):
         f"error: --workdir={workdir} holds a run with config.learning_rate=0.00025, not 0.1; "
         "resume with the same settings or pass a new --workdir"
     ]
+
+
+def test_ctrl_c_stops_within_seconds_with_a_checkpoint_and_resumes_exactly(tmp_path):
+    """SIGINT in the middle of one long compiled chunk: the run stops at the next block (not the
+    chunk's end), saves a checkpoint, says how to resume in one line, and the resumed run ends
+    equal to an uninterrupted one."""
+    flags = [*SMALL_FLAGS, "--config.total_timesteps=204800", "--config.run.num_chunks=1"]
+    whole, stopped = str(tmp_path / "whole"), str(tmp_path / "stopped")
+    run_script(f"--workdir={whole}", *flags)
+
+    metrics = os.path.join(stopped, "metrics.jsonl")
+    process = subprocess.Popen(
+        [sys.executable, SCRIPT, f"--workdir={stopped}", *flags],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
+    while not (os.path.exists(metrics) and os.path.getsize(metrics) > 0):
+        assert process.poll() is None, process.stderr.read()
+        time.sleep(0.05)
+    signalled = time.time()
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert time.time() - signalled < 10
+    assert process.returncode == 130, stderr
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("Stopped at step ") and "run the same command again" in last, stderr
+    step = int(last.split("Stopped at step ")[1].split("/")[0])
+    assert 0 < step < 400  # within the one chunk
+    checkpointer = Checkpointer(os.path.join(stopped, "checkpoints"))
+    assert checkpointer.latest_step() == step
+    checkpointer.close()
+
+    resumed = run_script(f"--workdir={stopped}", *flags)
+    assert f"from step {step}/400" in resumed.stdout
+    assert_no_duplicate_steps(stopped)
+    assert read_metrics(whole) == read_metrics(stopped)
+    a, b = read_json(whole, "summary.json"), read_json(stopped, "summary.json")
+    assert a["final_eval_return_per_seed"] == b["final_eval_return_per_seed"]

@@ -57,9 +57,7 @@ def toy_job(config: ToyConfig, num_runs: int = 2) -> runner.Job:
         description="toy",
         num_steps=config.num_steps,
         init_states=lambda: jax.vmap(algorithm.init)(init_keys, hps),
-        make_chunk=lambda length, block, sink: loop.make_chunk(
-            algorithm.update, length, log_every=block, callback=sink
-        ),
+        update=algorithm.update,
         hparams=hps,
         num_runs=num_runs,
         per_run=("x",),
