@@ -293,7 +293,14 @@ def open_run(workdir: str, resolved_config: Mapping[str, Any]) -> RunDirectory:
     without (a start that failed or was stopped before its first checkpoint) is started afresh."""
     if os.path.exists(workdir) and not os.path.isdir(workdir):
         fail(f"--workdir={workdir}: is a file, not a directory; pass a directory path")
-    run_dir = RunDirectory(workdir)
+    try:
+        run_dir = RunDirectory(workdir)
+        probe = run_dir.file(".write_test")
+        with open(probe, "w"):
+            pass
+        os.remove(probe)
+    except OSError as error:
+        fail(f"--workdir={workdir}: cannot write there ({error.strerror}); pass a writable path")
     resolved = to_jsonable(dict(resolved_config))
     has_checkpoint = os.path.isdir(run_dir.checkpoint_dir) and any(
         name.isdigit() for name in os.listdir(run_dir.checkpoint_dir)
