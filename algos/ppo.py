@@ -5,13 +5,13 @@
     state, metrics = jax.vmap(train)(jax.random.split(key, 8))          # 8 seeds, one program
 
 Read top to bottom, this file is the algorithm:
-  1. Config and the hyper-parameters that may vary inside one program (`HParams`, pytree leaves);
+  1. Config, whose `swept` fields may vary inside one program (`jaxrl.hparams.sweep`);
   2. the pure pieces: GAE and the clipped-surrogate loss, each checked against NumPy in tests;
-  3. one update: roll out `num_steps` in `num_envs` environments, estimate advantages, then
-     `num_epochs` passes of `num_minibatches` gradient steps;
-  4. `make_train` (the whole run as one `lax.scan`) and `make_train_chunk` (a slice of it over a
-     batch of seeds, for host loops that checkpoint and log between chunks);
-  5. evaluation of the deterministic policy.
+  3. the environment, network and optimiser;
+  4. `make(config)`: `init`, and `update` (roll out `rollout_length` steps in `num_envs`
+     environments, estimate advantages, then `num_epochs` passes of `num_minibatches` gradient
+     steps), and `evaluate`, on the contract of `jaxrl.loop`;
+  5. the policy, its evaluation, and `make_train` (the whole run as one program).
 """
 
 from __future__ import annotations

@@ -32,13 +32,15 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import numpy as np
 
 import envs
+from algos import ppo, sac
+from jaxrl import hparams, loop
 from jaxrl.checkpoint import Checkpointer
 from jaxrl.data.collect import make_rollout, random_policy, split_episodes
 
 MIXTURES = ("random", "medium", "expert", "medium-replay", "medium-expert")
+ALGORITHMS = {"ppo": ppo, "sac": sac}  # whose run directories hold a policy to collect with
 
 
 class PolicyError(ValueError):
@@ -109,19 +111,13 @@ def _checkpoint_steps(directory: str) -> list[int]:
 
 @functools.lru_cache(maxsize=4)
 def initial_states(algo: str, config: Any, seed: int, num_seeds: int) -> Any:
-    """Every seed's initial state exactly as experiments/<algo>.py makes it (same key
-    derivation), so that medium-replay's first policy is the run's own untrained one; also the
-    structure checkpoints restore into. Cached: compiling `init` takes seconds."""
-    keys = jax.random.split(jax.random.PRNGKey(seed), num_seeds)
-    init_keys, _ = jax.vmap(jax.random.split, out_axes=1)(keys)
-    if algo == "ppo":
-        from algos import ppo
-
-        hparams = jax.tree.map(lambda x: np.broadcast_to(x, (num_seeds,)), config.hparams())
-        return jax.jit(jax.vmap(lambda k, hp: ppo.init(config, k, hp)))(init_keys, hparams)
-    from algos import sac
-
-    return jax.jit(jax.vmap(lambda k: sac.init(config, k)))(init_keys)
+    """Every seed's initial state exactly as experiments/<algo>.py makes it (`loop.run_keys` and
+    the algorithm's own `init`), so that medium-replay's first policy is the run's own untrained
+    one; also the structure checkpoints restore into. Cached: compiling `init` takes seconds."""
+    algorithm = ALGORITHMS[algo].make(config)
+    init_keys, _ = loop.run_keys(seed, num_seeds)
+    hps = hparams.repeat(hparams.hparams(config), num_seeds)
+    return jax.jit(jax.vmap(algorithm.init))(init_keys, hps)
 
 
 def load_run_policy(run_dir: str, seed_index: int = 0) -> RunPolicy:
@@ -147,26 +143,14 @@ def load_run_policy(run_dir: str, seed_index: int = 0) -> RunPolicy:
             f"--policy_seed={seed_index}: {run_dir} trained {num_seeds} seed(s); choose 0 .. "
             f"{num_seeds - 1}"
         )
-    if algo == "ppo":
-        from algos import ppo
-
-        config = _config(ppo.Config, saved, run_dir)
-        act = ppo.make_policy(config, deterministic=False)
-    elif algo == "sac":
-        try:
-            from algos import sac
-        except ImportError as error:
-            raise PolicyError(
-                f"{run_dir} is a SAC run, but algos.sac cannot be imported ({error}); update "
-                "this checkout"
-            ) from None
-        config = _config(sac.Config, saved, run_dir)
-        act = sac.make_policy(config, deterministic=False)
-    else:
+    if algo not in ALGORITHMS:
         raise PolicyError(
             f"{run_dir}/summary.json: algo {algo!r} has no policy to collect with; pass a ppo or "
             "sac run directory"
         )
+    module = ALGORITHMS[algo]
+    config = _config(module.Config, saved, run_dir)
+    act = module.make_policy(config, deterministic=False)
     initial = initial_states(algo, config, seed, num_seeds)
     checkpoint_dir = os.path.join(run_dir, "checkpoints")
     steps = _checkpoint_steps(checkpoint_dir) if os.path.isdir(checkpoint_dir) else []

@@ -32,10 +32,10 @@ import tensorflow_datasets as tfds  # noqa: E402
 from absl import app, flags, logging  # noqa: E402
 
 from experiments import _offline  # noqa: E402
-from experiments._common import fail  # noqa: E402
 from jaxrl.data import normalized_score  # noqa: E402
 from jaxrl.data.collect import episode_returns  # noqa: E402
 from jaxrl.data.rlds_builder import DEFAULT_VERSION, build_episode_dataset, build_path  # noqa: E402
+from jaxrl.runner import fail  # noqa: E402
 
 _ENV = flags.DEFINE_string(
     "env", None, "Environment name (envs.registered()); default: the --policy run's environment."

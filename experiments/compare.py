@@ -36,9 +36,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 
-from experiments._common import fail  # noqa: E402
 from jaxrl import evaluation  # noqa: E402
 from jaxrl.logging import write_json  # noqa: E402
+from jaxrl.runner import fail  # noqa: E402
 
 _OUT_DIR = flags.DEFINE_string(
     "out_dir", None, "Directory for comparison.json and the plots; without it, only the table."

@@ -1,7 +1,8 @@
 """A fixed-size circular replay buffer held as a pytree, so it lives inside the compiled program.
 
 Off-policy learners keep it in their training state: adding and sampling are pure functions, the
-buffer vmaps over seeds with the rest of the state and checkpoints like any other pytree.
+buffer vmaps over seeds with the rest of the state and checkpoints like any other pytree. SAC's rows
+are `jaxrl.types.Transition`s; any pytree of arrays works.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from jaxrl.types import PRNGKey
 
 @struct.dataclass
 class ReplayBuffer:
-    """`data` is a pytree whose leaves have a leading axis of `capacity` rows.
+    """`data` is a pytree (e.g. a `Transition`) whose leaves have a leading axis of `capacity` rows.
 
     `position` is where the next row goes; `size` is how many rows hold data (at most capacity).
     """
@@ -63,6 +64,18 @@ def add_batch(buffer: ReplayBuffer, rows: Any) -> ReplayBuffer:
 
 
 def sample(buffer: ReplayBuffer, key: PRNGKey, batch_size: int) -> Any:
-    """`batch_size` rows drawn uniformly with replacement from the filled part of the buffer."""
-    indices = jax.random.randint(key, (batch_size,), 0, jnp.maximum(buffer.size, 1))
-    return jax.tree.map(lambda x: x[indices], buffer.data)
+    """`batch_size` rows drawn uniformly with replacement from the filled part of the buffer, in
+    the rows' own type (a `Transition` batch for a buffer of `Transition`s)."""
+    return sample_uniform(buffer.data, key, batch_size, jnp.maximum(buffer.size, 1))
+
+
+def sample_uniform(
+    data: Any, key: PRNGKey, batch_size: int, num_rows: int | jax.Array | None = None
+) -> Any:
+    """`batch_size` rows drawn uniformly with replacement from the first `num_rows` (default:
+    all) rows of a pytree of arrays: a buffer's filled part, or a whole offline dataset on device
+    (CQL, behaviour cloning), which needs no sampler state between compiled steps."""
+    if num_rows is None:
+        num_rows = jax.tree.leaves(data)[0].shape[0]
+    rows = jax.random.randint(key, (batch_size,), 0, num_rows, dtype=jnp.int32)
+    return jax.tree.map(lambda x: jnp.take(x, rows, axis=0), data)

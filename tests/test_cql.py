@@ -8,10 +8,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from algos import bc, cql
+from algos import bc, cql, sac
+from jaxrl import hparams, loop
 from jaxrl.config import ConfigError
 from jaxrl.data import Transitions, build_episode_dataset, episodes_to_transitions, load_transitions
 from jaxrl.data import collect as collect_lib
+from jaxrl.types import Transition
 
 CQL_UPDATES = 3_000
 
@@ -55,22 +57,26 @@ def test_gap_of_a_constant_q_is_the_log_mean_importance_weight():
 
 def test_penalty_pushes_q_down_off_data_and_up_on_data():
     config = cql.Config(hidden_sizes=(16, 16), num_action_samples=4)
-    actor, critic = cql.sac.make_networks(config)
-    penalty = cql.make_penalty(config, actor, critic)
-    state = cql.init(config, jax.random.PRNGKey(0))
-    batch = {
-        "obs": jax.random.normal(jax.random.PRNGKey(1), (8, 3)),
-        "action": jnp.full((8, 1), 0.5),
-        "next_obs": jax.random.normal(jax.random.PRNGKey(2), (8, 3)),
-    }
-    grads = jax.grad(lambda p: penalty(p, batch, jax.random.PRNGKey(3), state)[0])(
-        state.critic_params
+    learner = sac.make_learner(config)
+    penalty = cql.make_penalty(config, learner)
+    hp = hparams.hparams(config)
+    state = cql.make(config).init(jax.random.PRNGKey(0), hp).learner
+    batch = Transition(
+        obs=jax.random.normal(jax.random.PRNGKey(1), (8, 3)),
+        action=jnp.full((8, 1), 0.5),
+        reward=jnp.zeros(8),
+        next_obs=jax.random.normal(jax.random.PRNGKey(2), (8, 3)),
+        terminated=jnp.zeros(8, bool),
     )
+
+    def loss(critic_params):
+        key = jax.random.PRNGKey(3)
+        return penalty(critic_params, state.actor_params, batch, key, hp.cql_alpha, hp)[0]
+
+    grads = jax.grad(loss)(state.critic_params)
     # A step against the gradient lowers the penalty, i.e. widens Q(data) - soft-max Q.
     stepped = jax.tree.map(lambda p, g: p - 1e-2 * g, state.critic_params, grads)
-    before = penalty(state.critic_params, batch, jax.random.PRNGKey(3), state)[0]
-    after = penalty(stepped, batch, jax.random.PRNGKey(3), state)[0]
-    assert after < before
+    assert loss(stepped) < loss(state.critic_params)
 
 
 def test_config_and_dataset_errors_name_the_field():
@@ -84,13 +90,13 @@ def test_config_and_dataset_errors_name_the_field():
         action=np.zeros((4, 1), np.float32),
         reward=np.zeros(4, np.float32),
         next_obs=np.zeros((4, 5), np.float32),
-        terminal=np.zeros(4, bool),
+        terminated=np.zeros(4, bool),
         first=np.zeros(4, bool),
         last=np.zeros(4, bool),
     )
     with pytest.raises(ValueError, match="dataset obs"):
         cql.device_dataset(bad_obs, config)
-    outside = bad_obs._replace(
+    outside = bad_obs.replace(
         obs=np.zeros((4, 3), np.float32),
         next_obs=np.zeros((4, 3), np.float32),
         action=np.array([[0.0], [2.5], [0.0], [0.0]], np.float32),
@@ -118,28 +124,51 @@ def collect_lib_transitions(episodes):
     return episodes_to_transitions(episodes)
 
 
+def train_runs(algorithm, config, data, keys, num_steps, hps=None):
+    """`num_steps` updates of len(keys) vmapped runs from fresh states: the final states."""
+    hps = hparams.repeat(hparams.hparams(config), len(keys)) if hps is None else hps
+    states = jax.jit(jax.vmap(algorithm.init))(keys, hps)
+    chunk = loop.make_chunk(algorithm.update, num_steps, log_every=min(num_steps, 500))
+    states, _ = jax.jit(chunk)(states, data, hps)
+    return states
+
+
 def test_q_values_stay_bounded_on_random_data(random_pendulum_data):
     """Offline on uniformly random actions, where an unconstrained critic's errors on unseen
     actions feed the actor, CQL's Q at the policy's own actions stays within what any return can
     be: Pendulum's rewards lie in [-16.3, 0], so every true Q lies in [-16.3 / (1 - gamma), 0]."""
-    config = cql.Config(num_updates=1_500, hidden_sizes=(64, 64), eval_episodes=2)
+    config = cql.Config(num_steps=1_500, hidden_sizes=(64, 64), eval_episodes=2)
     data = cql.device_dataset(random_pendulum_data, config)
-    keys = jax.random.split(jax.random.PRNGKey(0), 2)
-    states = jax.vmap(lambda k: cql.init(config, k))(keys)
-    hparams = jax.tree.map(lambda x: jnp.broadcast_to(x, (2,)), config.hparams())
-    chunk = jax.jit(cql.make_train_chunk(config, 1_500, callback_every=100, evaluate=False))
-    states, _ = chunk(states, hparams, data, keys)
+    algorithm = cql.make(config)
+    states = train_runs(algorithm, config, data, jax.random.split(jax.random.PRNGKey(0), 2), 1_500)
+    assert int(states.step[0]) == config.num_steps
 
-    actor, critic = cql.sac.make_networks(config)
+    learner = sac.make_learner(config)
 
     def policy_q(state):
-        action = cql.sac.deterministic_action(actor.apply(state.actor_params, data.obs[:2000]))
-        return critic.apply(state.critic_params, data.obs[:2000], action)
+        params = state.learner
+        action = sac.deterministic_action(learner.actor.dist(params.actor_params, data.obs[:2000]))
+        return learner.critic.apply(params.critic_params, data.obs[:2000], action)
 
     q = np.asarray(jax.vmap(policy_q)(states))
     lowest = -16.3 / (1 - config.gamma)
     assert np.isfinite(q).all()
     assert q.max() <= 1.0 and q.min() >= lowest, (q.min(), q.max())
+
+
+def test_lagrangian_multiplier_follows_the_gap(random_pendulum_data):
+    """With `lagrangian`, the penalty's weight is learned: it rises while the gap exceeds its
+    target and falls below it. A sweep of target_action_gap in one program moves each run's
+    weight its own way."""
+    config = cql.Config(
+        num_steps=200, hidden_sizes=(16, 16), lagrangian=True, cql_alpha=1.0, cql_alpha_lr=1e-2
+    )
+    data = cql.device_dataset(random_pendulum_data, config)
+    hps = hparams.sweep(config, target_action_gap=[-1e3, 1e3])
+    keys = jnp.stack([jax.random.PRNGKey(0)] * 2)
+    states = train_runs(cql.make(config), config, data, keys, 200, hps)
+    weights = np.exp(np.asarray(states.log_cql_alpha))
+    assert weights[0] > 1.0 > weights[1], weights  # gap above the first target, below the second
 
 
 def test_bc_loss_matches_numpy():
@@ -164,7 +193,7 @@ def test_cql_beats_behaviour_and_behaviour_cloning_on_medium_pendulum(tmp_path):
     transitions = load_transitions(path)
     behaviour = float(np.mean(transitions.episode_returns()))
     config = cql.Config(
-        num_updates=CQL_UPDATES,
+        num_steps=CQL_UPDATES,
         hidden_sizes=(64, 64),
         actor_lr=3e-4,
         critic_lr=1e-3,
@@ -172,15 +201,17 @@ def test_cql_beats_behaviour_and_behaviour_cloning_on_medium_pendulum(tmp_path):
         eval_episodes=10,
     )
     data = cql.device_dataset(transitions, config)
-    keys = jax.random.split(jax.random.PRNGKey(0), 2)
-    hparams = jax.tree.map(lambda x: jnp.broadcast_to(x, (2,)), config.hparams())
-    states = jax.vmap(lambda k: cql.init(config, k))(keys)
-    chunk = jax.jit(cql.make_train_chunk(config, CQL_UPDATES, callback_every=500))
-    _, metrics = chunk(states, hparams, data, keys)
-    cql_return = float(np.mean(metrics["eval_return"]))
+    keys = eval_keys = jax.random.split(jax.random.PRNGKey(0), 2)
+    algorithm = cql.make(config)
+    states = train_runs(algorithm, config, data, keys, CQL_UPDATES)
+    cql_return = float(
+        np.mean(jax.jit(jax.vmap(algorithm.evaluate))(states, eval_keys)["eval_return"])
+    )
 
-    bc_config = bc.Config(num_updates=2_000, hidden_sizes=(64, 64), eval_episodes=10)
-    bc_states = jax.vmap(lambda k: bc.init(bc_config, k))(keys)
-    _, bc_metrics = jax.jit(bc.make_train_chunk(bc_config, 2_000))(bc_states, data, keys)
-    bc_return = float(np.mean(bc_metrics["eval_return"]))
+    bc_config = bc.Config(num_steps=2_000, hidden_sizes=(64, 64), eval_episodes=10)
+    baseline = bc.make(bc_config)
+    bc_states = train_runs(baseline, bc_config, data, keys, 2_000)
+    bc_return = float(
+        np.mean(jax.jit(jax.vmap(baseline.evaluate))(bc_states, eval_keys)["eval_return"])
+    )
     assert cql_return >= behaviour and cql_return > bc_return, (cql_return, behaviour, bc_return)

@@ -48,15 +48,15 @@ def transition_rows(t):
         np.asarray(t.action, np.float64).reshape(n, -1),
         np.asarray(t.reward, np.float64)[:, None],
         np.asarray(t.next_obs, np.float64).reshape(n, -1),
-        np.asarray(t.terminal, np.float64)[:, None],
+        np.asarray(t.terminated, np.float64)[:, None],
     ]
     rows = np.concatenate(columns, axis=1)
     return rows[np.lexsort(rows.T[::-1])]
 
 
 def rollout_transitions(record, steps_run):
-    """Every valid step of a raw Rollout as a transition (terminal = the env's `terminated`)."""
-    host = collect.Rollout(*(np.asarray(x)[:steps_run] for x in record))
+    """Every valid step of a raw collection Record as a transition."""
+    host = jax.tree.map(lambda x: np.asarray(x)[:steps_run], record)
     valid = host.valid.T.reshape(-1)  # env-major
 
     def flat(x):
@@ -67,9 +67,7 @@ def rollout_transitions(record, steps_run):
         action=flat(host.action),
         reward=flat(host.reward),
         next_obs=flat(host.next_obs),
-        terminal=flat(host.terminated),
-        first=None,
-        last=None,
+        terminated=flat(host.terminated),
     )
 
 
@@ -145,15 +143,15 @@ def test_pendulum_round_trip_truncation_is_not_terminal(pendulum):
     raw = rollout_transitions(pendulum["record"], pendulum["steps_run"])
     np.testing.assert_array_equal(transition_rows(t), transition_rows(raw))
     expected = episodes_to_transitions(episodes)  # same order as stored
-    for field in Transitions._fields:
-        np.testing.assert_array_equal(getattr(t, field), getattr(expected, field))
-    assert not t.terminal.any()  # time limits are not terminals
+    for field in dataclasses.fields(Transitions):
+        np.testing.assert_array_equal(getattr(t, field.name), getattr(expected, field.name))
+    assert not t.terminated.any()  # time limits are not terminations
     assert t.last.sum() == t.first.sum() == 12
     np.testing.assert_allclose(
         t.episode_returns(), [e["reward"].sum(dtype=np.float64) for e in episodes], rtol=1e-6
     )
     # A truncated episode ends on its true last observation, not the next episode's first.
-    host = collect.Rollout(*(np.asarray(x) for x in pendulum["record"]))
+    host = jax.tree.map(np.asarray, pendulum["record"])
     t_end, env_index = 9, 0
     assert host.truncated[t_end, env_index]
     assert not np.array_equal(host.next_obs[t_end, env_index], host.obs[t_end + 1, env_index])
@@ -186,8 +184,8 @@ def test_cartpole_terminations_and_stored_rlds_steps(cartpole):
     assert t.action.dtype == np.int32 and t.action.shape == (300,)  # discrete: int32 indices
     raw = rollout_transitions(cartpole["record"], cartpole["steps_run"])
     np.testing.assert_array_equal(transition_rows(t), transition_rows(raw))
-    assert t.terminal.sum() == len(terminal) == raw.terminal.sum()
-    assert (t.terminal <= t.last).all()  # a terminal only ever ends an episode
+    assert t.terminated.sum() == len(terminal) == raw.terminated.sum()
+    assert (t.terminated <= t.last).all()  # a termination only ever ends an episode
     assert_episodes_equal(episodes, load_episodes(path))
 
     # The stored RLDS form: L + 1 steps, the last one padding with is_last, is_terminal only
@@ -365,13 +363,13 @@ def test_user_files_npz_and_jsonl(tmp_path):
     t = load_transitions(build_episode_dataset(str(tmp_path / "flat.npz"), tmp_path, "a"))
     # Without next_observations the time-limit end and the final cut lose their last transition.
     assert len(t.reward) == 3 + 2 + 2
-    assert t.terminal.tolist() == [False, False, True, False, False, False, False]
+    assert t.terminated.tolist() == [False, False, True, False, False, False, False]
     np.testing.assert_array_equal(t.next_obs[3:5], flat["observations"][4:6])
 
     next_obs = rng.normal(size=(n, 2)).astype(np.float32)
     np.savez(tmp_path / "next.npz", **flat, next_observations=next_obs)
     t = load_transitions(build_episode_dataset(str(tmp_path / "next.npz"), tmp_path, "b"))
-    assert len(t.reward) == n and t.terminal.sum() == 1 and t.last.sum() == 3
+    assert len(t.reward) == n and t.terminated.sum() == 1 and t.last.sum() == 3
     np.testing.assert_array_equal(t.next_obs[t.last], next_obs[[2, 5, 8]])
     np.testing.assert_array_equal(t.obs, flat["observations"])
 
@@ -394,10 +392,10 @@ def test_batches_fixed_shape_and_deterministic(cartpole):
     for batch in first:
         assert isinstance(batch, Transitions)
         assert batch.obs.shape == (64, 4) and batch.action.shape == (64,)
-        assert batch.reward.shape == batch.terminal.shape == (64,)
+        assert batch.reward.shape == batch.terminated.shape == batch.first.shape == (64,)
     second = list(transition_batches(t, 64, key_or_seed=7, epochs=2))
     for a, b in zip(first, second, strict=True):
-        for x, y in zip(a, b, strict=True):
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
             np.testing.assert_array_equal(x, y)
     assert not np.array_equal(first[0].obs, other[0].obs)
     assert len(again) == 4
@@ -428,7 +426,7 @@ def test_in_jax_sampler_inside_compiled_loop(cartpole):
     assert index.min() >= 0 and index.max() < len(t.reward) and len(np.unique(index)) > 250
     sample = sample_batch(data, jax.random.PRNGKey(1), 1000)
     np.testing.assert_array_equal(np.asarray(sample.next_obs), t.next_obs[index])
-    np.testing.assert_array_equal(np.asarray(sample.terminal), t.terminal[index])
+    np.testing.assert_array_equal(np.asarray(sample.terminated), t.terminated[index])
     vmapped = jax.vmap(lambda k: sample_batch(data, k, 8))(jax.random.split(jax.random.key(2), 3))
     assert vmapped.obs.shape == (3, 8, 4)
     assert normalized_score(-675.0, -1200.0, -150.0) == pytest.approx(50.0)
@@ -448,7 +446,7 @@ def fake_ppo_run(run_dir):
     config = ppo.Config(
         env_name="Pendulum-v1",
         num_envs=2,
-        num_steps=8,
+        rollout_length=8,
         num_minibatches=1,
         total_timesteps=16,
         normalize_observations=True,
@@ -462,9 +460,9 @@ def fake_ppo_run(run_dir):
     # The loader's (cached) initial states: the same as experiments/ppo.py's, compiled once here.
     states = _offline.initial_states("ppo", config, 0, 2)
     checkpointer = Checkpointer(os.path.join(run_dir, "checkpoints"), keep=10)
-    checkpointer.save(1, states, {"updates": 1}, force=True)
+    checkpointer.save(1, states, {"step": 1}, force=True)
     shifted = states.replace(params=jax.tree.map(lambda p: p + 1.0, states.params))
-    checkpointer.save(2, shifted, {"updates": 2}, force=True)
+    checkpointer.save(2, shifted, {"step": 2}, force=True)
     checkpointer.close()
     return states, shifted
 
@@ -532,7 +530,7 @@ def test_collect_script_random_policy(tmp_path):
     assert lines[1].startswith(f"episodes: {len(episodes)} (") and "transitions: 200" in lines[1]
     complete = [e["reward"].sum(dtype=np.float64) for e in episodes if e["complete"]]
     assert f"mean return of {len(complete)} complete episodes): {np.mean(complete):.2f}" in lines[2]
-    assert len(t.reward) == 200 and t.terminal.sum() == sum(e["terminal"] for e in episodes)
+    assert len(t.reward) == 200 and t.terminated.sum() == sum(e["terminal"] for e in episodes)
     meta = load_dataset_info(path)["metadata"]
     assert (meta["mixture"], meta["policy"], meta["num_actions"]) == ("random", "random", 2)
     assert meta["max_episode_steps"] == 50

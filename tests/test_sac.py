@@ -1,4 +1,7 @@
-"""SAC: losses against NumPy, the replay buffer, config errors, and learning Pendulum."""
+"""SAC: losses against NumPy, the replay buffer, config errors, chunks and sweeps on the learner
+contract, and learning Pendulum."""
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -6,7 +9,7 @@ import numpy as np
 import pytest
 
 from algos import sac
-from jaxrl import replay
+from jaxrl import hparams, loop, replay
 from jaxrl.config import ConfigError
 
 
@@ -85,19 +88,56 @@ def test_config_errors_name_the_field(kwargs, field):
         sac.Config(**kwargs)
 
 
+def init_runs(algorithm, keys, hps):
+    return jax.jit(jax.vmap(algorithm.init))(keys, hps)
+
+
 def test_chunks_reproduce_the_whole_run():
     """Two chunks of a seed batch end where one uninterrupted scan does (resume is exact)."""
     config = sac.Config(total_timesteps=1_200, learning_starts=1_000, hidden_sizes=(32, 32))
+    algorithm = sac.make(config)
     keys = jax.random.split(jax.random.PRNGKey(3), 2)
-    hparams = jax.tree.map(lambda x: jnp.broadcast_to(x, (2,)), config.hparams())
-    states = jax.vmap(lambda k: sac.init(config, k))(keys)
-    whole, _ = jax.jit(sac.make_train_chunk(config, 200, callback_every=50))(states, hparams)
-    half = jax.jit(sac.make_train_chunk(config, 100, callback_every=50))
-    split, _ = half(*[states, hparams])
-    split, _ = half(split, hparams)
+    hps = hparams.repeat(hparams.hparams(config), 2)
+    states = init_runs(algorithm, keys, hps)
+    whole, _ = jax.jit(loop.make_chunk(algorithm.update, 200, log_every=50))(states, None, hps)
+    half = jax.jit(loop.make_chunk(algorithm.update, 100, log_every=50))
+    split, _ = half(states, None, hps)
+    split, _ = half(split, None, hps)
+    assert int(whole.step[0]) == int(split.step[0]) == 200 == config.num_steps
     np.testing.assert_allclose(
-        jax.tree.leaves(whole.actor_params)[0], jax.tree.leaves(split.actor_params)[0], atol=1e-6
+        jax.tree.leaves(whole.learner.actor_params)[0],
+        jax.tree.leaves(split.learner.actor_params)[0],
+        atol=1e-6,
     )
+
+
+def test_sweep_is_separate_runs_in_one_program():
+    """`hparams.sweep` over critic_lr (and gamma, away from the config's), vmapped through
+    `loop.make_chunk`, ends where separate runs with those settings in their configs end: every
+    swept value reaches the program through its hparams (none is read from the config inside)."""
+    config = sac.Config(
+        total_timesteps=1_050, learning_starts=1_000, hidden_sizes=(16, 16), batch_size=32
+    )
+    hps = hparams.sweep(config, critic_lr=[1e-3, 3e-3], gamma=[0.9])
+    assert hparams.num_runs(hps) == 2
+    key = jax.random.PRNGKey(5)
+    algorithm = sac.make(config)
+    states = init_runs(algorithm, jnp.stack([key, key]), hps)
+    swept, metrics = jax.jit(loop.make_chunk(algorithm.update, 50, log_every=25))(states, None, hps)
+    for index, critic_lr in enumerate([1e-3, 3e-3]):
+        point = dataclasses.replace(config, critic_lr=critic_lr, gamma=0.9)
+        separate = sac.make(point)
+        hp = hparams.hparams(point)
+        state = jax.jit(separate.init)(key, hp)
+        chunk = loop.make_chunk(separate.update, 50, log_every=25, runs_axis=False)
+        state, _ = jax.jit(chunk)(state, None, hp)
+        for a, b in zip(
+            jax.tree.leaves(state.learner), jax.tree.leaves(swept.learner), strict=True
+        ):
+            np.testing.assert_allclose(a, b[index], rtol=2e-4, atol=2e-5)
+    # Different settings, different runs: the sweep is not one run twice.
+    critic_losses = np.asarray(metrics["critic_loss"][-1])
+    assert critic_losses[0] != critic_losses[1]
 
 
 def test_sac_learns_pendulum():

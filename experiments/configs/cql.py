@@ -13,48 +13,36 @@ PRESETS = {
     # Learning rates as SAC's online ones: Kumar et al.'s slower actor (1e-4) needs far more steps.
     "pendulum": dict(
         env_name="Pendulum-v1",
-        num_updates=5_000,
+        num_steps=5_000,
         hidden_sizes=(64, 64),
         actor_lr=3e-4,
         critic_lr=1e-3,
         alpha_lr=1e-3,
     ),
     # D4RL-style locomotion (pip install "jaxrl[mujoco]"), Kumar et al.'s network sizes.
-    "halfcheetah": dict(env_name="HalfCheetah-v5", num_updates=1_000_000, eval_episodes=5),
+    "halfcheetah": dict(env_name="HalfCheetah-v5", num_steps=1_000_000, eval_episodes=5),
 }
 
 
 def get_config(preset: str = "pendulum") -> ml_collections.ConfigDict:
-    if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
     from algos import cql
+    from jaxrl import runner
 
-    config = ml_collections.ConfigDict(cql.Config().__dict__)
-    config.update(PRESETS[preset])
-    config.hidden_sizes = tuple(config.hidden_sizes)
-    config.target_entropy = ml_collections.FieldReference(None, field_type=float)
-    config.dataset = ml_collections.ConfigDict(
-        dict(
-            path=ml_collections.FieldReference(None, field_type=str),  # required
-            data_dir=ml_collections.FieldReference(None, field_type=str),
-            split="train",
-        )
+    def optional(field_type: type) -> ml_collections.FieldReference:
+        return ml_collections.FieldReference(None, field_type=field_type)
+
+    config = runner.config_dict(
+        cql.Config(),
+        runner.preset_of(PRESETS, preset),
+        dataset=ml_collections.ConfigDict(
+            dict(path=optional(str), data_dir=optional(str), split="train")  # path is required
+        ),
+        reference=ml_collections.ConfigDict(
+            dict(random_return=optional(float), expert_return=optional(float))
+        ),
+        bc=ml_collections.ConfigDict(dict(enabled=True, num_steps=5_000, learning_rate=1e-3)),
+        # Each chunk ends with an evaluation in the environment.
+        run=runner.run_section(log_every=100),  # gradient steps per metrics row
     )
-    config.reference = ml_collections.ConfigDict(
-        dict(
-            random_return=ml_collections.FieldReference(None, field_type=float),
-            expert_return=ml_collections.FieldReference(None, field_type=float),
-        )
-    )
-    config.bc = ml_collections.ConfigDict(dict(enabled=True, num_updates=5_000, learning_rate=1e-3))
-    config.run = ml_collections.ConfigDict(
-        dict(
-            num_chunks=10,  # each chunk ends with an evaluation in the environment
-            checkpoint_every=1,  # chunks
-            keep_checkpoints=3,
-            log_every=100,  # gradient steps per metrics row (rounded down to divide a chunk)
-            tensorboard=True,
-            progress=True,
-        )
-    )
+    config.target_entropy = optional(float)
     return config

@@ -34,24 +34,15 @@ PRESETS = {
 
 
 def get_config(preset: str = "pendulum") -> ml_collections.ConfigDict:
-    if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
     from algos import sac
+    from jaxrl import runner
 
-    config = ml_collections.ConfigDict(sac.Config().__dict__)
-    config.update(PRESETS[preset])
-    config.hidden_sizes = tuple(config.hidden_sizes)
+    config = runner.config_dict(
+        sac.Config(),
+        runner.preset_of(PRESETS, preset),
+        run=runner.run_section(log_every=250),  # updates per metrics row
+    )
     # `target_entropy` is None (automatic) by default; ml_collections needs its type declared so
     # that --config.target_entropy=-2 can override it.
     config.target_entropy = ml_collections.FieldReference(None, field_type=float)
-    config.run = ml_collections.ConfigDict(
-        dict(
-            num_chunks=10,  # the host loop checkpoints between compiled chunks
-            checkpoint_every=1,  # chunks
-            keep_checkpoints=3,
-            log_every=250,  # iterations per metrics row (rounded down to divide the run)
-            tensorboard=True,
-            progress=True,
-        )
-    )
     return config

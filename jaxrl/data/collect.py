@@ -34,14 +34,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import struct
+
+from jaxrl.types import Transition
 
 __all__ = [
-    "Rollout",
+    "Record",
     "collect_episodes",
     "episode_returns",
     "make_rollout",
@@ -52,15 +55,14 @@ __all__ = [
 Policy = Callable[[jax.Array, jax.Array], jax.Array]  # act(obs_batch, key) -> actions
 
 
-class Rollout(NamedTuple):
-    """Time-major record [T, num_envs, ...] of a collection run."""
+@struct.dataclass
+class Record(Transition):
+    """Time-major record [T, num_envs, ...] of a collection run: each step is a
+    `jaxrl.types.Transition` (the executed, clipped action, float32 or int32; `next_obs` the true
+    last observation when the episode ended; `terminated`: next_obs is absorbing) with two more
+    fields."""
 
-    obs: Any  # float32: the observation acted on
-    action: Any  # the executed action (clipped), float32 or int32
-    reward: Any  # float32
-    terminated: Any  # bool: next_obs is absorbing
     truncated: Any  # bool: a time limit ended the episode at next_obs
-    next_obs: Any  # float32: where the step led (the true last observation when it ended)
     valid: Any  # bool: the step counts (False once an env has finished its episode quota)
 
 
@@ -107,11 +109,11 @@ def make_rollout(
     num_steps: int | None = None,
     num_episodes: int | None = None,
     max_episode_steps: int | None = None,
-) -> Callable[[Any, jax.Array], tuple[Rollout, jax.Array]]:
-    """A jitted `rollout(policy_params, key) -> (Rollout, steps_run)`.
+) -> Callable[[Any, jax.Array], tuple[Record, jax.Array]]:
+    """A jitted `rollout(policy_params, key) -> (Record, steps_run)`.
 
     `policy(policy_params, obs_batch, key) -> actions` takes its parameters as an argument, so one
-    compiled rollout serves many checkpoints of a policy (medium-replay). The Rollout's time axis
+    compiled rollout serves many checkpoints of a policy (medium-replay). The Record's time axis
     has a static length; only its first `steps_run` rows hold data (fewer than the length when an
     episode quota is met early). `num_steps` / `num_episodes` are as in `collect_episodes`.
     """
@@ -151,7 +153,7 @@ def make_rollout(
             return raw.astype(jnp.int32)
         return jnp.clip(raw.astype(jnp.float32), low, high)
 
-    def rollout(params: Any, key: jax.Array) -> tuple[Rollout, jax.Array]:
+    def rollout(params: Any, key: jax.Array) -> tuple[Record, jax.Array]:
         key, reset_key = jax.random.split(key)
         obs, state = reset_many(jax.random.split(reset_key, num_envs))
         obs_shape = obs.shape[1:]
@@ -159,7 +161,7 @@ def make_rollout(
         def zeros(shape, dtype):
             return jnp.zeros((length, num_envs, *shape), dtype)
 
-        buffers = Rollout(
+        buffers = Record(
             obs=zeros(obs_shape, jnp.float32),
             action=zeros(() if discrete else action_shape, jnp.int32 if discrete else jnp.float32),
             reward=zeros((), jnp.float32),
@@ -181,7 +183,7 @@ def make_rollout(
             result = step_many(jax.random.split(step_key, num_envs), state, action)
             done = jnp.logical_or(result.terminated, result.truncated)
             valid = finished < quota
-            record = Rollout(
+            record = Record(
                 obs=obs.astype(jnp.float32),
                 action=action,
                 reward=result.reward.astype(jnp.float32),
@@ -212,13 +214,13 @@ def make_rollout(
 
 
 def split_episodes(
-    rollout: Rollout,
+    record: Record,
     steps_run: int | None = None,
     *,
     keep_partial: bool = True,
     policy_name: str | None = None,
 ) -> list[dict[str, Any]]:
-    """Cuts a time-major `Rollout` into episodes (format: `jaxrl.data.episodes`), on the host.
+    """Cuts a time-major `Record` into episodes (format: `jaxrl.data.episodes`), on the host.
 
     An episode ends at a step with terminated or truncated; its observations are those acted on
     plus the last step's next_obs (the true final observation, not the next episode's first), and
@@ -226,9 +228,8 @@ def split_episodes(
     environment's last episode end form a cut episode (complete=False), kept if `keep_partial`.
     Ordered by (index within the environment, environment).
     """
-    host = Rollout(*(np.asarray(x) for x in rollout))
-    if steps_run is not None:
-        host = Rollout(*(x[: int(steps_run)] for x in host))
+    count = None if steps_run is None else int(steps_run)
+    host = jax.tree.map(lambda x: np.asarray(x)[:count], record)
     done = host.terminated | host.truncated
     keyed = []
     for env_index in range(host.obs.shape[1]):

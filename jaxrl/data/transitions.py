@@ -7,22 +7,25 @@ RLDS dataset, then batched on the host or sampled on device inside a compiled lo
     batch = sample_batch(on_device, key, batch_size=256)
 
 Flat transitions (`Transitions`): for t < S - 1 in an episode of S steps (the RLDS step form of
-`jaxrl.data.episodes`), (o_t, a_t, r_t, o_{t+1}) with terminal = is_terminal of step t + 1. So a
-time-limit end is not a terminal, and the last step (padding, or in some catalog datasets a step
-without a successor) never forms a transition.
+`jaxrl.data.episodes`), (o_t, a_t, r_t, o_{t+1}) with terminated = is_terminal of step t + 1. So
+a time-limit end is not a termination, and the last step (padding, or in some catalog datasets a
+step without a successor) never forms a transition.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import struct
 
+from jaxrl import replay
 from jaxrl.data import preferences  # its batches() shuffles dicts of arrays
 from jaxrl.data.episodes import (
     EpisodeDataError,
@@ -32,6 +35,7 @@ from jaxrl.data.episodes import (
 )
 from jaxrl.data.locate import dataset_path
 from jaxrl.data.rlds_reader import read_episode_records
+from jaxrl.types import Transition
 
 __all__ = [
     "Transitions",
@@ -45,21 +49,19 @@ __all__ = [
 ]
 
 
-class Transitions(NamedTuple):
-    """Flat transitions, every field with leading size N (so `jax.tree.map` indexes them all).
+@struct.dataclass
+class Transitions(Transition):
+    """Flat transitions of a dataset: `jaxrl.types.Transition` (obs, action, reward, next_obs,
+    terminated), every field with leading size N, plus where its episodes begin and end.
 
-    terminal: next_obs is absorbing (target r, no bootstrap). A time-limit end is NOT terminal;
-    it shows as last=True with terminal=False. first/last mark each episode's first and last
-    transition (episode boundaries: episode k spans first[k-th True] .. last[k-th True]).
+    terminated: next_obs is absorbing (target r, no bootstrap). A time-limit end is NOT
+    terminated; it shows as last=True with terminated=False. first/last mark each episode's first
+    and last transition (episode k spans first[k-th True] .. last[k-th True]); they may be None
+    for transitions without episode boundaries.
     """
 
-    obs: Any  # float32 [N, *obs_shape]
-    action: Any  # float32 [N, *action_shape], or int32 [N] for discrete actions
-    reward: Any  # float32 [N]
-    next_obs: Any  # float32 [N, *obs_shape]
-    terminal: Any  # bool [N]
-    first: Any  # bool [N]
-    last: Any  # bool [N]
+    first: Any = None  # bool [N]
+    last: Any = None  # bool [N]
 
     @property
     def num_transitions(self) -> int:
@@ -75,6 +77,9 @@ class Transitions(NamedTuple):
         return np.add.reduceat(np.asarray(self.reward, np.float64), self.episode_starts())
 
 
+_FIELDS = tuple(f.name for f in dataclasses.fields(Transitions))
+
+
 def _steps_to_transitions(steps: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     obs = steps["observation"].astype(np.float32)
     count = len(obs) - 1
@@ -87,7 +92,7 @@ def _steps_to_transitions(steps: Mapping[str, np.ndarray]) -> dict[str, np.ndarr
         "action": canonical_actions(steps["action"][:-1]),
         "reward": steps["reward"][:-1].astype(np.float32),
         "next_obs": obs[1:],
-        "terminal": steps["is_terminal"][1:].astype(bool),
+        "terminated": steps["is_terminal"][1:].astype(bool),
         "first": first,
         "last": last,
     }
@@ -96,11 +101,11 @@ def _steps_to_transitions(steps: Mapping[str, np.ndarray]) -> dict[str, np.ndarr
 def _concatenate(parts: list[dict[str, np.ndarray]], where: str) -> Transitions:
     if not parts:
         raise EpisodeDataError(f"{where}: no transitions (every episode has fewer than 2 steps)")
-    return Transitions(**{f: np.concatenate([p[f] for p in parts]) for f in Transitions._fields})
+    return Transitions(**{f: np.concatenate([p[f] for p in parts]) for f in _FIELDS})
 
 
 def episodes_to_transitions(episodes: Sequence[Mapping[str, Any]]) -> Transitions:
-    """In-memory episodes -> `Transitions` (terminal only on the last transition of an episode
+    """In-memory episodes -> `Transitions` (terminated only on the last transition of an episode
     that ended in an absorbing state)."""
     parts = []
     spec = None
@@ -147,7 +152,11 @@ def batches(
     fresh permutation without replacement, the last N % batch_size transitions of a pass dropped
     so that every batch has one shape (one compiled update). Deterministic given `key_or_seed`
     (an int or a JAX key). Arguments are checked here, not at the first `next()`."""
-    arrays = {name: np.asarray(value) for name, value in transitions._asdict().items()}
+    arrays = {
+        name: np.asarray(getattr(transitions, name))
+        for name in _FIELDS
+        if getattr(transitions, name) is not None
+    }
     iterator = preferences.batches(arrays, batch_size, key_or_seed, epochs=epochs)
     return (Transitions(**batch) for batch in iterator)
 
@@ -165,11 +174,11 @@ def sample_indices(key: jax.Array, num_transitions: int, batch_size: int) -> jax
     return jax.random.randint(key, (batch_size,), 0, num_transitions, dtype=jnp.int32)
 
 
-def sample_batch(transitions: Transitions, key: jax.Array, batch_size: int) -> Transitions:
-    """A uniform batch (with replacement) of on-device transitions; jit/scan/vmap-compatible
-    (`batch_size` must be static)."""
-    index = sample_indices(key, transitions.reward.shape[0], batch_size)
-    return jax.tree.map(lambda x: jnp.take(x, index, axis=0), transitions)
+def sample_batch(transitions: Transition, key: jax.Array, batch_size: int) -> Transition:
+    """A uniform batch (with replacement) of on-device transitions, drawn at `sample_indices`;
+    jit/scan/vmap-compatible (`batch_size` must be static). The offline learners' sampler
+    (`jaxrl.replay.sample_uniform`)."""
+    return replay.sample_uniform(transitions, key, batch_size)
 
 
 # ----------------------------------------------------------------------------------------------
