@@ -34,6 +34,7 @@ from jaxrl.config import (
     require_in_range,
     require_non_negative,
     require_positive,
+    require_step_count,
 )
 from jaxrl.hparams import HParams, hparams, static, swept
 from jaxrl.loop import Algorithm, zeros_step
@@ -103,6 +104,7 @@ class Config:
             f"unknown activation {self.activation!r}",
             f"choose one of {sorted(ACTIVATIONS)}",
         )
+        require_step_count(self, "total_timesteps")
         batch = self.num_envs * self.rollout_length
         require(
             batch % self.num_minibatches == 0,

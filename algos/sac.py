@@ -35,7 +35,14 @@ from flax import struct
 
 import envs
 from jaxrl import evaluation, loop, replay
-from jaxrl.config import ConfigError, require, require_in_range, require_positive
+from jaxrl.config import (
+    ConfigError,
+    require,
+    require_finite,
+    require_in_range,
+    require_positive,
+    require_step_count,
+)
 from jaxrl.hparams import HParams, hparams, static, swept
 from jaxrl.loop import Algorithm, zeros_step
 from jaxrl.nets import ACTIVATIONS, QEnsemble, SquashedGaussianActor
@@ -76,6 +83,8 @@ class LearnerConfig:
         )
         require_in_range(self, "gamma", 0.0, 1.0)
         require_in_range(self, "tau", 0.0, 1.0)
+        if self.target_entropy is not None:
+            require_finite(self, "target_entropy")
         require(
             self.activation in ACTIVATIONS,
             "activation",
@@ -88,11 +97,7 @@ class LearnerConfig:
             f"every layer width must be positive, got {self.hidden_sizes}",
             "e.g. hidden_sizes=(256, 256)",
         )
-        if self.env_name not in envs.registered():
-            try:
-                envs.make(self.env_name)
-            except ValueError as error:
-                raise ConfigError(f"env_name: {error}") from None
+        envs.require_registered(self.env_name)
         if envs.is_discrete(envs.make(self.env_name).action_space):
             raise ConfigError(
                 f"env_name: {self.env_name!r} has discrete actions; the soft actor-critic "
@@ -139,6 +144,14 @@ class Config(LearnerConfig):
             f"({self.total_timesteps}) must exceed learning_starts ({self.learning_starts}), "
             f"or nothing is learned",
             "raise total_timesteps or lower learning_starts",
+        )
+        require_step_count(self, "total_timesteps")
+        require(
+            self.batch_size <= self.buffer_capacity,
+            "batch_size",
+            f"({self.batch_size}) exceeds the replay buffer's {self.buffer_capacity} rows "
+            f"(min(buffer_size, total_timesteps))",
+            f"set batch_size <= {self.buffer_capacity} or raise buffer_size",
         )
         steps = self.utd_ratio * self.num_envs
         require(

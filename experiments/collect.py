@@ -29,9 +29,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
 import tensorflow_datasets as tfds  # noqa: E402
-from absl import app, flags, logging  # noqa: E402
+from absl import flags, logging  # noqa: E402
 
 from experiments import _offline  # noqa: E402
+from jaxrl import runner  # noqa: E402
 from jaxrl.data import normalized_score  # noqa: E402
 from jaxrl.data.collect import episode_returns  # noqa: E402
 from jaxrl.data.rlds_builder import DEFAULT_VERSION, build_episode_dataset, build_path  # noqa: E402
@@ -214,4 +215,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    runner.main(main)

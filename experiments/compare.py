@@ -34,9 +34,12 @@ from collections.abc import Callable
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
-from absl import app, flags  # noqa: E402
+from absl import flags  # noqa: E402
 
-from jaxrl import evaluation  # noqa: E402
+from jaxrl import (
+    evaluation,  # noqa: E402
+    runner,  # noqa: E402
+)
 from jaxrl.logging import write_json  # noqa: E402
 from jaxrl.runner import fail  # noqa: E402
 
@@ -231,8 +234,12 @@ def build_configurations(
 ) -> tuple[list[Configuration], list[str]]:
     """Group the run directories by label and arrange each group's scores as (runs, tasks)."""
     groups: dict[str, list[Run]] = {}
+    seen: set[str] = set()
     for argument in arguments:
         label, path = parse_argument(argument)
+        if os.path.realpath(path) in seen:
+            fail(f"{argument}: this run directory is given twice; each run counts once")
+        seen.add(os.path.realpath(path))
         groups.setdefault(label, []).append(load_run(path, metric, x_key))
     task_sets = {label: sorted({r.task for r in runs}) for label, runs in groups.items()}
     tasks = next(iter(task_sets.values()))
@@ -503,4 +510,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    runner.main(main, positional=True)

@@ -31,7 +31,7 @@ from absl import flags  # noqa: E402
 
 from algos import bc, cql  # noqa: E402
 from jaxrl import hparams, loop, runner  # noqa: E402
-from jaxrl.config import ConfigError  # noqa: E402
+from jaxrl.config import ConfigError, is_finite_number  # noqa: E402
 from jaxrl.data import (  # noqa: E402
     CorruptDatasetError,
     DatasetNotFoundError,
@@ -96,6 +96,10 @@ def main(argv: list[str]) -> None:
     config = runner.build_config(cql.Config, flat)
     num_seeds, seed = FLAGS["num_seeds"].value, FLAGS["seed"].value
     runner.check_run_settings(flat.run, num_seeds)
+    for name in ("random_return", "expert_return"):
+        value = flat.reference[name]
+        if value is not None and not is_finite_number(value):
+            runner.fail(f"config.reference.{name}: must be a finite number, got {value}; give one")
     bc_config = None
     if flat.bc.enabled:
         try:

@@ -61,6 +61,20 @@ def require_in_range(config: Any, field: str, low: float, high: float) -> None:
     )
 
 
+MAX_STEPS = 2**31 - 1  # step and sample counters are int32 inside the program
+
+
+def require_step_count(config: Any, field: str) -> None:
+    """Require a count of steps/samples that int32 counters inside the program can hold."""
+    value = getattr(config, field)
+    require(
+        value <= MAX_STEPS,
+        field,
+        f"({value}) exceeds {MAX_STEPS:,}, the largest count the program's int32 counters hold",
+        f"set {field} <= {MAX_STEPS}",
+    )
+
+
 def divisors(n: int) -> list[int]:
     """The positive divisors of `n` in increasing order (for "choose one of ..." hints)."""
     return [d for d in range(1, n + 1) if n % d == 0]

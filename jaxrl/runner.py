@@ -113,21 +113,22 @@ def flag_error_message(error: BaseException) -> str:
     return f"flags: {text}; check the flag's spelling and value"
 
 
-def main(script_main: Callable[[list[str]], None]) -> None:
+def main(script_main: Callable[[list[str]], None], positional: bool = False) -> None:
     """`absl.app.run(script_main)` where any flag-parsing error is one `error:` line (exit 2) and
-    positional arguments are refused (settings are flags)."""
+    positional arguments are refused (settings are flags) unless the script takes them."""
     from absl import app, flags
     from absl import logging as absl_logging
 
     def parse(argv: list[str]) -> list[str]:
         try:
             rest = flags.FLAGS(argv)
-            list(flags.FLAGS["config"].value.keys())  # loads the config file (and preset) now
+            if "config" in flags.FLAGS:
+                list(flags.FLAGS["config"].value.keys())  # loads the config file (and preset) now
         except SystemExit:
             raise
         except Exception as error:  # noqa: BLE001
             fail(flag_error_message(error))
-        if len(rest) > 1:
+        if len(rest) > 1 and not positional:
             fail(f"unexpected arguments {rest[1:]}; settings are flags, e.g. --config.seed=1")
         return rest
 
