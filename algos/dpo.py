@@ -8,8 +8,8 @@ above y_l, with no reward model and no sampling. The reference pi_ref is the mod
 1. `Config`: the loss variant and its coefficients, on top of the shared optimisation settings.
 2. `preference_loss`: every variant as a pure function of summed sequence log-probs.
 3. `score_pairs`: one forward pass over chosen and rejected sequences stacked along the batch.
-4. `make_loss` / `make_train_chunk`: the loss as the training loop sees it, compiled in chunks.
-5. `reference_log_probs` and `make_evaluate`: the reference pass and held-out reward accuracy.
+4. `make_loss` / `make`: the loss, and DPO as the learner contract's `init` and `update`.
+5. `reference_log_probs` and `evaluate_pairs`: the reference pass and held-out reward accuracy.
 
 Loss variants (`loss_type`):
 - "sigmoid": DPO, -log sigmoid(beta * h) with h the log-ratio margin
@@ -33,8 +33,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl.config import require
+from jaxrl.hparams import HParams, static, swept
 from jaxrl.lm import training
 from jaxrl.lm.model import ModelConfig, Transformer
+from jaxrl.loop import Algorithm
 
 Array = jax.Array
 LOSS_TYPES = ("sigmoid", "ipo", "simpo")
@@ -46,12 +48,13 @@ REFERENCE_MODES = ("precomputed", "in_step")
 
 @dataclasses.dataclass(frozen=True)
 class Config(training.TrainConfig):
-    """DPO settings: the loss variant and its coefficients, plus `TrainConfig`'s optimisation."""
+    """DPO settings: the loss variant and its coefficients, plus `TrainConfig`'s optimisation.
+    The coefficients are `swept`: they may differ between the runs of one program."""
 
     loss_type: str = "sigmoid"  # one of LOSS_TYPES: "sigmoid" (DPO), "ipo", "simpo"
-    beta: float = 0.1  # scale of the implicit reward (IPO: its target margin is 1 / (2 beta))
-    label_smoothing: float = 0.0  # > 0: conservative DPO (sigmoid and simpo only)
-    simpo_gamma: float = 0.5  # SimPO's target reward margin
+    beta: float = swept(0.1)  # scale of the implicit reward (IPO: target margin 1 / (2 beta))
+    label_smoothing: float = swept(0.0)  # > 0: conservative DPO (sigmoid and simpo only)
+    simpo_gamma: float = swept(0.5)  # SimPO's target reward margin
     # "precomputed": one pass of the reference model over the dataset before training;
     # "in_step": the reference runs inside every step (no dataset pass, twice the forward work).
     reference: str = "precomputed"
@@ -100,24 +103,27 @@ def preference_loss(
     reference_rejected: Array,
     chosen_length: Array,
     rejected_length: Array,
-    config: Config,
+    loss_type: str,
+    beta: float | Array,
+    label_smoothing: float | Array = 0.0,
+    simpo_gamma: float | Array = 0.5,
 ) -> tuple[Array, Array, Array]:
     """Per-pair losses and the implicit rewards of the chosen and rejected answers.
 
-    All inputs are [B]: summed log-probs of each answer under the policy and the reference, and
-    the answers' token counts (used by SimPO's length normalisation)."""
-    beta, eps = config.beta, config.label_smoothing
-    if config.loss_type == "simpo":
+    The log-prob inputs are [B]: summed log-probs of each answer under the policy and the
+    reference; the lengths are the answers' token counts (SimPO's length normalisation)."""
+    eps = label_smoothing
+    if loss_type == "simpo":
         chosen_reward = beta * policy_chosen / chosen_length
         rejected_reward = beta * policy_rejected / rejected_length
-        logits = chosen_reward - rejected_reward - config.simpo_gamma
+        logits = chosen_reward - rejected_reward - simpo_gamma
         losses = -(1 - eps) * jax.nn.log_sigmoid(logits) - eps * jax.nn.log_sigmoid(-logits)
         return losses, chosen_reward, rejected_reward
 
     chosen_log_ratio = policy_chosen - reference_chosen
     rejected_log_ratio = policy_rejected - reference_rejected
     margin = chosen_log_ratio - rejected_log_ratio
-    if config.loss_type == "sigmoid":
+    if loss_type == "sigmoid":
         losses = -(1 - eps) * jax.nn.log_sigmoid(beta * margin) - eps * jax.nn.log_sigmoid(
             -beta * margin
         )
@@ -149,12 +155,14 @@ def score_pairs(model: Transformer, params: Any, batch: dict[str, Array]) -> dic
 # --- 4. training -------------------------------------------------------------------------------
 
 
-def make_loss(model: Transformer, config: Config) -> training.LossFn:
-    """loss(params, batch, reference_params) -> (mean loss over pairs, metrics). The reference
-    log-probs come from the batch ("reference_chosen"/"reference_rejected", precomputed) or, with
-    reference="in_step", from a forward pass of `reference_params` on the same batch."""
+def make_loss(model: Transformer, config: Config) -> Callable[..., tuple[Array, dict]]:
+    """`loss_fn(params, batch, hp, reference_params) -> (mean loss over pairs, metrics)`. The
+    reference log-probs come from the batch ("reference_chosen"/"reference_rejected",
+    precomputed) or, with reference="in_step", from a forward pass of `reference_params` on the
+    same batch."""
+    config = static(config)
 
-    def loss_fn(params: Any, batch: dict[str, Array], reference_params: Any):
+    def loss_fn(params: Any, batch: dict[str, Array], hp: HParams, reference_params: Any):
         policy = score_pairs(model, params, batch)
         if not config.uses_reference:
             reference_chosen = reference_rejected = jnp.zeros_like(policy["chosen"])
@@ -173,7 +181,10 @@ def make_loss(model: Transformer, config: Config) -> training.LossFn:
             reference_rejected,
             policy["chosen_length"],
             policy["rejected_length"],
-            config,
+            config.loss_type,
+            hp.beta,
+            hp.label_smoothing,
+            hp.simpo_gamma,
         )
         metrics = {
             "reward_accuracy": jnp.mean(chosen_reward > rejected_reward),
@@ -188,16 +199,29 @@ def make_loss(model: Transformer, config: Config) -> training.LossFn:
     return loss_fn
 
 
-def make_train_chunk(
-    model_config: ModelConfig,
-    config: Config,
-    mesh: Any = None,
-    callback: Callable[[Any, dict[str, Any]], None] | None = None,
-) -> Callable[..., tuple[training.TrainState, dict[str, Array]]]:
-    """chunk(state, batches, reference_params) -> (state, metrics per step); batches stacked
-    [K, grad_accum_steps, micro_batch, ...]. Jit it (see experiments/dpo.py)."""
-    model = Transformer(model_config, mesh=mesh)
-    return training.make_train_chunk(make_loss(model, config), config.optimizer(), callback)
+def make(config: Config, model: ModelConfig, params: Any, mesh: Any = None) -> Algorithm:
+    """DPO as pure functions of one run, starting from `params` (the SFT model, placed on `mesh`
+    if given): `init(key, hparams)` and `update(state, (batch, reference_params), hparams)`, one
+    optimizer step on a batch of pairs shaped [grad_accum_steps, micro_batch, ...].
+
+    `reference_params` are used only with reference="in_step" (None otherwise); they are an input
+    rather than part of the state, so checkpoints hold only what training changes."""
+    loss_fn = make_loss(Transformer(model, mesh=mesh), config)
+    config = static(config)
+
+    def update(state: training.TrainState, inputs: Any, hp: HParams):
+        batch, reference_params = inputs
+        params, opt_state, metrics = training.optimizer_step(
+            lambda p, micro_batch: loss_fn(p, micro_batch, hp, reference_params),
+            state.params,
+            state.opt_state,
+            batch,
+            hp,
+            config,
+        )
+        return state._replace(params=params, opt_state=opt_state, step=state.step + 1), metrics
+
+    return Algorithm(training.make_init(params, config, mesh), update)
 
 
 # --- 5. the reference pass and evaluation ------------------------------------------------------
@@ -248,7 +272,8 @@ def evaluate_pairs(
     place=None,
 ) -> dict[str, float]:
     """Held-out preference metrics: reward accuracy (chosen reward > rejected reward), margin and
-    loss, with the policy's implicit rewards against `reference` log-probs."""
+    loss, with the policy's implicit rewards against `reference` log-probs. Runs on the host
+    after training, so it reads the coefficients from the (single-run) `config`."""
     policy = score_dataset(score, params, arrays, batch_size, place)
     losses, chosen_reward, rejected_reward = preference_loss(
         jnp.asarray(policy["chosen"]),
@@ -257,7 +282,10 @@ def evaluate_pairs(
         jnp.asarray(reference["reference_rejected"]),
         jnp.asarray(policy["chosen_length"]),
         jnp.asarray(policy["rejected_length"]),
-        config,
+        config.loss_type,
+        config.beta,
+        config.label_smoothing,
+        config.simpo_gamma,
     )
     return {
         "eval_reward_accuracy": float(jnp.mean(chosen_reward > rejected_reward)),

@@ -6,9 +6,10 @@ rest of its group. One update, all of it inside one `jax.jit` and sharded over t
 
     prompts      <- the task's prompt sampler (pure JAX), batch_size of them
     completions  <- group_size samples per prompt from the KV-cache sampler (jaxrl.lm.sampler)
-    rewards      <- a weighted sum of reward terms: JAX functions of the tokens, or host Python
-                    functions f(prompts, completions, **columns) called through io_callback;
-                    plus DAPO's soft overlong penalty when overlong_buffer > 0
+    rewards      <- a weighted sum of the task's reward terms (envs.text.TextTask): JAX
+                    functions of the tokens, or host Python functions f(prompts, completions,
+                    **columns) called through io_callback (`host_reward`); plus DAPO's soft
+                    overlong penalty when overlong_buffer > 0
     advantages   <- reward minus the group's mean (or the leave-one-out mean), divided by the
                     group's standard deviation where the variant says so
     num_epochs x num_minibatches clipped policy-gradient steps on these samples:
@@ -29,7 +30,13 @@ Variants (`Config.variant`):
   group_size - 1 rewards; sequence-level, so token sums divided by the constant max_new_tokens.
 
 The file reads top to bottom: `Config`; the pure pieces (`group_advantages`, `overlong_penalty`,
-`policy_loss`) that tests compare with NumPy; reward terms; the rollout; the update; the chunk.
+`policy_loss`) that tests compare with NumPy; host reward terms; the rollout; the loss; and `make`,
+GRPO as the learner contract's `init` and `update`:
+
+    task = make_task("reverse_digits", num_digits=3).text_task(tokenizer)   # prompts, rewards
+    algorithm = grpo.make(config, model, task, params, mesh)
+    state = algorithm.init(jax.random.PRNGKey(seed), hparams)
+    state, metrics = algorithm.update(state, reference_params_or_None, hparams)
 """
 
 from __future__ import annotations
@@ -43,12 +50,14 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import io_callback
 
-from envs.text import PromptBatch
+from envs.text import PromptBatch, RewardTerm, TextTask
 from jaxrl import sharding
 from jaxrl.config import require, require_in_range, require_positive
+from jaxrl.hparams import HParams, static, swept
 from jaxrl.lm import training
 from jaxrl.lm.model import ModelConfig, Transformer
 from jaxrl.lm.sampler import Completion, SamplingConfig, generate
+from jaxrl.loop import Algorithm
 
 Array = jax.Array
 
@@ -75,26 +84,30 @@ VARIANTS = {
 class Config(training.TrainConfig):
     """GRPO settings on top of the shared optimisation ones. `batch_size` counts prompts per
     update; each gets `group_size` completions, and those are split into `num_minibatches`
-    optimizer steps per epoch, each accumulated over `grad_accum_steps` micro-batches."""
+    optimizer steps per epoch, each accumulated over `grad_accum_steps` micro-batches. Fields
+    marked `swept` may differ between the runs of one program (`jaxrl.hparams.sweep`)."""
 
     batch_size: int = 16  # prompts per update
     group_size: int = 8  # completions sampled per prompt
     variant: str = "grpo"  # a key of VARIANTS: "grpo", "dr_grpo", "dapo" or "rloo"
     num_epochs: int = 1  # passes over each update's completions
     num_minibatches: int = 1  # optimizer steps per epoch
-    clip_low: float = 0.2  # the ratio's lower clip is 1 - clip_low
-    clip_high: float = 0.0  # 0: the variant's default (0.28 for DAPO, else clip_low)
-    kl_beta: float = 0.0  # weight of the k3 KL penalty to the reference (initial) model
-    entropy_coef: float = 0.0  # token-entropy bonus; slows collapse onto one answer per group
+    clip_low: float = swept(0.2)  # the ratio's lower clip is 1 - clip_low
+    clip_high: float = swept(0.0)  # 0: the variant's default (0.28 for DAPO, else clip_low)
+    # Weight of the k3 KL penalty to the reference model, which the update gets as its input
+    # (without one, no penalty is computed: the scripts pass it when kl_beta > 0).
+    kl_beta: float = swept(0.0)
+    entropy_coef: float = swept(0.0)  # token-entropy bonus; slows collapse onto one answer
     max_new_tokens: int = 8  # completion length; sampling stops there
     temperature: float = 1.0  # sampling temperature, also applied to the trained log-probs
     top_k: int = 0  # 0: no top-k filtering
     top_p: float = 1.0  # 1: no nucleus filtering
     overlong_buffer: int = 0  # DAPO's soft overlong penalty over the last N tokens; 0 is off
-    overlong_penalty: float = 1.0  # the penalty at max_new_tokens
+    overlong_penalty: float = swept(1.0)  # the penalty at max_new_tokens
     std_eps: float = 1e-4  # added to the group's standard deviation before dividing
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "mesh_shape", tuple(self.mesh_shape))
         require_positive(
             self,
             "learning_rate",
@@ -165,7 +178,8 @@ class Config(training.TrainConfig):
 
     @property
     def upper_clip(self) -> float:
-        """The ratio's upper clip is 1 + this: clip_high if set, else the variant's default."""
+        """The ratio's upper clip is 1 + this: clip_high if set, else the variant's default
+        (what `upper_clip` computes inside the program from the run's hyper-parameters)."""
         if self.clip_high > 0:
             return self.clip_high
         return self.spec.clip_high if self.spec.clip_high is not None else self.clip_low
@@ -215,7 +229,9 @@ def group_advantages(
     return advantages
 
 
-def overlong_penalty(lengths: Array, max_new_tokens: int, buffer: int, penalty: float) -> Array:
+def overlong_penalty(
+    lengths: Array, max_new_tokens: int, buffer: int, penalty: float | Array
+) -> Array:
     """DAPO's soft overlong punishment: 0 up to max_new_tokens - buffer tokens, then falling
     linearly to -penalty at max_new_tokens."""
     if buffer == 0:
@@ -249,19 +265,33 @@ def aggregate(
     raise ValueError(f"unknown aggregation {aggregation!r}")
 
 
+def upper_clip(variant: Variant, clip_low: float | Array, clip_high: float | Array) -> Array:
+    """The ratio's upper clip is 1 + this: `clip_high` where it is set (> 0), else the variant's
+    default (clip_low when it has none). The clips may be a sweep's traced values."""
+    default = clip_low if variant.clip_high is None else variant.clip_high
+    return jnp.where(clip_high > 0, clip_high, default)
+
+
 def policy_loss(
     log_probs: Array,
     old_log_probs: Array,
     advantages: Array,
     mask: Array,
     weights: Array,
-    config: Config,
+    *,
+    clip_low: float | Array,
+    clip_high: float | Array,
+    aggregation: str,
+    max_new_tokens: int,
+    kl_beta: float | Array = 0.0,
     reference_log_probs: Array | None = None,
 ) -> tuple[Array, dict[str, Array]]:
-    """The clipped surrogate (plus the KL penalty) over [B, N] completion tokens, aggregated as
-    the variant says. advantages and weights: [B]; weights 0 leave a sequence out."""
+    """The clipped surrogate (plus kl_beta x the k3 KL to the reference, when its log-probs are
+    given) over [B, N] completion tokens, aggregated as `aggregation` says. advantages and
+    weights: [B]; weights 0 leave a sequence out. The ratio is clipped to [1 - clip_low,
+    1 + clip_high]."""
     ratio = jnp.exp(log_probs - old_log_probs)
-    low, high = 1.0 - config.clip_low, 1.0 + config.upper_clip
+    low, high = 1.0 - clip_low, 1.0 + clip_high
     advantage = advantages[:, None]
     unclipped = ratio * advantage
     clipped = jnp.clip(ratio, low, high) * advantage
@@ -269,29 +299,20 @@ def policy_loss(
     # The clip is active where it changed the minimum: the ratio left the trust region in the
     # direction the advantage rewards.
     was_clipped = ((ratio < low) & (advantage < 0)) | ((ratio > high) & (advantage > 0))
-    spec = config.spec
     metrics = {
         "clip_fraction": aggregate(
-            was_clipped.astype(jnp.float32), mask, weights, "token_mean", config.max_new_tokens
+            was_clipped.astype(jnp.float32), mask, weights, "token_mean", max_new_tokens
         )
     }
     if reference_log_probs is not None:
         kl = k3_kl(log_probs, reference_log_probs)
-        per_token = per_token + config.kl_beta * kl
-        metrics["kl"] = aggregate(kl, mask, weights, "token_mean", config.max_new_tokens)
-    loss = aggregate(per_token, mask, weights, spec.aggregation, config.max_new_tokens)
+        per_token = per_token + kl_beta * kl
+        metrics["kl"] = aggregate(kl, mask, weights, "token_mean", max_new_tokens)
+    loss = aggregate(per_token, mask, weights, aggregation, max_new_tokens)
     return loss, metrics
 
 
-# --- reward terms ---------------------------------------------------------------------------
-
-
-class RewardTerm(NamedTuple):
-    """One reward: `fn(prompts, completion) -> [B]` over token arrays, scaled by `weight`."""
-
-    name: str
-    weight: float
-    fn: Callable[[PromptBatch, Completion], Array]
+# --- host reward terms ----------------------------------------------------------------------
 
 
 def host_reward(
@@ -353,9 +374,6 @@ def host_reward(
 # --- the rollout: prompts, completions, rewards, advantages ----------------------------------
 
 
-PromptSampler = Callable[[Array, int], PromptBatch]
-
-
 def _on_batch_axes(tree: Any, mesh: Any) -> Any:
     if mesh is None:
         return tree
@@ -365,38 +383,30 @@ def _on_batch_axes(tree: Any, mesh: Any) -> Any:
 
 
 def make_rollout(
-    model_config: ModelConfig,
-    config: Config,
-    sample_prompts: PromptSampler,
-    reward_terms: Sequence[RewardTerm],
-    eos_id: int,
-    pad_id: int,
-    mesh: Any = None,
-) -> Callable[[Any, Array], tuple[dict[str, Array], dict[str, Array]]]:
-    """rollout(params, key) -> (the batch the update trains on, rollout metrics)."""
-    sampling = config.sampling(eos_id, pad_id)
+    config: Config, model: ModelConfig, task: TextTask, mesh: Any = None
+) -> Callable[[Any, Array, HParams], tuple[dict[str, Array], dict[str, Array]]]:
+    """rollout(params, key, hparams) -> (the batch the update trains on, rollout metrics)."""
+    config = static(config)
+    sampling = config.sampling(task.eos_id, task.pad_id)
     spec = config.spec
 
-    def rollout(params: Any, key: Array):
+    def rollout(params: Any, key: Array, hp: HParams):
         prompt_key, sample_key = jax.random.split(key)
-        prompts = sample_prompts(prompt_key, config.batch_size)
+        prompts = task.sample_prompts(prompt_key, config.batch_size)
         grouped = jax.tree.map(lambda x: jnp.repeat(x, config.group_size, axis=0), prompts)
         grouped = _on_batch_axes(grouped, mesh)
         completion = generate(
-            model_config, params, grouped.tokens, grouped.mask, sample_key, sampling, mesh
+            model, params, grouped.tokens, grouped.mask, sample_key, sampling, mesh
         )
 
         metrics = {}
         rewards = jnp.zeros(completion.lengths.shape, jnp.float32)
-        for term in reward_terms:
+        for term in task.reward_terms:
             value = term.fn(grouped, completion).astype(jnp.float32)
             metrics[f"reward_{term.name}"] = value.mean()
             rewards = rewards + term.weight * value
         rewards = rewards + overlong_penalty(
-            completion.lengths,
-            config.max_new_tokens,
-            config.overlong_buffer,
-            config.overlong_penalty,
+            completion.lengths, config.max_new_tokens, config.overlong_buffer, hp.overlong_penalty
         )
 
         by_group = rewards.reshape(config.batch_size, config.group_size)
@@ -413,19 +423,20 @@ def make_rollout(
             "advantages": advantages.reshape(-1),
             "weights": weights.reshape(-1),
         }
+        ended_with_eos = jnp.any(completion.mask & (completion.tokens == task.eos_id), axis=1)
         metrics.update(
             reward=rewards.mean(),
             reward_std=jnp.std(by_group, axis=1, ddof=1).mean(),
             zero_variance_fraction=1.0 - has_signal.mean(),
             completion_length=completion.lengths.mean(),
-            ended_with_eos=jnp.any(completion.mask & (completion.tokens == eos_id), axis=1).mean(),
+            ended_with_eos=ended_with_eos.mean(),
         )
         return batch, metrics
 
     return rollout
 
 
-# --- the update ---------------------------------------------------------------------------
+# --- the loss ---------------------------------------------------------------------------------
 
 
 def completion_log_probs(
@@ -444,16 +455,18 @@ def completion_log_probs(
     return log_probs, entropy
 
 
-def make_loss(model: Transformer, config: Config) -> training.LossFn:
-    """`loss_fn(params, batch, extra=None) -> (loss, metrics)` on a rollout batch of B completions.
+def make_loss(model: Transformer, config: Config) -> Callable[..., tuple[Array, dict]]:
+    """`loss_fn(params, batch, hparams) -> (loss, metrics)` on a rollout batch of B completions.
 
     `batch` holds tokens and attention_mask [B, prompt + N], completion_mask [B, N], advantages
     and weights [B], and optionally old_log_probs and reference_log_probs [B, N] (absent: the
     current policy's, held constant; no KL penalty). `metrics`: clip_fraction, entropy and, with a
     reference, kl.
     """
+    config = static(config)
+    spec = config.spec
 
-    def loss_fn(params: Any, batch: dict[str, Array], extra: Any = None):
+    def loss_fn(params: Any, batch: dict[str, Array], hp: HParams):
         log_probs, entropy = completion_log_probs(model, params, batch, config.temperature)
         # With one optimizer step per batch of samples the sampling policy is the current one,
         # so its log-probs are these, held constant (the ratio is 1, its gradient is not 0).
@@ -464,36 +477,46 @@ def make_loss(model: Transformer, config: Config) -> training.LossFn:
             batch["advantages"],
             batch["completion_mask"],
             batch["weights"],
-            config,
-            batch.get("reference_log_probs"),
+            clip_low=hp.clip_low,
+            clip_high=upper_clip(spec, hp.clip_low, hp.clip_high),
+            aggregation=spec.aggregation,
+            max_new_tokens=config.max_new_tokens,
+            kl_beta=hp.kl_beta,
+            reference_log_probs=batch.get("reference_log_probs"),
         )
         metrics["entropy"] = aggregate(
             entropy, batch["completion_mask"], jnp.ones_like(batch["weights"]), "token_mean", 1
         )
-        if config.entropy_coef > 0:
-            loss = loss - config.entropy_coef * metrics["entropy"]
-        return loss, metrics
+        return loss - hp.entropy_coef * metrics["entropy"], metrics
 
     return loss_fn
 
 
-def make_update(
-    model_config: ModelConfig,
-    config: Config,
-    sample_prompts: PromptSampler,
-    reward_terms: Sequence[RewardTerm],
-    eos_id: int,
-    pad_id: int,
-    mesh: Any = None,
-) -> Callable[..., tuple[training.TrainState, dict[str, Array]]]:
-    """update(state, key, reference_params=None) -> (state, metrics): one rollout and
-    num_epochs x num_minibatches optimizer steps on it. Pure; jit it (make_train_chunk does)."""
-    model = Transformer(model_config, mesh=mesh)
-    rollout = make_rollout(model_config, config, sample_prompts, reward_terms, eos_id, pad_id, mesh)
-    train_step = training.make_train_step(make_loss(model, config), config.optimizer())
-    no_grad_log_probs = lambda params, batch: jax.lax.stop_gradient(  # noqa: E731
-        completion_log_probs(model, params, batch, config.temperature)[0]
-    )
+# --- GRPO: init and update -------------------------------------------------------------------
+
+
+def make(
+    config: Config, model: ModelConfig, task: TextTask, params: Any, mesh: Any = None
+) -> Algorithm:
+    """GRPO as pure functions of one run on `task`, starting from `params` (placed on `mesh`, if
+    given): `init(key, hparams)` and `update(state, reference_params, hparams)`, one rollout and
+    num_epochs x num_minibatches optimizer steps on it.
+
+    Update i draws its prompts and samples from fold_in(state.key, i): the state's key never
+    changes, so a resumed run repeats exactly what an uninterrupted one does. `reference_params`
+    (None for no KL penalty) are an input rather than part of the state, so checkpoints hold only
+    what training changes. The update's metrics are scalars: the rollout's rewards (`reward`,
+    `reward_<term>`, ...) and the optimizer steps' means (`loss`, `clip_fraction`, `entropy`,
+    `kl`, `grad_norm`).
+    """
+    rollout = make_rollout(config, model, task, mesh)
+    transformer = Transformer(model, mesh=mesh)
+    loss_fn = make_loss(transformer, config)
+    config = static(config)
+
+    def no_grad_log_probs(params: Any, batch: dict[str, Array]) -> Array:
+        log_probs, _ = completion_log_probs(transformer, params, batch, config.temperature)
+        return jax.lax.stop_gradient(log_probs)
 
     def into_minibatches(batch: dict[str, Array], key: Array | None) -> dict[str, Array]:
         """[B, ...] -> [num_minibatches, grad_accum_steps, micro_batch, ...], shuffled."""
@@ -509,51 +532,35 @@ def make_update(
             batch,
         )
 
-    def update(state: training.TrainState, key: Array, reference_params: Any = None):
-        rollout_key, shuffle_key = jax.random.split(key)
-        batch, metrics = rollout(state.params, rollout_key)
+    def update(state: training.TrainState, reference_params: Any, hp: HParams):
+        rollout_key, shuffle_key = jax.random.split(jax.random.fold_in(state.key, state.step))
+        batch, metrics = rollout(state.params, rollout_key, hp)
         if config.reuses_samples:
             batch["old_log_probs"] = no_grad_log_probs(state.params, batch)
-        if config.kl_beta > 0:
+        if reference_params is not None:
             batch["reference_log_probs"] = no_grad_log_probs(reference_params, batch)
 
-        def epoch(state, epoch_key):
+        def optimizer_step(carry, minibatch):
+            params, opt_state = carry
+            params, opt_state, step_metrics = training.optimizer_step(
+                lambda p, micro_batch: loss_fn(p, micro_batch, hp),
+                params,
+                opt_state,
+                minibatch,
+                hp,
+                config,
+            )
+            return (params, opt_state), step_metrics
+
+        def epoch(carry, epoch_key):
             shuffle = epoch_key if config.num_minibatches > 1 else None
-            minibatches = into_minibatches(batch, shuffle)
-            return jax.lax.scan(lambda s, b: train_step(s, b), state, minibatches)
+            return jax.lax.scan(optimizer_step, carry, into_minibatches(batch, shuffle))
 
         epoch_keys = jax.random.split(shuffle_key, config.num_epochs)
-        state, step_metrics = jax.lax.scan(epoch, state, epoch_keys)
+        (params, opt_state), step_metrics = jax.lax.scan(
+            epoch, (state.params, state.opt_state), epoch_keys
+        )
         metrics.update(jax.tree.map(jnp.mean, step_metrics))
-        return state, metrics
+        return state._replace(params=params, opt_state=opt_state, step=state.step + 1), metrics
 
-    return update
-
-
-def make_train_chunk(
-    model_config: ModelConfig,
-    config: Config,
-    sample_prompts: PromptSampler,
-    reward_terms: Sequence[RewardTerm],
-    eos_id: int,
-    pad_id: int,
-    seed: int,
-    mesh: Any = None,
-    callback: Callable[[Any, dict[str, Any]], None] | None = None,
-) -> Callable[..., tuple[training.TrainState, dict[str, Array]]]:
-    """chunk(state, update_indices [K], reference_params=None) -> (state, metrics [K]).
-    Update i draws its prompts and samples from fold_in(key(seed), i), so a resumed run repeats
-    exactly what an uninterrupted one does. Metrics stream to `callback(i + 1, metrics)`."""
-    update = make_update(model_config, config, sample_prompts, reward_terms, eos_id, pad_id, mesh)
-    base_key = jax.random.key(seed)
-
-    def chunk(state: training.TrainState, indices: Array, reference_params: Any = None):
-        def one_update(state, index):
-            state, metrics = update(state, jax.random.fold_in(base_key, index), reference_params)
-            if callback is not None:
-                jax.debug.callback(callback, index + 1, metrics)
-            return state, metrics
-
-        return jax.lax.scan(one_update, state, indices)
-
-    return chunk
+    return Algorithm(training.make_init(params, config, mesh), update)

@@ -3,19 +3,24 @@
 DPO and GRPO start from such a model. The loss is the mean negative log-likelihood over the tokens
 in `loss_mask` (the completion and its EOS; prompt tokens are context, not targets), so a batch of
 short answers weighs as much per token as a batch of long ones.
+
+    algorithm = sft.make(config, model, params)
+    state = algorithm.init(key, hparams)
+    state, metrics = algorithm.update(state, batch, hparams)   # batch: [accum, micro_batch, L]
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
+from jaxrl.hparams import HParams, static, swept
 from jaxrl.lm import training
 from jaxrl.lm.model import ModelConfig, Transformer, token_log_probs
+from jaxrl.loop import Algorithm
 
 Array = jax.Array
 
@@ -24,17 +29,17 @@ Array = jax.Array
 class Config(training.TrainConfig):
     """SFT settings: `TrainConfig`'s optimisation settings with a higher default learning rate."""
 
-    learning_rate: float = 1e-3
+    learning_rate: float = swept(1e-3)
 
 
 def make_loss(model: Transformer) -> training.LossFn:
-    """`loss_fn(params, batch, _unused=None) -> (loss, metrics)`: mean NLL of `loss_mask` tokens.
+    """`loss_fn(params, batch) -> (loss, metrics)`: mean NLL of the `loss_mask` tokens.
 
     `batch` holds tokens, attention_mask and loss_mask, each [B, L]; `metrics["token_accuracy"]` is
     the greedy next-token accuracy on those tokens.
     """
 
-    def loss_fn(params: Any, batch: dict[str, Array], _unused: Any = None):
+    def loss_fn(params: Any, batch: dict[str, Array]):
         logits, _ = model.apply({"params": params}, batch["tokens"], None, batch["attention_mask"])
         mask = batch["loss_mask"].astype(jnp.float32)
         log_probs = token_log_probs(logits, batch["tokens"])
@@ -48,13 +53,18 @@ def make_loss(model: Transformer) -> training.LossFn:
     return loss_fn
 
 
-def make_train_chunk(
-    model_config: ModelConfig,
-    config: Config,
-    mesh: Any = None,
-    callback: Callable[[Any, dict[str, Any]], None] | None = None,
-) -> Callable[..., tuple[training.TrainState, dict[str, Array]]]:
-    """chunk(state, batches) -> (state, metrics per step); batches stacked
-    [K, grad_accum_steps, micro_batch, L]. Jit it (see experiments/sft.py)."""
-    model = Transformer(model_config, mesh=mesh)
-    return training.make_train_chunk(make_loss(model), config.optimizer(), callback)
+def make(config: Config, model: ModelConfig, params: Any, mesh: Any = None) -> Algorithm:
+    """SFT as pure functions of one run, starting from `params` (placed on `mesh`, if given):
+    `init(key, hparams)` and `update(state, batch, hparams)`, one optimizer step on a batch
+    shaped [grad_accum_steps, micro_batch, L]. (Evaluation decodes text: see experiments/sft.py.)
+    """
+    config = static(config)
+    loss_fn = make_loss(Transformer(model, mesh=mesh))
+
+    def update(state: training.TrainState, batch: dict[str, Array], hp: HParams):
+        params, opt_state, metrics = training.optimizer_step(
+            loss_fn, state.params, state.opt_state, batch, hp, config
+        )
+        return state._replace(params=params, opt_state=opt_state, step=state.step + 1), metrics
+
+    return Algorithm(training.make_init(params, config, mesh), update)

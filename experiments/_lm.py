@@ -1,42 +1,100 @@
-"""What the language-model experiment scripts (sft.py, dpo.py) share: the model and mesh from the
-config, the task data, deterministic resumable batches, the chunked training loop with checkpoints,
-and greedy-generation task accuracy."""
+"""What the language-model scripts (sft.py, dpo.py, grpo.py) share besides `jaxrl.runner`: the
+settings every one of them reads (model, mesh, task), the starting parameters and where a run
+leaves its final ones, the runner's `Job` for one LM run, and greedy-generation task accuracy."""
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
-import signal
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
-from envs.text import make_task
-from experiments import _common
-from experiments._common import fail
-from jaxrl import sharding
-from jaxrl.checkpoint import Checkpointer
+from envs.text import DigitTask, make_task
+from jaxrl import hparams, runner, sharding
 from jaxrl.config import ConfigError
-from jaxrl.data.step_batches import dataset_batches as dataset_batches
-from jaxrl.data.step_batches import stacked_batches as stacked_batches
-from jaxrl.data.step_batches import step_batch_indices as step_batch_indices
-from jaxrl.lm import load_tokenizer, training
+from jaxrl.lm import Tokenizer, load_tokenizer, training
 from jaxrl.lm.model import ModelConfig, init_params, param_shardings
 from jaxrl.lm.sampler import SamplingConfig, generate
-from jaxrl.logging import MetricsSink, RunDirectory
+from jaxrl.logging import RunDirectory
+from jaxrl.loop import Algorithm
+from jaxrl.runner import fail
 
 PARAMS_DIR = "params"  # final parameters of a run, where the next stage (DPO, GRPO) reads them
+SETTINGS = ("init_from", "seed", "eval_batch_size")  # top-level scalars that are not Config fields
 
 
-def check_run_settings(run: ml_collections.ConfigDict) -> None:
-    names = ("steps_per_chunk", "checkpoint_every", "keep_checkpoints", "log_every")
-    _common.check_run_settings(run, names)
+class Setup(NamedTuple):
+    """What every LM script reads first, each setting checked (one error line otherwise)."""
+
+    name: str  # the algorithm's: "sft", "dpo" or "grpo"
+    flat: ml_collections.ConfigDict  # the whole config, sections included
+    config: Any  # the algorithm's frozen Config
+    mesh: Any
+    task: DigitTask
+    tokenizer: Tokenizer
+    model: ModelConfig  # the config's model (init_from may replace it: see `initial_params`)
+    workdir: str
+
+
+def setup(flags: dict[str, Any], config_cls: type, name: str) -> Setup:
+    """Check the config, and make the mesh, task and tokenizer (each problem one error line)."""
+    flat = flags["config"].value
+    config = runner.build_config(config_cls, flat, SETTINGS)
+    runner.check_run_settings(flat.run)
+    mesh = make_mesh(config.mesh_shape)
+    task, tokenizer = task_and_tokenizer(flat.task)
+    workdir = flags["workdir"].value or os.path.join(
+        "runs", f"{name}-{task.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    )
+    return Setup(name, flat, config, mesh, task, tokenizer, model_config(flat.model), workdir)
+
+
+def job(
+    run: Setup,
+    algorithm: Algorithm,
+    description: str,
+    *,
+    inputs_for: Callable[[int, int], Any],
+    units_name: str,
+    units_per_step: int,
+    scan_inputs: bool = False,
+    chunk: Callable[..., Callable] | None = None,
+) -> runner.Job:
+    """The runner's `Job` for one LM run (no runs axis): the state made once with
+    `PRNGKey(config.seed)` and the config's hyper-parameters (replicated over the mesh), kept in
+    its shardings by every chunk. The runner compiles chunks of `algorithm.update` itself
+    (`scan_inputs`: `inputs_for` gives one host batch per update), unless `chunk(update, length,
+    log_every=, callback=)` makes them (DPO's, which hands every update the same reference)."""
+    hp = jax.device_put(hparams.hparams(run.config), sharding.replicated(run.mesh))
+    state = algorithm.init(jax.random.PRNGKey(run.flat.seed), hp)
+    custom = None
+    if chunk is not None:
+
+        def custom(length: int, block: int, sink: Callable) -> Callable:
+            return chunk(algorithm.update, length, log_every=block, callback=sink)
+
+    return runner.Job(
+        name=run.name,
+        description=description,
+        num_steps=run.config.num_steps,
+        init_states=lambda: state,
+        hparams=hp,
+        update=algorithm.update,
+        scan_inputs=scan_inputs,
+        make_chunk=custom,
+        units_per_step=units_per_step,
+        units_name=units_name,
+        runs_axis=False,
+        inputs_for=inputs_for,
+        per_run=(),
+        out_shardings=(training.state_shardings(state), sharding.replicated(run.mesh)),
+    )
 
 
 def batch_for_mesh(requested: int, mesh: Any) -> int:
@@ -54,6 +112,7 @@ def eval_examples(task: Any, problems: list[str], completions: list[str], count:
 
 
 def model_config(section: ml_collections.ConfigDict) -> ModelConfig:
+    """The `model` section as a `ModelConfig`."""
     try:
         return ModelConfig(**section.to_dict())
     except ConfigError as error:
@@ -63,13 +122,15 @@ def model_config(section: ml_collections.ConfigDict) -> ModelConfig:
 
 
 def make_mesh(mesh_shape: tuple[int, int, int]) -> Any:
+    """The (data, fsdp, tensor) device mesh."""
     try:
         return sharding.make_mesh(*mesh_shape)
     except ConfigError as error:
         fail(f"config.mesh_shape: {error}")
 
 
-def task_and_tokenizer(section: ml_collections.ConfigDict):
+def task_and_tokenizer(section: ml_collections.ConfigDict) -> tuple[DigitTask, Tokenizer]:
+    """The `task` section's task and tokenizer."""
     try:
         task = make_task(section.name, num_digits=section.num_digits)
         tokenizer = load_tokenizer(section.tokenizer)
@@ -140,88 +201,10 @@ def placement(model: ModelConfig, mesh: Any) -> Any:
 
 
 def save_params(run_dir: RunDirectory, params: Any) -> None:
+    """Save the final parameters to the run's `params/` (where `initial_params` finds them)."""
     path = os.path.abspath(run_dir.file(PARAMS_DIR))
     with ocp.StandardCheckpointer() as checkpointer:
         checkpointer.save(path, params, force=True)
-
-
-@dataclasses.dataclass
-class LoopResult:
-    state: training.TrainState
-    compile_seconds: float
-    train_seconds: float
-    resumed_from_step: int
-    last_metrics: dict[str, np.ndarray] | None  # per step of the last chunk run, if any
-
-
-def train_in_chunks(
-    make_chunk: Callable[[Callable], Callable],
-    state: training.TrainState,
-    batches_for: Callable[[int, int], Any],
-    num_steps: int,
-    units_per_step: int,
-    run: ml_collections.ConfigDict,
-    run_dir: RunDirectory,
-    mesh: Any,
-    description: str,
-    extra: Any = None,
-    kill_after_chunk: int | None = None,
-) -> LoopResult:
-    """Run `num_steps` steps as compiled chunks of run.steps_per_chunk, each fed
-    `batches_for(first_step, count)`, saving a checkpoint after each `run.checkpoint_every`
-    chunks and resuming from the newest one. The progress bar counts `units_per_step` per step
-    (sequences, pairs or completions). Returns the final state and the last chunk's metrics."""
-    checkpointer = Checkpointer(
-        run_dir.checkpoint_dir, save_every=run.checkpoint_every, keep=run.keep_checkpoints
-    )
-    done = 0
-    if checkpointer.latest_step() is not None:
-        state, meta = checkpointer.restore(state)
-        done = int(meta["steps"])
-        run_dir.truncate_metrics(done)
-        print(f"Resuming {run_dir.path} from step {done}/{num_steps}.")
-
-    sink = MetricsSink(
-        run_dir,
-        total_updates=num_steps,
-        steps_per_update=units_per_step,
-        log_every=run.log_every,
-        start_update=done,
-        per_run=(),
-        tensorboard=run.tensorboard,
-        progress=run.progress,
-        description=description,
-    )
-    boundaries = list(range(0, num_steps, run.steps_per_chunk)) + [num_steps]
-    lengths = [b - a for a, b in zip(boundaries[:-1], boundaries[1:], strict=True)]
-    state_sharding = training.state_shardings(state)
-    t0 = time.time()
-    compiled = {}
-    for length in sorted(set(lengths)):
-        example = batches_for(0, length)
-        jitted = jax.jit(
-            make_chunk(sink),
-            donate_argnums=0,
-            out_shardings=(state_sharding, sharding.replicated(mesh)),
-        )
-        compiled[length] = jitted.lower(state, example, extra).compile()
-    compile_seconds = time.time() - t0
-
-    start = time.time()
-    last_metrics = None
-    for index, (first, length) in enumerate(zip(boundaries[:-1], lengths, strict=True)):
-        if first + length <= done:
-            continue
-        state, last_metrics = compiled[length](state, batches_for(first, length), extra)
-        is_last = index == len(lengths) - 1
-        checkpointer.save(index + 1, state, {"steps": first + length}, force=is_last)
-        if kill_after_chunk == index + 1:
-            os.kill(os.getpid(), signal.SIGKILL)
-    jax.block_until_ready(state)
-    sink.close()
-    checkpointer.close()
-    last_metrics = None if last_metrics is None else jax.device_get(last_metrics)
-    return LoopResult(state, compile_seconds, time.time() - start, done, last_metrics)
 
 
 @functools.lru_cache(maxsize=8)

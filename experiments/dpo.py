@@ -8,9 +8,10 @@ The preference data are written as JSONL, built into a tensorflow-datasets datas
 and read back through it, so your own JSONL files with `prompt`, `chosen`, `rejected` go the same
 way (--config.task.train_jsonl / eval_jsonl). With the reverse-digits task the pairs are synthetic:
 chosen is the right answer, rejected a plausibly wrong one. The reference model is the SFT model.
-`summary.json` reports held-out `eval_reward_accuracy` (the policy's implicit reward ranks chosen
-above rejected) and `eval_task_accuracy` (greedy generations exactly right), next to the SFT
-model's `sft_eval_task_accuracy`.
+Training runs on `jaxrl.runner` (compiled chunks, checkpoints, resumption). `summary.json` reports
+held-out `eval_reward_accuracy` (the policy's implicit reward ranks chosen above rejected) and
+`eval_task_accuracy` (greedy generations exactly right), next to the SFT model's
+`sft_eval_task_accuracy`.
 """
 
 from __future__ import annotations
@@ -25,13 +26,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow_datasets as tfds  # noqa: E402
-from absl import app, flags, logging  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
+from absl import logging  # noqa: E402
 
 from algos import dpo  # noqa: E402
 from experiments import _lm  # noqa: E402
-from experiments._common import REPO_ROOT, build_config, check_resumable, fail  # noqa: E402
-from jaxrl import distributed, sharding  # noqa: E402
+from jaxrl import distributed, runner, sharding  # noqa: E402
 from jaxrl.config import ConfigError  # noqa: E402
 from jaxrl.data import (  # noqa: E402
     PreferenceDataError,
@@ -39,19 +38,11 @@ from jaxrl.data import (  # noqa: E402
     load_preference_split,
     tokenize_preferences,
 )
+from jaxrl.data.step_batches import dataset_batches  # noqa: E402
 from jaxrl.lm import training  # noqa: E402
-from jaxrl.logging import RunDirectory, to_jsonable  # noqa: E402
+from jaxrl.logging import RunDirectory  # noqa: E402
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config",
-    os.path.join(REPO_ROOT, "experiments", "configs", "dpo.py"),
-    "Config file and preset; override fields with --config.X=V.",
-    lock_config=True,
-)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory; an existing one is resumed.")
-_KILL_AFTER_CHUNK = flags.DEFINE_integer(
-    "kill_after_chunk", None, "Testing aid: SIGKILL this process right after chunk K's checkpoint."
-)
+FLAGS = runner.define_flags("dpo.py", seeds=False)
 
 
 def preference_files(task, flat, run_dir: RunDirectory) -> tuple[dict[str, str], list[str]]:
@@ -59,7 +50,9 @@ def preference_files(task, flat, run_dir: RunDirectory) -> tuple[dict[str, str],
     Returns {split: path} and the held-out problems (empty for user files)."""
     section = flat.task
     if bool(section.train_jsonl) != bool(section.eval_jsonl):
-        fail("config.task.train_jsonl / eval_jsonl: set both (train and held-out pairs) or neither")
+        runner.fail(
+            "config.task.train_jsonl / eval_jsonl: set both (train and held-out pairs) or neither"
+        )
     if section.train_jsonl:
         return {"train": section.train_jsonl, "eval": section.eval_jsonl}, []
     train_problems, eval_problems = _lm.split_problems(task, section)
@@ -75,34 +68,9 @@ def preference_files(task, flat, run_dir: RunDirectory) -> tuple[dict[str, str],
     return paths, eval_problems
 
 
-def main(argv: list[str]) -> None:
-    logging.set_verbosity(logging.WARNING)
-    if len(argv) > 1:
-        fail(f"unexpected arguments {argv[1:]}; settings are flags, e.g. --config.beta=0.2")
-    flat = _CONFIG.value
-    config = build_config(dpo.Config, flat)
-    _lm.check_run_settings(flat.run)
-    if not flat.init_from:
-        fail(
-            "config.init_from: DPO starts from an SFT model; run `python experiments/sft.py "
-            "--workdir=runs/sft` first and pass --config.init_from=runs/sft"
-        )
-    mesh = _lm.make_mesh(config.mesh_shape)
-    task, tokenizer = _lm.task_and_tokenizer(flat.task)
-    model = _lm.model_config(flat.model)
-    workdir = _WORKDIR.value or os.path.join(
-        "runs", f"dpo-{task.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    )
-    params, model, source = _lm.initial_params(model, flat.init_from, flat.seed, mesh)
-    # The SFT model, copied: the training state's params are donated to each chunk call, and
-    # the in-step reference must not share their buffers.
-    reference_params = jax.tree.map(lambda x: x.copy(), params)
-    run_dir = RunDirectory(workdir)
-    check_resumable(run_dir.saved_config(), to_jsonable(flat.to_dict()), workdir)
-    run_dir.write_config(to_jsonable(flat.to_dict()))
-
-    # Preference data: JSONL -> tensorflow-datasets (array_record) -> fixed-shape arrays.
-    paths, eval_problems = preference_files(task, flat, run_dir)
+def preference_arrays(paths: dict[str, str], run, run_dir: RunDirectory) -> tuple[str, dict]:
+    """JSONL -> tensorflow-datasets (array_record) -> fixed-shape token arrays per split. Returns
+    the built dataset's directory and the arrays."""
     try:
         tfds.disable_progress_bar()
         logging.set_verbosity(logging.ERROR)  # tfds warns that our builder config is custom
@@ -112,129 +80,114 @@ def main(argv: list[str]) -> None:
         distributed.barrier("preference dataset")
         if not run_dir.writes:
             built = build_preference_dataset(paths, run_dir.file("tfds"))
-        splits = {split: list(load_preference_split(built, split)) for split in paths}
+        lengths = (run.flat.task.max_prompt_length, run.flat.task.max_length)
         arrays = {
             split: tokenize_preferences(
-                rows, tokenizer, flat.task.max_prompt_length, flat.task.max_length
+                list(load_preference_split(built, split)), run.tokenizer, *lengths
             )
-            for split, rows in splits.items()
+            for split in paths
         }
     except (PreferenceDataError, FileNotFoundError, ConfigError) as error:
-        fail(str(error))
-    if config.batch_size > len(splits["train"]):
-        fail(
-            f"config.batch_size: {config.batch_size} exceeds the "
-            f"{len(splits['train'])} training pairs"
-        )
+        runner.fail(str(error))
+    finally:
+        logging.set_verbosity(logging.WARNING)
+    return built, arrays
 
-    logging.set_verbosity(logging.WARNING)
+
+def main(argv: list[str]) -> None:
+    run = _lm.setup(FLAGS, dpo.Config, "dpo")
+    flat, config, mesh, task = run.flat, run.config, run.mesh, run.task
+    if not flat.init_from:
+        runner.fail(
+            "config.init_from: DPO starts from an SFT model; run `python experiments/sft.py "
+            "--workdir=runs/sft` first and pass --config.init_from=runs/sft"
+        )
+    # The SFT model: where DPO starts, and its reference.
+    params, model, source = _lm.initial_params(run.model, flat.init_from, flat.seed, mesh)
+    run_dir = runner.open_run(run.workdir, flat.to_dict())
+    paths, eval_problems = preference_files(task, flat, run_dir)
+    built, arrays = preference_arrays(paths, run, run_dir)
+    num_pairs = len(arrays["train"]["chosen_tokens"])
+    if config.batch_size > num_pairs:
+        runner.fail(
+            f"config.batch_size: {config.batch_size} exceeds the {num_pairs} training pairs"
+        )
 
     # The reference model's log-probs: once over the data here, or inside each step.
     # Replicated outputs: every process of a multi-host run reads all the scores.
     score = jax.jit(dpo.make_score(model, mesh), out_shardings=sharding.replicated(mesh))
     eval_batch = _lm.batch_for_mesh(flat.eval_batch_size, mesh)
-    place = lambda batch: sharding.shard_batch(batch, mesh)
+    place = lambda batch: sharding.shard_batch(batch, mesh)  # noqa: E731
     t0 = time.time()
-    eval_reference = dpo.reference_log_probs(
-        score, reference_params, arrays["eval"], eval_batch, place
-    )
+    eval_reference = dpo.reference_log_probs(score, params, arrays["eval"], eval_batch, place)
     train = {k: v for k, v in arrays["train"].items() if k.startswith(("chosen_", "rejected_"))}
     if config.uses_reference and config.reference == "precomputed":
-        train.update(
-            dpo.reference_log_probs(score, reference_params, arrays["train"], eval_batch, place)
-        )
+        train |= dpo.reference_log_probs(score, params, arrays["train"], eval_batch, place)
     reference_seconds = time.time() - t0
 
     max_new_tokens = flat.task.max_length - flat.task.max_prompt_length
     held_out_prompts = (arrays["eval"]["prompt_tokens"], arrays["eval"]["prompt_mask"])
-    sft_accuracy = None
-    if eval_problems:
-        sft_accuracy, _, _ = _lm.task_accuracy(
-            model, params, task, tokenizer, eval_problems, *held_out_prompts, max_new_tokens, mesh
-        )
 
-    state = training.init_state(params, config.optimizer(), mesh)
-    in_step_reference = reference_params if config.reference == "in_step" else None
-    result = _lm.train_in_chunks(
-        lambda sink: dpo.make_train_chunk(model, config, mesh, callback=sink),
-        state,
-        _lm.dataset_batches(train, config, flat.seed, mesh),
-        config.num_steps,
-        config.batch_size,
-        flat.run,
-        run_dir,
-        mesh,
+    def task_accuracy(params):
+        if not eval_problems:  # the user's own pairs: no task to score generations
+            return None, None, []
+        return _lm.task_accuracy(
+            model, params, task, run.tokenizer, eval_problems, *held_out_prompts,
+            max_new_tokens, mesh,
+        )  # fmt: skip
+
+    sft_accuracy, _, _ = task_accuracy(params)
+
+    algorithm = dpo.make(config, model, params, mesh)
+    batches_for = dataset_batches(train, config, flat.seed, mesh)
+    in_step_reference = params if config.reference == "in_step" else None
+    job = _lm.job(
+        run,
+        algorithm,
         f"DPO ({config.loss_type}) {task.name}",
-        extra=in_step_reference,
-        kill_after_chunk=_KILL_AFTER_CHUNK.value,
+        chunk=training.make_batch_chunk,
+        inputs_for=lambda first, count: (batches_for(first, count), in_step_reference),
+        units_name="pairs",
+        units_per_step=config.batch_size,
     )
-    _lm.save_params(run_dir, result.state.params)
+    result = runner.train(job, flat.run, run_dir, FLAGS["kill_after_chunk"].value)
+    params = result.states.params
+    _lm.save_params(run_dir, params)
 
     t0 = time.time()
     pair_metrics = dpo.evaluate_pairs(
-        score, result.state.params, eval_reference, arrays["eval"], config, eval_batch, place
+        score, params, eval_reference, arrays["eval"], config, eval_batch, place
     )
-    accuracy = mean_score = None
-    completions: list[str] = []
-    if eval_problems:
-        accuracy, mean_score, completions = _lm.task_accuracy(
-            model,
-            result.state.params,
-            task,
-            tokenizer,
-            eval_problems,
-            *held_out_prompts,
-            max_new_tokens,
-            mesh,
-        )
-    eval_seconds = time.time() - t0
-    tokens_per_step = config.batch_size * 2 * flat.task.max_length
-    summary = {
-        "algo": "dpo",
+    accuracy, mean_score, completions = task_accuracy(params)
+    summary = runner.summary_fields(job, result, time.time() - t0)
+    tokens_per_step = config.batch_size * 2 * flat.task.max_length  # padded chosen + rejected
+    summary |= {
         "loss_type": config.loss_type,
         "task": task.name if eval_problems else None,
         "dataset": built,
-        "num_seeds": 1,
         "init_from": source,
-        "wall_seconds": round(
-            result.compile_seconds + result.train_seconds + eval_seconds + reference_seconds, 2
-        ),
-        "compile_seconds": round(result.compile_seconds, 2),
+        "wall_seconds": round(summary["wall_seconds"] + reference_seconds, 2),
         "reference_seconds": round(reference_seconds, 2),
-        "updates": config.num_steps,
-        "tokens": config.num_steps * tokens_per_step,  # padded chosen + rejected sequence tokens
-        "tokens_per_second": round(
-            (config.num_steps - result.resumed_from_step)
-            * tokens_per_step
-            / max(result.train_seconds, 1e-9)
-        ),
-        "pairs_per_second": round(
-            (config.num_steps - result.resumed_from_step)
-            * config.batch_size
-            / max(result.train_seconds, 1e-9),
-            1,
-        ),
+        "tokens": config.num_steps * tokens_per_step,
+        "tokens_per_second": round(summary["steps_per_second"] * tokens_per_step),
+        "pairs_per_second": round(summary["steps_per_second"] * config.batch_size, 1),
         **pair_metrics,
         "eval_task_accuracy": accuracy,
         "eval_task_score": mean_score,
         "sft_eval_task_accuracy": sft_accuracy,
         "eval_examples": _lm.eval_examples(task, eval_problems, completions),
         "mesh_shape": list(config.mesh_shape),
-        "resumed_from_step": result.resumed_from_step,
     }
     run_dir.write_summary(summary)
-    run_dir.write_learning_curve(
-        x="update",
-        y="reward_accuracy",
-        title=f"DPO ({config.loss_type}) {task.name}",
-    )
+    title = f"DPO ({config.loss_type}) {task.name}"
+    run_dir.write_learning_curve(x="step", y="reward_accuracy", title=title)
     print(
-        f"DPO ({config.loss_type}) {task.name}: eval_reward_accuracy "
-        f"{pair_metrics['eval_reward_accuracy']:.3f}, eval_task_accuracy {accuracy} (SFT model: "
-        f"{sft_accuracy}) after {config.num_steps} steps in {summary['wall_seconds']:.0f}s "
-        f"(compile {result.compile_seconds:.0f}s). Run directory: {run_dir.path}"
+        f"{title}: eval_reward_accuracy {pair_metrics['eval_reward_accuracy']:.3f}, "
+        f"eval_task_accuracy {accuracy} (SFT model: {sft_accuracy}) after {config.num_steps} "
+        f"steps in {summary['wall_seconds']:.0f}s (compile {summary['compile_seconds']:.0f}s). "
+        f"Run directory: {run_dir.path}"
     )
 
 
 if __name__ == "__main__":
-    app.run(main)
+    runner.main(main)

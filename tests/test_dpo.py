@@ -1,5 +1,6 @@
 """DPO: every loss variant against NumPy, sequence scoring against NumPy, gradient accumulation,
-the reference modes, sharded DPO against one device, and learning on reverse-digits."""
+the reference modes, a hyper-parameter sweep as one program, and sharded DPO against one device.
+(Learning on reverse-digits: tests/test_lm_experiment.py.)"""
 
 import jax
 import jax.numpy as jnp
@@ -7,7 +8,7 @@ import numpy as np
 import pytest
 
 from algos import dpo, sft
-from jaxrl import sharding
+from jaxrl import hparams, loop, sharding
 from jaxrl.config import ConfigError
 from jaxrl.lm import training
 from jaxrl.lm.model import ModelConfig, Transformer, init_params
@@ -44,8 +45,9 @@ def test_preference_losses_equal_numpy(loss_type, eps):
     rng = np.random.default_rng(0)
     pc, pr, rc, rr = (rng.normal(-20, 5, 16) for _ in range(4))
     lc, lr = rng.integers(1, 30, 16).astype(float), rng.integers(1, 30, 16).astype(float)
-    config = dpo.Config(loss_type=loss_type, beta=0.3, label_smoothing=eps, simpo_gamma=0.7)
-    got = dpo.preference_loss(*(jnp.asarray(x) for x in (pc, pr, rc, rr, lc, lr)), config)
+    got = dpo.preference_loss(
+        *(jnp.asarray(x) for x in (pc, pr, rc, rr, lc, lr)), loss_type, 0.3, eps, 0.7
+    )
     want = numpy_preference_loss(pc, pr, rc, rr, lc, lr, loss_type, 0.3, eps, 0.7)
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
@@ -88,12 +90,15 @@ def test_sequence_scores_equal_numpy_log_softmax():
         np.testing.assert_array_equal(scores[f"{side}_length"], batch[f"{side}_loss_mask"].sum(-1))
 
 
-def run_steps(config, batch, reference_params=None, mesh=None, params=None):
+def run_steps(config, batch, reference_params=None, params=None):
+    """One DPO update on `batch` (pairs [B, L], split into config.grad_accum_steps micro-batches)
+    from `params` (default: random); returns (state, metrics)."""
     params = init_params(MODEL, jax.random.key(0)) if params is None else params
-    state = training.init_state(params, config.optimizer())
-    stacked = jax.tree.map(lambda x: x.reshape(1, config.grad_accum_steps, -1, *x.shape[1:]), batch)
-    chunk = jax.jit(dpo.make_train_chunk(MODEL, config, mesh=mesh))
-    return chunk(state, stacked, reference_params)
+    algorithm = dpo.make(config, MODEL, params)
+    hp = hparams.hparams(config)
+    state = algorithm.init(jax.random.PRNGKey(0), hp)
+    stacked = jax.tree.map(lambda x: x.reshape(config.grad_accum_steps, -1, *x.shape[1:]), batch)
+    return jax.jit(algorithm.update)(state, (stacked, reference_params), hp)
 
 
 def test_gradient_accumulation_equals_one_big_batch():
@@ -125,6 +130,36 @@ def test_precomputed_reference_equals_reference_in_the_step():
         np.testing.assert_allclose(x, y, atol=1e-6)
 
 
+def test_sweep_over_learning_rate_and_beta_is_one_program_equal_to_separate_runs():
+    """hparams.sweep gives every run its own learning rate and beta; the runs vmapped through
+    loop.make_chunk (3 updates on the same batches) end where the separate runs do."""
+    pairs = random_pairs(24)
+    ref_params = init_params(MODEL, jax.random.key(1))
+    config = dpo.Config(batch_size=8, reference="in_step")
+    algorithm = dpo.make(config, MODEL, init_params(MODEL, jax.random.key(0)))
+    batches = jax.tree.map(lambda x: x.reshape(3, 1, 8, *x.shape[1:]), pairs)
+    hps = hparams.sweep(config, learning_rate=[1e-3, 3e-3], beta=[0.1, 0.5])
+    keys = jnp.stack([jax.random.PRNGKey(0)] * 4)
+
+    def with_reference(update):  # the reference (like the batches) is shared by the runs
+        return lambda state, batch, hp: update(state, (batch, ref_params), hp)
+
+    swept, swept_metrics = jax.jit(
+        loop.make_chunk(with_reference(algorithm.update), 3, scan_inputs=True)
+    )(jax.vmap(algorithm.init)(keys, hps), batches, hps)
+    one_run = jax.jit(
+        loop.make_chunk(with_reference(algorithm.update), 3, runs_axis=False, scan_inputs=True)
+    )
+    for i in range(4):
+        hp = jax.tree.map(lambda x, i=i: x[i], hps)
+        alone, metrics = one_run(algorithm.init(keys[i], hp), batches, hp)
+        np.testing.assert_allclose(swept_metrics["loss"][:, i], metrics["loss"], rtol=1e-5)
+        for x, y in zip(jax.tree.leaves(swept.params), jax.tree.leaves(alone.params), strict=True):
+            np.testing.assert_allclose(x[i], y, atol=1e-6)
+    # The sweep is not one run four times: each setting moved the policy its own way.
+    assert len({round(float(x), 6) for x in swept_metrics["loss"][-1]}) == 4
+
+
 @pytest.mark.parametrize("shape", [(8, 1, 1), (2, 2, 2)])
 def test_sharded_dpo_step_equals_single_device(shape):
     batch = random_pairs(8)
@@ -137,14 +172,16 @@ def test_sharded_dpo_step_equals_single_device(shape):
 
     placed = jax.device_put(params, param_shardings(MODEL, mesh))
     placed_ref = jax.device_put(ref_params, param_shardings(MODEL, mesh))
-    state = training.init_state(placed, config.optimizer(), mesh)
+    algorithm = dpo.make(config, MODEL, placed, mesh)
+    hp = hparams.hparams(config)
+    state = algorithm.init(jax.random.PRNGKey(0), hp)
     stacked = training.shard_chunk(jax.tree.map(lambda x: x.reshape(1, 1, 8, -1), batch), mesh)
     chunk = jax.jit(
-        dpo.make_train_chunk(MODEL, config, mesh=mesh),
+        training.make_batch_chunk(algorithm.update, 1),
         out_shardings=(training.state_shardings(state), sharding.replicated(mesh)),
     )
-    sharded, sharded_metrics = chunk(state, stacked, placed_ref)
-    np.testing.assert_allclose(sharded_metrics["loss"], single_metrics["loss"], rtol=1e-5)
+    sharded, sharded_metrics = chunk(state, (stacked, placed_ref), hp)
+    np.testing.assert_allclose(sharded_metrics["loss"][0], single_metrics["loss"], rtol=1e-5)
     # One Adam step (lr 1e-3) after fp32 reductions in a different order: updates agree to ~1e-5.
     for x, y in zip(jax.tree.leaves(sharded.params), jax.tree.leaves(single.params), strict=True):
         np.testing.assert_allclose(x, y, atol=1e-5)

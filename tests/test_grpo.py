@@ -1,5 +1,6 @@
 """GRPO: every advantage and loss variant against NumPy, one program for rollout and update,
-sharded equals single-device, host rewards through io_callback, and learning from scratch."""
+sharded equals single-device, a hyper-parameter sweep equals separate runs, host rewards through
+io_callback, and learning from scratch."""
 
 import jax
 import jax.numpy as jnp
@@ -7,10 +8,9 @@ import numpy as np
 import pytest
 
 from algos import grpo
-from envs.text import answer_reward, make_task
-from jaxrl import sharding
+from envs.text import make_task
+from jaxrl import hparams, loop, sharding
 from jaxrl.config import ConfigError
-from jaxrl.lm import training
 from jaxrl.lm.model import ModelConfig, Transformer, init_params, param_shardings
 from jaxrl.lm.tokenizer import ByteTokenizer
 
@@ -79,12 +79,11 @@ def test_policy_loss_matches_numpy(variant, beta):
     lengths = np.array([5, 3, 1, 4, 5, 2, 5, 3])
     mask = np.arange(n)[None] < lengths[:, None]
     weights = np.array([1, 1, 0, 0, 1, 1, 1, 1], np.float32)  # a dropped group of 2
-    config = grpo.Config(
-        variant=variant, clip_low=0.2, clip_high=0.3, kl_beta=beta, max_new_tokens=n
-    )
     loss, metrics = grpo.policy_loss(
         jnp.asarray(logp), jnp.asarray(old), jnp.asarray(adv), jnp.asarray(mask),
-        jnp.asarray(weights), config, jnp.asarray(ref) if beta else None,
+        jnp.asarray(weights), clip_low=0.2, clip_high=0.3,
+        aggregation=grpo.VARIANTS[variant].aggregation, max_new_tokens=n, kl_beta=beta,
+        reference_log_probs=jnp.asarray(ref) if beta else None,
     )  # fmt: skip
     expected = np_policy_loss(logp, old, ref, adv, mask, weights, variant, 0.2, 0.3, beta, n)
     np.testing.assert_allclose(float(loss), expected, rtol=1e-5)
@@ -97,6 +96,11 @@ def test_dapo_clips_higher_by_default_and_overlong_penalty():
     assert grpo.Config(variant="dapo").upper_clip == 0.28
     assert grpo.Config(variant="grpo", clip_low=0.1).upper_clip == 0.1
     assert grpo.Config(variant="grpo", clip_high=0.4).upper_clip == 0.4
+    # The same rule inside the program, where the clips are the run's (maybe swept) values.
+    for variant, low, high in [("dapo", 0.2, 0.0), ("grpo", 0.1, 0.0), ("grpo", 0.2, 0.4)]:
+        config = grpo.Config(variant=variant, clip_low=low, clip_high=high)
+        in_program = grpo.upper_clip(config.spec, jnp.float32(low), jnp.float32(high))
+        np.testing.assert_allclose(float(in_program), config.upper_clip, rtol=1e-6)
     lengths = jnp.array([1, 5, 6, 7, 8])
     got = grpo.overlong_penalty(lengths, max_new_tokens=8, buffer=4, penalty=1.0)
     # 0 up to 8 - 4 = 4 tokens, then -(len - 4) / 4 down to -1 at 8.
@@ -133,9 +137,11 @@ def test_entropy_bonus_subtracts_coef_times_the_token_mean_entropy():
         "weights": jnp.ones(4),
     }
     model = Transformer(TINY)
-    plain, _ = grpo.make_loss(model, grpo.Config(max_new_tokens=4))(params, batch)
-    bonus, metrics = grpo.make_loss(model, grpo.Config(max_new_tokens=4, entropy_coef=0.1))(
-        params, batch
+    plain_config = grpo.Config(max_new_tokens=4)
+    bonus_config = grpo.Config(max_new_tokens=4, entropy_coef=0.1)
+    plain, _ = grpo.make_loss(model, plain_config)(params, batch, hparams.hparams(plain_config))
+    bonus, metrics = grpo.make_loss(model, bonus_config)(
+        params, batch, hparams.hparams(bonus_config)
     )
     logits = np.asarray(model.apply({"params": params}, batch["tokens"])[0], np.float64)[:, 4:8]
     log_softmax = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
@@ -155,26 +161,20 @@ TASK = make_task("reverse_digits", num_digits=3)
 TASK_TOKENS = TASK.tokens(TOKENIZER)
 
 
-def _sampler(key, n):
-    return TASK.sample_prompts(key, n, TASK_TOKENS)
-
-
-def _task_reward():
-    return grpo.RewardTerm(
-        "task",
-        1.0,
-        lambda p, c: answer_reward(c.tokens, c.mask, p.answer_tokens, p.answer_length, 2),
-    )
+TEXT_TASK = TASK.text_task(TOKENIZER)  # the answer reward; EOS id 2, padding 0
 
 
 def _run_update(config, mesh, params, terms=None, reference=None):
-    terms = terms or [_task_reward()]
-    chunk = grpo.make_train_chunk(TINY, config, _sampler, terms, 2, 0, seed=3, mesh=mesh)
+    """Two updates from `params` (placed on `mesh`, if given) with the task's prompts and the
+    reward `terms` (default: the answer reward), prompts and samples from PRNGKey(3)."""
+    task = TEXT_TASK if terms is None else TEXT_TASK._replace(reward_terms=tuple(terms))
     if mesh is not None:
         params = jax.device_put(params, param_shardings(TINY, mesh))
-    state = training.init_state(params, config.optimizer(), mesh)
-    indices = jnp.arange(2)
-    state, metrics = jax.jit(chunk)(state, indices, reference)
+    algorithm = grpo.make(config, TINY, task, params, mesh)
+    hp = hparams.hparams(config)
+    state = algorithm.init(jax.random.PRNGKey(3), hp)
+    chunk = loop.make_chunk(algorithm.update, 2, runs_axis=False)
+    state, metrics = jax.jit(chunk)(state, reference, hp)
     return jax.device_get(state.params), jax.device_get(metrics)
 
 
@@ -206,9 +206,11 @@ def test_sharded_update_equals_single_device(mesh_shape):
 
 def test_generation_and_update_are_one_compiled_program():
     config = grpo.Config(batch_size=4, group_size=2, max_new_tokens=4)
-    chunk = grpo.make_train_chunk(TINY, config, _sampler, [_task_reward()], 2, 0, seed=0)
-    state = training.init_state(init_params(TINY, jax.random.key(0)), config.optimizer())
-    lowered = jax.jit(chunk).lower(state, jnp.arange(3), None)
+    algorithm = grpo.make(config, TINY, TEXT_TASK, init_params(TINY, jax.random.key(0)))
+    hp = hparams.hparams(config)
+    state = algorithm.init(jax.random.PRNGKey(0), hp)
+    chunk = loop.make_chunk(algorithm.update, 3, runs_axis=False)
+    lowered = jax.jit(chunk).lower(state, None, hp)
     text = lowered.as_text()
     # One module holds the scan over updates, the sampler's decode while-loop (nested in it),
     # the prompt sampler's redraw loop, and the optimizer; there is no other jitted function.
@@ -216,6 +218,39 @@ def test_generation_and_update_are_one_compiled_program():
     assert "sqrt" in text  # Adam's update
     compiled = lowered.compile()
     assert compiled.cost_analysis() is not None
+
+
+def test_sweep_over_learning_rate_and_kl_beta_equals_separate_runs():
+    """hparams.sweep gives every run its own learning rate and KL weight; vmapped over a runs
+    axis through loop.make_chunk, 2 updates (rollouts by each run's own policy) end where the
+    separate runs do. Same PRNG key for every run, so the first rollout is shared; the format
+    reward and a reference unlike the initial model give every run real gradients (near-zero
+    ones would be rounding noise, which Adam scales up to steps of the learning rate)."""
+    config = grpo.Config(
+        batch_size=4, group_size=4, max_new_tokens=4, num_minibatches=2, num_epochs=2
+    )
+    task = TASK.text_task(TOKENIZER, format_weight=1.0)
+    algorithm = grpo.make(config, TINY, task, init_params(TINY, jax.random.key(0)))
+    reference = init_params(TINY, jax.random.key(1))
+    hps = hparams.sweep(config, learning_rate=[1e-3, 1e-2], kl_beta=[0.0, 0.5])
+    keys = jnp.stack([jax.random.PRNGKey(5)] * 4)
+    swept, swept_metrics = jax.jit(loop.make_chunk(algorithm.update, 2))(
+        jax.vmap(algorithm.init)(keys, hps), reference, hps
+    )
+    one_run = jax.jit(loop.make_chunk(algorithm.update, 2, runs_axis=False))
+    for i in range(4):
+        hp = jax.tree.map(lambda x, i=i: x[i], hps)
+        alone, metrics = one_run(algorithm.init(keys[i], hp), reference, hp)
+        for name in ("reward", "loss", "kl", "entropy", "grad_norm"):
+            np.testing.assert_allclose(
+                swept_metrics[name][:, i], metrics[name], rtol=1e-4, atol=1e-6, err_msg=name
+            )
+        for x, y in zip(jax.tree.leaves(swept.params), jax.tree.leaves(alone.params), strict=True):
+            np.testing.assert_allclose(x[i], y, atol=1e-4)  # 1% of the larger learning rate
+            assert np.abs(x[i] - y).mean() < 2e-6
+    # Each setting moved the policy its own way.
+    final = jax.tree.leaves(swept.params)[0].reshape(4, -1)
+    assert all(not np.allclose(final[i], final[j]) for i in range(4) for j in range(i))
 
 
 def test_host_reward_runs_through_io_callback_on_a_mesh():
@@ -255,14 +290,15 @@ def test_grpo_learns_reverse_three_digits_from_random_init():
 
     flat = get_config("reverse_digits")
     fields = {k: v for k, v in flat.items() if k in grpo.Config.__dataclass_fields__}
-    config = grpo.Config(**{**fields, "mesh_shape": tuple(fields["mesh_shape"])})
+    config = grpo.Config(**fields)
     model = ModelConfig(**flat.model.to_dict())
-    chunk = grpo.make_train_chunk(model, config, _sampler, [_task_reward()], 2, 0, seed=0)
-    state = training.init_state(init_params(model, jax.random.key(0)), config.optimizer())
-    run = jax.jit(chunk, donate_argnums=0)
+    algorithm = grpo.make(config, model, TEXT_TASK, init_params(model, jax.random.key(0)))
+    hp = hparams.hparams(config)
+    state = algorithm.init(jax.random.PRNGKey(0), hp)
+    run = jax.jit(loop.make_chunk(algorithm.update, 50, runs_axis=False), donate_argnums=0)
     rewards = []
-    for first in range(0, config.num_steps, 50):
-        state, metrics = run(state, jnp.arange(first, first + 50), None)
+    for _ in range(0, config.num_steps, 50):
+        state, metrics = run(state, None, hp)
         rewards.extend(np.asarray(metrics["reward_task"]).tolist())
     assert rewards[0] < 0.05
     assert np.mean(rewards[-10:]) >= 0.9, rewards[::25]

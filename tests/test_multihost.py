@@ -82,7 +82,7 @@ def assert_same_run(multi, single, keys):
     (multi_summary, multi_rows), (single_summary, single_rows) = read(multi), read(single)
     for key in keys:
         assert multi_summary[key] == pytest.approx(single_summary[key], abs=1e-6), key
-    assert [r["update"] for r in multi_rows] == [r["update"] for r in single_rows]
+    assert [r["step"] for r in multi_rows] == [r["step"] for r in single_rows]
     for name in ("loss", "reward_accuracy", "mean_reward"):
         if name in single_rows[0]:
             np.testing.assert_allclose(
@@ -109,7 +109,7 @@ def test_grpo_on_two_processes_matches_one_process(tmp_path):
         "--config.num_steps=4",
         "--config.batch_size=16",
         "--config.group_size=4",
-        "--config.run.steps_per_chunk=2",
+        "--config.run.num_chunks=2",
         "--config.eval_batch_size=64",
     ]
     run_single("grpo.py", tmp_path / "one", *args)

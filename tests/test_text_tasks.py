@@ -1,6 +1,8 @@
 """Text tasks: the host (string) and JAX (token array) versions agree, splits never overlap, and
 the rewards follow their definitions."""
 
+import types
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -124,3 +126,35 @@ def test_task_rejects_bad_settings():
         make_task("addition", num_digits=9)
     with pytest.raises(ConfigError, match="unknown task"):
         make_task("multiply")
+
+
+def test_text_task_bundles_the_prompt_sampler_and_the_rewards():
+    """What GRPO trains on: the task's prompts drawn in JAX, its answer reward, and the format
+    reward at its weight (only when the weight is not 0)."""
+    task = make_task("reverse_digits", num_digits=3)
+    tokens = task.tokens(TOKENIZER)
+    plain, shaped = task.text_task(TOKENIZER), task.text_task(TOKENIZER, format_weight=0.5)
+    assert [t.name for t in plain.reward_terms] == ["task"]
+    assert [(t.name, t.weight) for t in shaped.reward_terms] == [("task", 1.0), ("format", 0.5)]
+    assert (shaped.eos_id, shaped.pad_id) == (TOKENIZER.eos_id, TOKENIZER.pad_id)
+    prompts = shaped.sample_prompts(jax.random.key(3), 6)
+    want = task.sample_prompts(jax.random.key(3), 6, tokens)
+    for got, expected in zip(prompts, want, strict=True):
+        np.testing.assert_array_equal(got, expected)
+    problems = _digits_to_problems(task.sample_digits(jax.random.key(3), 6))
+    texts = [task.answer(p) for p in problems[:3]] + ["12", "x", "999"]
+    tokens_, mask = _completion_tokens(texts, 6, eos=True)
+    # What the sampler returns, as far as rewards look.
+    completion = types.SimpleNamespace(tokens=jnp.asarray(tokens_), mask=jnp.asarray(mask))
+    answer, form = (term.fn(prompts, completion) for term in shaped.reward_terms)
+    np.testing.assert_allclose(
+        np.asarray(answer), [task.score(p, t) for p, t in zip(problems, texts, strict=True)]
+    )
+    np.testing.assert_allclose(
+        np.asarray(form),
+        format_reward(completion.tokens, completion.mask, tokens.digit_ids, TOKENIZER.eos_id),
+    )
+    more = shaped.with_reward(shaped.reward_terms[0]._replace(name="again"))
+    assert [t.name for t in more.reward_terms] == ["task", "format", "again"]
+    with pytest.raises(ConfigError, match="tokenizer"):
+        task.text_task(type("OneTokenPerTwoChars", (), {"encode": lambda self, s: [1, 2]})())

@@ -6,7 +6,6 @@ from envs.text.digit_tasks import (
     CopyDigits,
     CountDigit,
     DigitTask,
-    PromptBatch,
     ReverseDigits,
     SortDigits,
     TaskTokens,
@@ -14,6 +13,7 @@ from envs.text.digit_tasks import (
     format_reward,
     is_held_out,
 )
+from envs.text.task import PromptBatch, RewardTerm, TextTask
 
 __all__ = [
     "TASKS",
@@ -22,9 +22,11 @@ __all__ = [
     "CountDigit",
     "DigitTask",
     "PromptBatch",
+    "RewardTerm",
     "ReverseDigits",
     "SortDigits",
     "TaskTokens",
+    "TextTask",
     "answer_reward",
     "format_reward",
     "is_held_out",

@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from envs.text.task import PromptBatch, RewardTerm, TextTask
 from jaxrl.config import require
 
 Array = jax.Array
@@ -68,15 +69,6 @@ class TaskTokens(NamedTuple):
     def digit_ids(self) -> np.ndarray:
         """[10] token ids of the characters "0" to "9"."""
         return self.char_ids[ZERO : ZERO + 10]
-
-
-class PromptBatch(NamedTuple):
-    """Left-padded prompts with their answers, as token ids."""
-
-    tokens: Array  # [n, P] (BOS first when the tokenizer has one)
-    mask: Array  # [n, P] True on real tokens
-    answer_tokens: Array  # [n, A] pad after the answer
-    answer_length: Array  # [n]
 
 
 def _number_digits(value: Array, width: int) -> tuple[Array, Array]:
@@ -309,6 +301,31 @@ class DigitTask:
     ) -> PromptBatch:
         """`count` prompts of `split` drawn uniformly, as token ids (pure JAX)."""
         return self.encode_problems(self.sample_digits(key, count, split), tokens)
+
+    def text_task(self, tokenizer: Any, format_weight: float = 0.0) -> TextTask:
+        """This task as GRPO trains on it: prompts of the train split drawn in JAX, rewarded by
+        `answer_reward` (weight 1) plus `format_weight` x `format_reward` when it is not 0.
+        Raises `ConfigError` naming `tokenizer` if a character the task writes is not one token."""
+        tokens = self.tokens(tokenizer)
+        eos = tokens.eos_id
+        terms = [
+            RewardTerm(
+                "task",
+                1.0,
+                lambda p, c: answer_reward(c.tokens, c.mask, p.answer_tokens, p.answer_length, eos),
+            )
+        ]
+        if format_weight:
+            digits = tokens.digit_ids
+            format_fn = lambda p, c: format_reward(c.tokens, c.mask, digits, eos)  # noqa: E731
+            terms.append(RewardTerm("format", format_weight, format_fn))
+        return TextTask(
+            self.name,
+            lambda key, count: self.sample_prompts(key, count, tokens),
+            tuple(terms),
+            tokens.eos_id,
+            tokens.pad_id,
+        )
 
 
 # --- the tasks ------------------------------------------------------------------------------

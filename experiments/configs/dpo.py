@@ -2,7 +2,7 @@
 
 import ml_collections
 
-from experiments.configs.lm import with_sections
+from experiments.configs.lm import lm_config
 
 PRESETS = {
     "reverse_digits": dict(num_steps=300, batch_size=32, learning_rate=5e-4, beta=0.5),
@@ -10,10 +10,13 @@ PRESETS = {
 
 
 def get_config(preset: str = "reverse_digits") -> ml_collections.ConfigDict:
-    if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
+    """The preset's config: `algos.dpo.Config` fields, the LM sections, and the batch size of the
+    reference and evaluation passes (`eval_batch_size`)."""
     from algos import dpo
+    from jaxrl import runner
 
-    config = with_sections({**dpo.Config().__dict__, **PRESETS[preset]})
-    config.eval_batch_size = 256
-    return config
+    # 50 optimizer steps per compiled chunk.
+    chosen = runner.preset_of(PRESETS, preset)
+    return lm_config(
+        dpo.Config(), chosen, num_chunks=chosen["num_steps"] // 50, eval_batch_size=256
+    )

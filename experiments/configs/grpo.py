@@ -7,30 +7,35 @@
 
 import ml_collections
 
-from experiments.configs.lm import with_sections
+from experiments.configs.lm import lm_config
 
 PRESETS = {
     "reverse_digits": dict(
-        algo=dict(
-            num_steps=300, batch_size=128, group_size=16, learning_rate=1e-3, max_new_tokens=4
-        ),
+        num_steps=300,
+        batch_size=128,
+        group_size=16,
+        learning_rate=1e-3,
+        max_new_tokens=4,
         task=dict(name="reverse_digits", num_digits=3),
     ),
     "addition": dict(
-        algo=dict(num_steps=200, batch_size=64, group_size=8, learning_rate=5e-4, max_new_tokens=5),
+        num_steps=200,
+        batch_size=64,
+        group_size=8,
+        learning_rate=5e-4,
+        max_new_tokens=5,
         task=dict(name="addition", num_digits=2),
     ),
 }
 
 
 def get_config(preset: str = "reverse_digits") -> ml_collections.ConfigDict:
-    if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
+    """The preset's config: `algos.grpo.Config` fields, the LM sections, the reward settings and
+    the batch size of the greedy evaluation (`eval_batch_size`)."""
     from algos import grpo
+    from jaxrl import runner
 
-    config = with_sections({**grpo.Config().__dict__, **PRESETS[preset]["algo"]})
-    config.task.update(PRESETS[preset]["task"])
-    config.rewards = ml_collections.ConfigDict(
+    rewards = ml_collections.ConfigDict(
         dict(
             # weight of the format reward (digits, then EOS) next to the task's answer reward
             format_weight=0.0,
@@ -40,6 +45,12 @@ def get_config(preset: str = "reverse_digits") -> ml_collections.ConfigDict:
             host_weight=1.0,
         )
     )
-    config.run.steps_per_chunk = 25
-    config.eval_batch_size = 256
-    return config
+    # 25 updates per compiled chunk.
+    chosen = runner.preset_of(PRESETS, preset)
+    return lm_config(
+        grpo.Config(),
+        chosen,
+        num_chunks=chosen["num_steps"] // 25,
+        rewards=rewards,
+        eval_batch_size=256,
+    )

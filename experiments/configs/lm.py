@@ -1,5 +1,7 @@
-"""Settings the language-model experiments share (sft.py, dpo.py): the model, the text task and
-how the run is driven. Algorithm configs in sft.py / dpo.py add their own top-level fields."""
+"""Settings the language-model experiments share (sft.py, dpo.py, grpo.py): the model, the text
+task and how the run is driven. Each algorithm's config file adds its Config's fields on top."""
+
+from typing import Any
 
 import ml_collections
 
@@ -24,7 +26,8 @@ TINY_MODEL = dict(
 )
 
 
-def task_config() -> ml_collections.ConfigDict:
+def task_config(**overrides: Any) -> ml_collections.ConfigDict:
+    """The `task` section: which text task, its tokenizer, and the problems drawn for it."""
     return ml_collections.ConfigDict(
         dict(
             name="reverse_digits",
@@ -43,29 +46,29 @@ def task_config() -> ml_collections.ConfigDict:
             train_jsonl="",
             eval_jsonl="",
         )
+        | overrides
     )
 
 
-def run_config(steps_per_chunk: int = 50) -> ml_collections.ConfigDict:
-    return ml_collections.ConfigDict(
-        dict(
-            # optimizer steps per compiled call; a checkpoint between chunks
-            steps_per_chunk=steps_per_chunk,
-            checkpoint_every=1,  # chunks
-            keep_checkpoints=2,
-            log_every=10,  # steps
-            tensorboard=True,
-            progress=True,
-        )
+def lm_config(
+    config: Any, preset: dict[str, Any], num_chunks: int, **sections: Any
+) -> ml_collections.ConfigDict:
+    """A config file's `get_config()`: the algorithm Config's fields with the preset's values,
+    the tiny model, the task (a preset's `task` entries override the defaults), the run section
+    (`num_chunks` compiled chunks with a checkpoint after each), `init_from` (an earlier run
+    directory or a Hugging Face checkpoint; "" is random initialisation), the `seed` of the
+    initialisation and the batch order, and any further `sections`."""
+    from jaxrl import runner
+
+    preset = dict(preset)
+    task = task_config(**preset.pop("task", {}))
+    return runner.config_dict(
+        config,
+        preset,
+        model=ml_collections.ConfigDict(TINY_MODEL),
+        task=task,
+        run=runner.run_section(num_chunks=num_chunks, keep_checkpoints=2),
+        init_from="",
+        seed=0,
+        **sections,
     )
-
-
-def with_sections(algorithm_fields: dict) -> ml_collections.ConfigDict:
-    config = ml_collections.ConfigDict(algorithm_fields)
-    config.mesh_shape = tuple(config.mesh_shape)
-    config.model = ml_collections.ConfigDict(TINY_MODEL)
-    config.task = task_config()
-    config.run = run_config()
-    config.init_from = ""
-    config.seed = 0
-    return config

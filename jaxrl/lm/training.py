@@ -1,10 +1,12 @@
-"""What SFT, DPO and GRPO share: the optimizer, sequence log-probs, gradient accumulation, and a
-compiled chunk of optimizer steps with metrics streamed to the host from inside the program.
+"""What SFT, DPO and GRPO share: the settings and state of a run, the optimizer, sequence log-probs,
+and one optimizer step with gradient accumulation, the building block of their updates.
 
-A loss here is `loss_fn(params, micro_batch) -> (scalar, metrics dict)`. `make_train_chunk` turns
-it into one jit-able function that runs K optimizer steps over K stacked batches with `lax.scan`,
-each step averaging gradients over `grad_accum_steps` micro-batches (another scan), so K steps cost
-one host dispatch. Params and optimizer state keep the shardings they were placed with.
+A loss here is `loss_fn(params, micro_batch) -> (scalar, metrics dict)`. `optimizer_step` takes
+one AdamW step on a batch shaped [grad_accum_steps, micro_batch, ...], averaging the gradients of
+the micro-batches with a `lax.scan`. The optimizer is built from the run's `HParams` inside the
+update, so the learning rate (and weight decay, gradient clip) can differ between the runs of one
+program: a learning-rate sweep is one compiled program, vmapped. Chunks of updates are
+`jaxrl.loop.make_chunk`; parameters and optimizer state keep the shardings they were placed with.
 """
 
 from __future__ import annotations
@@ -18,34 +20,39 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxrl import sharding
-from jaxrl.config import require, require_positive
+from jaxrl import loop, sharding
+from jaxrl.config import require, require_non_negative, require_positive
+from jaxrl.hparams import HParams, swept
 from jaxrl.lm.model import Transformer, token_log_probs
 
 Array = jax.Array
-# loss_fn(params, micro_batch, extra) -> (scalar loss, metrics); `extra` is whatever the chunk
-# was called with besides the batches (DPO passes the reference parameters), often None.
-LossFn = Callable[[Any, dict[str, Array], Any], tuple[Array, dict[str, Array]]]
+# loss_fn(params, micro_batch) -> (scalar loss, metrics)
+LossFn = Callable[[Any, dict[str, Array]], tuple[Array, dict[str, Array]]]
 
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-    """Optimisation settings every language-model algorithm shares."""
+    """Optimisation settings every language-model algorithm shares. Fields marked `swept` may
+    differ between the runs of one program (`jaxrl.hparams.sweep`)."""
 
-    learning_rate: float = 1e-4  # constant after the warmup
-    warmup_steps: int = 0  # linear warmup from 0 to learning_rate over this many steps
-    weight_decay: float = 0.0  # AdamW's decoupled weight decay
-    max_grad_norm: float = 1.0  # global gradient-norm clip
+    learning_rate: float = swept(1e-4)  # constant after the warmup
+    warmup_steps: int = 0  # linear warmup from 0 to learning_rate over this many optimizer steps
+    weight_decay: float = swept(0.0)  # AdamW's decoupled weight decay
+    # Global gradient-norm clip. Not swept: a traced clip norm changes how XLA compiles the step,
+    # and so the rounding of every run, swept or not (GRPO's seed-0 learning test moves).
+    max_grad_norm: float = 1.0
     batch_size: int = 8  # sequences (SFT) or preference pairs (DPO) per optimizer step
     grad_accum_steps: int = 1  # the batch is processed in this many micro-batches
-    num_steps: int = 200  # optimizer steps in the run
+    num_steps: int = 200  # updates in the run
     mesh_shape: tuple[int, int, int] = (1, 1, 1)  # (data, fsdp, tensor)
 
     def __post_init__(self) -> None:
+        # ml_collections hands us lists; the config must stay hashable.
+        object.__setattr__(self, "mesh_shape", tuple(self.mesh_shape))
         require_positive(
             self, "learning_rate", "batch_size", "grad_accum_steps", "num_steps", "max_grad_norm"
         )
-        require(self.warmup_steps >= 0, "warmup_steps", f"got {self.warmup_steps}", "use 0 or more")
+        require_non_negative(self, "warmup_steps", "weight_decay")
         require(
             self.batch_size % self.grad_accum_steps == 0,
             "grad_accum_steps",
@@ -67,12 +74,6 @@ class TrainConfig:
         """Rows per micro-batch: batch_size // grad_accum_steps."""
         return self.batch_size // self.grad_accum_steps
 
-    def optimizer(self) -> optax.GradientTransformation:
-        """`make_optimizer` with this config's settings."""
-        return make_optimizer(
-            self.learning_rate, self.warmup_steps, self.weight_decay, self.max_grad_norm
-        )
-
 
 def check_mesh_shape(mesh_shape: tuple[int, int, int]) -> int:
     """Validate a (data, fsdp, tensor) mesh shape; return its number of batch shards."""
@@ -86,47 +87,61 @@ def check_mesh_shape(mesh_shape: tuple[int, int, int]) -> int:
 
 
 class TrainState(NamedTuple):
-    """Optimizer steps taken (a scalar int32 array), the parameters and the optimizer state."""
+    """The whole state of one language-model run."""
 
-    step: Array
     params: Any
-    opt_state: Any
+    opt_state: Any  # AdamW's, over `params` (its count is the optimizer steps taken)
+    key: Array  # the run's PRNG key; GRPO draws update i's randomness from fold_in(key, i)
+    step: Array  # updates done (int32 scalar)
 
 
-def make_optimizer(
-    learning_rate: float,
-    warmup_steps: int = 0,
-    weight_decay: float = 0.0,
-    max_grad_norm: float = 1.0,
-) -> optax.GradientTransformation:
-    """AdamW after global-norm clipping, with an optional linear warmup to a constant rate."""
-    schedule = optax.constant_schedule(learning_rate)
-    if warmup_steps > 0:
-        warmup = optax.linear_schedule(0.0, learning_rate, warmup_steps)
-        schedule = optax.join_schedules([warmup, schedule], [warmup_steps])
+def make_optimizer(hp: HParams, config: TrainConfig) -> optax.GradientTransformation:
+    """Global-norm clipping at config.max_grad_norm, then AdamW at hp.learning_rate (ramped
+    linearly from 0 over the first config.warmup_steps optimizer steps) with hp.weight_decay.
+
+    Built from (possibly traced) hyper-parameters, so each run of a sweep has its own; the
+    optimizer state's structure does not depend on them, so `init` and the update build it
+    separately and agree."""
+
+    def schedule(count: Array) -> Array:
+        if config.warmup_steps == 0:
+            return hp.learning_rate
+        return hp.learning_rate * jnp.minimum(count / config.warmup_steps, 1.0)
+
     return optax.chain(
-        optax.clip_by_global_norm(max_grad_norm),
-        optax.adamw(schedule, weight_decay=weight_decay),
+        optax.clip_by_global_norm(config.max_grad_norm),
+        optax.adamw(schedule, weight_decay=hp.weight_decay),
     )
 
 
-def init_state(
-    params: Any, optimizer: optax.GradientTransformation, mesh: Any = None
-) -> TrainState:
-    """Optimizer moments are created like the parameters, so they inherit their shardings; with a
-    mesh, the scalars (step, Adam's count) are replicated over it so every leaf lives on it."""
-    state = TrainState(
-        step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params)
-    )
-    if mesh is None:
-        return state
-    on_mesh = set(mesh.devices.flat)
-    return jax.tree.map(
-        lambda x: (
-            x if x.sharding.device_set == on_mesh else jax.device_put(x, sharding.replicated(mesh))
-        ),
-        state,
-    )
+def make_init(
+    params: Any, config: TrainConfig, mesh: Any = None
+) -> Callable[[Array, HParams], TrainState]:
+    """`init(key, hparams) -> TrainState` starting from `params` (random or a checkpoint's).
+
+    The state gets its own copy of the parameters: chunks donate the state, and the caller may
+    still use `params` (as DPO's or GRPO's reference model, say). The optimizer moments are made
+    like the parameters, so they inherit their shardings; with a mesh, the scalars (key, step,
+    Adam's count) are replicated over it so every leaf lives on it (call `init` outside `jit`
+    then, as the scripts do)."""
+
+    def init(key: Array, hp: HParams) -> TrainState:
+        own = jax.tree.map(jnp.copy, params)
+        opt_state = make_optimizer(hp, config).init(own)
+        state = TrainState(own, opt_state, key, loop.zeros_step())
+        if mesh is None:
+            return state
+        on_mesh = set(mesh.devices.flat)
+        return jax.tree.map(
+            lambda x: (
+                x
+                if x.sharding.device_set == on_mesh
+                else jax.device_put(x, sharding.replicated(mesh))
+            ),
+            state,
+        )
+
+    return init
 
 
 def sequence_log_probs(
@@ -139,63 +154,61 @@ def sequence_log_probs(
     return per_token.sum(axis=-1), loss_mask.sum(axis=-1).astype(jnp.float32)
 
 
-def split_micro_batches(
-    batch: dict[str, np.ndarray], grad_accum_steps: int
-) -> dict[str, np.ndarray]:
-    """[B, ...] -> [grad_accum_steps, B / grad_accum_steps, ...]."""
-    return jax.tree.map(
-        lambda x: x.reshape(grad_accum_steps, x.shape[0] // grad_accum_steps, *x.shape[1:]), batch
-    )
-
-
-def make_train_step(
-    loss_fn: LossFn, optimizer: optax.GradientTransformation
-) -> Callable[..., tuple[TrainState, dict[str, Array]]]:
-    """`step(state, batch, extra=None) -> (state, metrics)`: one optimizer step over a batch
-    shaped [grad_accum_steps, micro_batch, ...], gradients averaged over the micro-batches.
+def optimizer_step(
+    loss_fn: LossFn,
+    params: Any,
+    opt_state: Any,
+    batch: dict[str, Array],
+    hp: HParams,
+    config: TrainConfig,
+) -> tuple[Any, Any, dict[str, Array]]:
+    """One optimizer step (`make_optimizer(hp, config)`) over a batch shaped [grad_accum_steps,
+    micro_batch, ...], the gradients averaged over the micro-batches: returns (params, opt_state,
+    metrics).
 
     `metrics` are scalars: the loss function's metrics and `loss` averaged over the micro-batches,
-    plus `grad_norm` of the averaged gradient.
+    plus `grad_norm` of the averaged gradient (before clipping).
     """
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
-    def step(state: TrainState, batch: dict[str, Array], extra: Any = None):
-        def accumulate(grads_sum, micro_batch):
-            (loss, metrics), grads = grad_fn(state.params, micro_batch, extra)
-            grads_sum = jax.tree.map(jnp.add, grads_sum, grads)
-            return grads_sum, dict(metrics, loss=loss)
+    def accumulate(grads_sum, micro_batch):
+        (loss, metrics), grads = grad_fn(params, micro_batch)
+        return jax.tree.map(jnp.add, grads_sum, grads), dict(metrics, loss=loss)
 
-        zeros = jax.tree.map(jnp.zeros_like, state.params)
-        grads_sum, metrics = jax.lax.scan(accumulate, zeros, batch)
-        accum = jax.tree.leaves(batch)[0].shape[0]
-        grads = jax.tree.map(lambda g: g / accum, grads_sum)
-        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
-        metrics = jax.tree.map(jnp.mean, metrics)
-        metrics["grad_norm"] = optax.tree.norm(grads)
-        return TrainState(state.step + 1, params, opt_state), metrics
-
-    return step
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    grads_sum, metrics = jax.lax.scan(accumulate, zeros, batch)
+    accum = jax.tree.leaves(batch)[0].shape[0]
+    grads = jax.tree.map(lambda g: g / accum, grads_sum)
+    updates, opt_state = make_optimizer(hp, config).update(grads, opt_state, params)
+    metrics = jax.tree.map(jnp.mean, metrics)
+    metrics["grad_norm"] = optax.tree.norm(grads)
+    return optax.apply_updates(params, updates), opt_state, metrics
 
 
-def make_train_chunk(
-    loss_fn: LossFn,
-    optimizer: optax.GradientTransformation,
-    callback: Callable[[Any, dict[str, Any]], None] | None = None,
-) -> Callable[..., tuple[TrainState, dict[str, Array]]]:
-    """`chunk(state, batches, extra=None) -> (state, metrics)`: K optimizer steps over batches
-    stacked [K, grad_accum_steps, micro_batch, ...]; each metric has shape [K]. The metrics of
-    every step also go to `callback(step, metrics)` on the host as they are computed."""
-    step_fn = make_train_step(loss_fn, optimizer)
+def make_batch_chunk(
+    update: Callable[[TrainState, Any, HParams], tuple[TrainState, dict[str, Array]]],
+    num_steps: int,
+    *,
+    log_every: int = 1,
+    callback: Callable[[Array, dict[str, Array]], None] | None = None,
+) -> Callable[[TrainState, Any, HParams], tuple[TrainState, dict[str, Array]]]:
+    """`chunk(state, (batches, shared), hparams)`: `jaxrl.loop.make_chunk` over one host batch
+    per update (`batches` stacked [num_steps, grad_accum_steps, micro_batch, ...]), update i
+    called as `update(state, (batch_i, shared), hparams)`. `shared` is what every update needs
+    besides its batch, passed once rather than stacked: DPO's in-step reference parameters."""
 
-    def chunk(state: TrainState, batches: dict[str, Array], extra: Any = None):
-        def one_step(state, batch):
-            state, metrics = step_fn(state, batch, extra)
-            if callback is not None:
-                jax.debug.callback(callback, state.step, metrics)
-            return state, metrics
-
-        return jax.lax.scan(one_step, state, batches)
+    def chunk(state: TrainState, inputs: Any, hp: HParams):
+        batches, shared = inputs
+        with_shared = lambda s, batch, h: update(s, (batch, shared), h)  # noqa: E731
+        run = loop.make_chunk(
+            with_shared,
+            num_steps,
+            log_every=log_every,
+            callback=callback,
+            runs_axis=False,
+            scan_inputs=True,
+        )
+        return run(state, batches, hp)
 
     return chunk
 

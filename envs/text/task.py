@@ -1,0 +1,50 @@
+"""What a text task gives a reinforcement-learning algorithm (GRPO): prompts it samples inside the
+compiled program, and reward terms that score the sampled completions as token arrays.
+
+    task = make_task("reverse_digits", num_digits=3).text_task(tokenizer, format_weight=0.5)
+    prompts = task.sample_prompts(key, 128)                      # a PromptBatch, pure JAX
+    reward = sum(t.weight * t.fn(prompts, completion) for t in task.reward_terms)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+
+Array = jax.Array
+
+
+class PromptBatch(NamedTuple):
+    """Left-padded prompts with their answers, as token ids."""
+
+    tokens: Array  # [n, P] (BOS first when the tokenizer has one)
+    mask: Array  # [n, P] True on real tokens
+    answer_tokens: Array  # [n, A] pad after the answer
+    answer_length: Array  # [n]
+
+
+class RewardTerm(NamedTuple):
+    """One reward: `fn(prompts, completion) -> [B]`, scaled by `weight`. `completion` has
+    `tokens` and `mask` [B, N] (a `jaxrl.lm.sampler.Completion`); `prompts` is a `PromptBatch`
+    of the same B rows."""
+
+    name: str  # the metric is logged as reward_<name>
+    weight: float
+    fn: Callable[[PromptBatch, Any], Array]
+
+
+class TextTask(NamedTuple):
+    """A task as an RL algorithm trains on it: a prompt sampler and the terms of the reward (a
+    weighted sum), with the tokenizer ids the sampler needs to end and pad completions."""
+
+    name: str
+    sample_prompts: Callable[[Array, int], PromptBatch]  # (key, count) -> prompts, pure JAX
+    reward_terms: tuple[RewardTerm, ...]
+    eos_id: int
+    pad_id: int
+
+    def with_reward(self, term: RewardTerm) -> TextTask:
+        """This task with one more reward term (a host Python reward, say)."""
+        return self._replace(reward_terms=(*self.reward_terms, term))
