@@ -103,11 +103,11 @@ def main(argv: list[str]) -> None:
     if len(argv) > 1:
         fail(f"unexpected arguments {argv[1:]}; settings are flags, e.g. --num_steps=10000")
     if _NUM_STEPS.value < 1:
-        fail(f"--num_steps must be >= 1, got {_NUM_STEPS.value}")
+        fail(f"--num_steps must be >= 1, got {_NUM_STEPS.value}; pass 1 or more")
     if _NUM_ENVS.value < 1:
-        fail(f"--num_envs must be >= 1, got {_NUM_ENVS.value}")
+        fail(f"--num_envs must be >= 1, got {_NUM_ENVS.value}; pass 1 or more")
     if _MAX_EPISODE_STEPS.value is not None and _MAX_EPISODE_STEPS.value < 1:
-        fail(f"--max_episode_steps must be >= 1, got {_MAX_EPISODE_STEPS.value}")
+        fail(f"--max_episode_steps must be >= 1, got {_MAX_EPISODE_STEPS.value}; pass 1 or more")
     if _REF_MIN.value is not None and _REF_MIN.value == _REF_MAX.value:
         fail("--ref_min_return and --ref_max_return are equal; scores would be undefined")
     random_policy = _POLICY.value == "random"

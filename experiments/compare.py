@@ -170,7 +170,7 @@ def read_curves(path: str, x_key: str, num_seeds: int) -> dict[str, tuple[np.nda
 
 def load_run(path: str, metric: str, x_key: str) -> Run:
     if not os.path.isdir(path):
-        fail(f"{path}: no such directory")
+        fail(f"{path}: no such directory; pass run directories of experiments/<algo>.py")
     summary_path = os.path.join(path, "summary.json")
     if not os.path.isfile(summary_path):
         fail(

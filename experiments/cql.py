@@ -50,7 +50,7 @@ def load_dataset(flat: Any, config: cql.Config) -> tuple[Transition, dict[str, A
     section = flat.dataset
     if not section.path:
         runner.fail(
-            "config.dataset.path is required: a dataset directory printed by "
+            "config.dataset.path is required; pass a dataset directory printed by "
             "experiments/collect.py (e.g. --config.dataset.path=data/pendulum_v1/medium/1.0.0) "
             "or a TFDS name with --config.dataset.data_dir"
         )

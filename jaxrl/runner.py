@@ -207,11 +207,11 @@ RUN_COUNTS = ("num_chunks", "checkpoint_every", "keep_checkpoints", "log_every")
 def check_run_settings(run: Any, num_seeds: int = 1) -> None:
     """The driver's counts (chunks, checkpoint interval, logging interval, seeds) must be >= 1."""
     if num_seeds < 1:
-        fail(f"--num_seeds must be >= 1, got {num_seeds}")
+        fail(f"--num_seeds must be >= 1, got {num_seeds}; pass --num_seeds=1 or more")
     for name in RUN_COUNTS:
         value = run[name]
         if not isinstance(value, int) or value < 1:
-            fail(f"config.run.{name} must be >= 1, got {value}")
+            fail(f"config.run.{name} must be >= 1, got {value}; set it to 1 or more")
 
 
 def check_resumable(saved: dict[str, Any] | None, current: dict[str, Any], workdir: str) -> None:

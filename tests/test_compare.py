@@ -149,7 +149,10 @@ def test_compare_errors(tmp_path, capsys):
     good = write_run(tmp_path / "good", "CartPole-v1", [1.0, 2.0])
     result = run_compare(str(tmp_path / "missing"), good, check=False)
     assert result.returncode == 2
-    assert result.stderr.strip() == f"error: {tmp_path / 'missing'}: no such directory"
+    assert result.stderr.strip() == (
+        f"error: {tmp_path / 'missing'}: no such directory; pass run directories of "
+        "experiments/<algo>.py"
+    )
 
     os.makedirs(tmp_path / "unfinished")
     unfinished = str(tmp_path / "unfinished")

@@ -1,0 +1,203 @@
+"""Every script, fed the bad inputs a careless user types: each must exit 2 with exactly one
+`error:` line naming the field (or flag, or file) and the fix, before anything compiles and
+without writing anything.
+
+The cases run as subprocesses, two at a time. Each one's time is compared with the script's bare
+start (`--helpfull`: every import, flag parsing, nothing else), so a check that runs only after
+compiling something would show up as slow.
+"""
+
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRAINERS = ("ppo.py", "sac.py", "cql.py", "sft.py", "dpo.py", "grpo.py")
+
+# (script, arguments, the start of the error line after "error: ")
+CASES = [
+    # --- flags and config files, the same path for every trainer
+    ("ppo.py", "--config.learning_rat=1e-3", "--config.learning_rat: not a setting"),
+    ("ppo.py", "--config=experiments/configs/ppo.py:hopper", "--config: unknown preset"),
+    ("ppo.py", "--config=experiments/configs/nope.py", "--config=experiments/configs/nope.py"),
+    ("ppo.py", "--config.num_envs=abc", "--config.num_envs: invalid literal"),
+    ("ppo.py", "--num_seeds=x", "--num_seeds: invalid literal"),
+    ("ppo.py", "--bogus=1", "--bogus: unknown flag"),
+    ("ppo.py", "positional", "unexpected arguments"),
+    ("ppo.py", "--config.run.num_chunk=3", "--config.run.num_chunk: not a setting"),
+    ("sac.py", "--config.critc_lr=1", "--config.critc_lr: not a setting"),
+    ("sac.py", "--config=experiments/configs/sac.py:walker", "--config: unknown preset"),
+    ("cql.py", "--config.cql_alpah=1", "--config.cql_alpah: not a setting"),
+    ("sft.py", "--config.learning_rat=1", "--config.learning_rat: not a setting"),
+    ("dpo.py", "--config.bta=1", "--config.bta: not a setting"),
+    ("grpo.py", "--config.group_sise=4", "--config.group_sise: not a setting"),
+    ("grpo.py", "--config=experiments/configs/grpo.py:nope", "--config: unknown preset"),
+    # --- PPO settings: type, range, finiteness, cross-field
+    ("ppo.py", "--config.learning_rate=inf", "config.learning_rate: must be a finite number"),
+    ("ppo.py", "--config.learning_rate=nan", "config.learning_rate: must be a finite number"),
+    ("ppo.py", "--config.learning_rate=-1", "config.learning_rate: must be positive"),
+    ("ppo.py", "--config.num_envs=0", "config.num_envs: must be positive"),
+    ("ppo.py", "--config.gamma=1.5", "config.gamma: must lie in [0.0, 1.0]"),
+    ("ppo.py", "--config.gae_lambda=nan", "config.gae_lambda: must lie in [0.0, 1.0]"),
+    ("ppo.py", "--config.clip_eps=0", "config.clip_eps: must be positive"),
+    ("ppo.py", "--config.ent_coef=-0.1", "config.ent_coef: must be >= 0"),
+    ("ppo.py", "--config.vf_coef=inf", "config.vf_coef: must be a finite number"),
+    ("ppo.py", "--config.max_grad_norm=0", "config.max_grad_norm: must be positive"),
+    ("ppo.py", "--config.num_minibatches=3", "config.num_minibatches: num_envs * rollout_length"),
+    ("ppo.py", "--config.total_timesteps=100", "config.total_timesteps: (100) is less than"),
+    ("ppo.py", "--config.total_timesteps=100000000000000", "config.total_timesteps: (1000"),
+    ("ppo.py", "--config.activation=sigmoidal", "config.activation: unknown activation"),
+    ("ppo.py", "--config.hidden_sizes=(0,64)", "config.hidden_sizes: every layer width"),
+    ("ppo.py", "--config.env_name=CartPol-v1", "config.env_name: Unknown environment"),
+    ("ppo.py", "--config.rollout_length=-5", "config.rollout_length: must be positive"),
+    ("ppo.py", "--config.adam_eps=0", "config.adam_eps: must be positive"),
+    ("ppo.py", "--config.eval_episodes=0", "config.eval_episodes: must be positive"),
+    ("ppo.py", "--config.num_epochs=0", "config.num_epochs: must be positive"),
+    ("ppo.py", "--num_seeds=0", "--num_seeds must be >= 1"),
+    ("ppo.py", "--config.run.num_chunks=0", "config.run.num_chunks must be >= 1"),
+    ("ppo.py", "--config.run.log_every=0", "config.run.log_every must be >= 1"),
+    ("ppo.py", "--config.run.checkpoint_every=0", "config.run.checkpoint_every must be >= 1"),
+    ("ppo.py", "--config.run.keep_checkpoints=0", "config.run.keep_checkpoints must be >= 1"),
+    # --- SAC
+    ("sac.py", "--config.actor_lr=inf", "config.actor_lr: must be a finite number"),
+    ("sac.py", "--config.target_entropy=nan", "config.target_entropy: must be a finite number"),
+    ("sac.py", "--config.buffer_size=100", "config.batch_size: (256) exceeds the replay buffer"),
+    ("sac.py", "--config.batch_size=100000 --config.total_timesteps=2000", "config.batch_size"),
+    ("sac.py", "--config.env_name=CartPole-v1", "config.env_name: 'CartPole-v1' has discrete"),
+    ("sac.py", "--config.tau=2", "config.tau: must lie in [0.0, 1.0]"),
+    ("sac.py", "--config.gamma=-0.1", "config.gamma: must lie in [0.0, 1.0]"),
+    ("sac.py", "--config.utd_ratio=0", "config.utd_ratio: must be positive"),
+    ("sac.py", "--config.learning_starts=0", "config.learning_starts: must be positive"),
+    ("sac.py", "--config.total_timesteps=500", "config.total_timesteps: (500) must exceed"),
+    ("sac.py", "--config.num_critics=0", "config.num_critics: must be positive"),
+    ("sac.py", "--config.init_alpha=nan", "config.init_alpha: must be a finite number"),
+    ("sac.py", "--config.total_timesteps=100000000000000", "config.total_timesteps: (1000"),
+    ("sac.py", "--config.num_envs=3", "config.total_timesteps: (20000) must be a multiple"),
+    # --- CQL (the dataset is checked after the settings)
+    ("cql.py", "", "config.dataset.path is required"),
+    ("cql.py", "--config.dataset.path=/nonexistent", "config.dataset.path: /nonexistent"),
+    ("cql.py", "--config.cql_alpha=-1 --config.dataset.path=x", "config.cql_alpha: must be >= 0"),
+    (
+        "cql.py",
+        "--config.reference.random_return=nan --config.reference.expert_return=1",
+        "config.reference.random_return: must be a finite number",
+    ),
+    ("cql.py", "--config.reference.expert_return=inf", "config.reference.expert_return: must be"),
+    ("cql.py", "--config.num_steps=0 --config.dataset.path=x", "config.num_steps: must be"),
+    ("cql.py", "--config.batch_size=0 --config.dataset.path=x", "config.batch_size: must be"),
+    ("cql.py", "--num_seeds=0", "--num_seeds must be >= 1"),
+    # --- collect.py and compare.py
+    ("collect.py", "--policy=/nonexistent", "/nonexistent: no such run directory"),
+    ("collect.py", "--num_steps=0", "--num_steps must be >= 1"),
+    ("collect.py", "--mixture=bogus", "--mixture: value should be one of"),
+    ("collect.py", "--env_name=Nope-v1", ""),
+    ("compare.py", "/nonexistent", "/nonexistent: no such directory"),
+    ("compare.py", "--bogus", "--bogus: unknown flag"),
+    # --- SFT / DPO / GRPO settings
+    ("sft.py", "--config.learning_rate=inf", "config.learning_rate: must be a finite number"),
+    ("sft.py", "--config.batch_size=0", "config.batch_size: must be positive"),
+    ("sft.py", "--config.grad_accum_steps=3", "config.grad_accum_steps"),
+    ("sft.py", "--config.mesh_shape=(3,1,1)", "config.batch_size"),
+    ("sft.py", "--config.task.name=multiply", "config.task"),
+    ("sft.py", "--config.init_from=/nonexistent", "config.init_from"),
+    ("sft.py", "--config.run.num_chunks=0", "config.run.num_chunks must be >= 1"),
+    ("dpo.py", "--config.loss_type=hinge", "config.loss_type"),
+    ("dpo.py", "--config.beta=-1", "config.beta"),
+    ("dpo.py", "--config.beta=nan", "config.beta"),
+    ("dpo.py", "--config.learning_rate=inf", "config.learning_rate: must be a finite number"),
+    ("dpo.py", "positional", "unexpected arguments"),
+    ("grpo.py", "--config.variant=ppo", "config.variant"),
+    ("grpo.py", "--config.temperature=inf", "config.temperature"),
+    ("grpo.py", "--config.kl_beta=nan", "config.kl_beta"),
+    ("grpo.py", "--config.group_size=1", "config.group_size"),
+    ("grpo.py", "--config.rewards.host=no_such_module:f", "config.rewards.host"),
+    ("grpo.py", "--config.max_new_tokens=100", "config.max_new_tokens"),
+    ("grpo.py", "--config.task.name=multiply", "config.task"),
+    ("grpo.py", "--config.learning_rate=0", "config.learning_rate: must be positive"),
+]
+
+
+def command(script: str, arguments: str, workdir: str) -> list[str]:
+    extra = []
+    if script in TRAINERS:
+        extra = [f"--workdir={workdir}"]
+    elif script == "collect.py":
+        extra = [f"--data_dir={workdir}"]
+    return [sys.executable, os.path.join("experiments", script), *arguments.split(), *extra]
+
+
+def timed(cmd: list[str]) -> tuple[subprocess.CompletedProcess, float]:
+    start = time.perf_counter()
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO)
+    return result, time.perf_counter() - start
+
+
+def tree_digest(path: str) -> str:
+    digest = hashlib.sha256()
+    for root, _, files in sorted(os.walk(path)):
+        for name in sorted(files):
+            with open(os.path.join(root, name), "rb") as f:
+                digest.update(name.encode() + f.read())
+    return digest.hexdigest()
+
+
+@pytest.fixture(scope="module")
+def outcomes():
+    """Every case's result and time, and each script's bare start time, run two at a time."""
+    scratch = tempfile.mkdtemp(prefix="bad_inputs_")
+    jobs = [
+        (f"case{i}", command(script, arguments, os.path.join(scratch, f"case{i}")))
+        for i, (script, arguments, _) in enumerate(CASES)
+    ]
+    scripts = sorted({script for script, _, _ in CASES})
+    jobs += [(f"bare:{s}", [sys.executable, f"experiments/{s}", "--helpfull"]) for s in scripts]
+    before = set(os.listdir(REPO))
+    with ThreadPoolExecutor(2) as pool:
+        timings = pool.map(timed, [cmd for _, cmd in jobs])
+        results = dict(zip([name for name, _ in jobs], timings, strict=True))
+    return results, scratch, before
+
+
+def test_there_are_at_least_80_distinct_cases_covering_every_script():
+    assert len({(s, a) for s, a, _ in CASES}) == len(CASES) >= 80
+    assert {s for s, _, _ in CASES} >= {*TRAINERS, "collect.py", "compare.py"}
+
+
+@pytest.mark.parametrize("index", range(len(CASES)), ids=[f"{s} {a}" for s, a, _ in CASES])
+def test_bad_input_is_one_line_exit_2_nothing_written(outcomes, index):
+    results, scratch, _ = outcomes
+    script, arguments, expected = CASES[index]
+    result, seconds = results[f"case{index}"]
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    lines = [line for line in lines if "Warning" not in line and not line.startswith("  warn")]
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert len(lines) == 1, result.stderr[-2000:]
+    assert lines[0].startswith(f"error: {expected}"), lines[0]
+    assert ";" in lines[0] or "?" in lines[0], f"no fix given: {lines[0]}"
+    assert not os.path.exists(os.path.join(scratch, f"case{index}")), "it wrote its directory"
+    _, bare = results[f"bare:{script}"]
+    # Bare start plus one second, with slack for the other case running beside it and for a
+    # loaded CI machine.
+    assert seconds < 2.0 * bare + 1.0, f"{seconds:.1f}s against a bare start of {bare:.1f}s"
+
+
+def test_no_case_left_files_in_the_repository(outcomes):
+    _, _, before = outcomes
+    assert set(os.listdir(REPO)) - before == set()
+
+
+def test_an_existing_run_directory_stays_byte_identical(tmp_path):
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    (workdir / "config.json").write_text('{"a": 1}\n')
+    (workdir / "metrics.jsonl").write_text('{"step": 10}\n')
+    before = tree_digest(str(workdir))
+    result, _ = timed(command("ppo.py", "--config.gamma=2", str(workdir)))
+    assert result.returncode == 2
+    assert tree_digest(str(workdir)) == before
