@@ -452,12 +452,4 @@ def make_train(
     undiscounted return of the deterministic policy over `config.eval_episodes` episodes) unless
     `final_evaluation` is False (benchmarks time training alone).
     """
-    run = loop.make_train(make(config), config.num_steps, final_evaluation)
-
-    def train(key: PRNGKey, hp: HParams | None = None) -> tuple[TrainState, Metrics]:
-        state, metrics = run(key, hparams(config) if hp is None else hp)
-        if final_evaluation:
-            metrics["eval_return"] = metrics.pop("eval")["eval_return"].mean()
-        return state, metrics
-
-    return train
+    return loop.make_train(make(config), config.num_steps, final_evaluation, hparams(config))

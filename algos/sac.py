@@ -558,12 +558,4 @@ def make_train(
     """`train(key, hparams=None) -> (state, metrics)`: warm-up, every update, then (unless
     `final_evaluation` is False) the deterministic policy's mean return over `eval_episodes` as
     `metrics["eval_return"]` (over `jaxrl.loop.make_train`)."""
-    run = loop.make_train(make(config), config.num_steps, final_evaluation)
-
-    def train(key: PRNGKey, hp: HParams | None = None) -> tuple[TrainState, Metrics]:
-        state, metrics = run(key, hparams(config) if hp is None else hp)
-        if final_evaluation:
-            metrics["eval_return"] = metrics.pop("eval")["eval_return"].mean()
-        return state, metrics
-
-    return train
+    return loop.make_train(make(config), config.num_steps, final_evaluation, hparams(config))

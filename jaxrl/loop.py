@@ -112,20 +112,29 @@ def make_chunk(
 
 
 def make_train(
-    algorithm: Algorithm, num_steps: int, final_evaluation: bool = True
+    algorithm: Algorithm,
+    num_steps: int,
+    final_evaluation: bool = True,
+    default_hparams: HParams | None = None,
 ) -> Callable[..., tuple[State, Metrics]]:
-    """`train(key, hparams, inputs=None) -> (state, metrics)`: a whole run of one seed as one
-    program: init, `num_steps` updates, then (if `final_evaluation`) the algorithm's evaluation
-    under `metrics["eval"]`. `metrics` has one value per update for each training scalar; vmap
-    `train` over keys (and hparams) for many seeds (and sweep points) in one program."""
+    """`train(key, hparams=default_hparams, inputs=None) -> (state, metrics)`: a whole run of one
+    seed as one program (PureJaxRL's `make_train`): init, `num_steps` updates, then (if
+    `final_evaluation`) the algorithm's evaluation, each of its metrics averaged (over episodes,
+    say) and added under its own name, e.g. `eval_return`. Training metrics have one value per
+    update; vmap `train` over keys (and hparams) for many seeds (and sweep points) in one
+    program."""
     chunk = make_chunk(algorithm.update, num_steps, runs_axis=False)
 
-    def train(key: jax.Array, hparams: HParams, inputs: Any = None) -> tuple[State, Metrics]:
+    def train(
+        key: jax.Array, hparams: HParams | None = None, inputs: Any = None
+    ) -> tuple[State, Metrics]:
+        hparams = default_hparams if hparams is None else hparams
         init_key, eval_key = jax.random.split(key)
         state = algorithm.init(init_key, hparams)
         state, metrics = chunk(state, inputs, hparams)
         if final_evaluation and algorithm.evaluate is not None:
-            metrics["eval"] = algorithm.evaluate(state, eval_key)
+            evaluated = algorithm.evaluate(state, eval_key)
+            metrics |= {name: jnp.mean(value) for name, value in evaluated.items()}
         return state, metrics
 
     return train

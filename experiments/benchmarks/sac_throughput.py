@@ -68,7 +68,7 @@ def build_step(params: dict[str, Any]) -> harness.Step:
     algorithm, hp, evaluate = sac.make(config), hparams.hparams(config), params["eval"] == "final"
     run = loop.make_train(algorithm, config.num_steps, evaluate)
     # The final return of our deterministic policy, mean over episodes and seeds.
-    read = lambda output: {"eval_return": float(output[1]["eval"]["eval_return"].mean())}
+    read = lambda output: {"eval_return": float(output[1]["eval_return"].mean())}
     train = lambda key: run(key, hp)
     step = harness.train_run_step(
         train, params["seeds"], counts(params), read if evaluate else None
