@@ -94,8 +94,8 @@ def reference_returns(flat: Any, metadata: dict[str, Any]) -> tuple[float | None
 def main(argv: list[str]) -> None:
     flat = FLAGS["config"].value
     config = runner.build_config(cql.Config, flat)
-    num_seeds, seed = FLAGS["num_seeds"].value, FLAGS["seed"].value
-    runner.check_run_settings(flat.run, num_seeds)
+    seeds = runner.seeds(FLAGS, flat.run)
+    num_seeds, init_keys, eval_keys = seeds.count, seeds.init_keys, seeds.eval_keys
     for name in ("random_return", "expert_return"):
         value = flat.reference[name]
         if value is not None and not is_finite_number(value):
@@ -123,12 +123,8 @@ def main(argv: list[str]) -> None:
             return None
         return float(normalized_score(value, *references))
 
-    workdir = (
-        FLAGS["workdir"].value or f"runs/cql-{config.env_name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    )
+    workdir = runner.workdir(FLAGS, f"cql-{config.env_name}")
     algorithm = cql.make(config)
-    init_keys, eval_keys = loop.run_keys(seed, num_seeds)
-    hps = hparams.repeat(hparams.hparams(config), num_seeds)
     evaluate = jax.jit(jax.vmap(algorithm.evaluate))
 
     def mean_returns(evaluate: Callable, states: Any, step: int) -> np.ndarray:
@@ -143,20 +139,18 @@ def main(argv: list[str]) -> None:
             row["normalized_score"] = normalized_score(row["eval_return"], *references)
         return row
 
-    job = runner.Job(
-        name="cql",
-        description=f"CQL {config.env_name} x{num_seeds} seeds (gradient steps)",
-        num_steps=config.num_steps,
+    job = runner.seeded_job(
+        "cql",
+        f"CQL {config.env_name} (gradient steps)",
+        algorithm,
+        config,
+        seeds,
         units_name="gradient_steps",
-        num_runs=num_seeds,
-        init_states=lambda: jax.jit(jax.vmap(algorithm.init))(init_keys, hps),
-        update=algorithm.update,
-        hparams=hps,
         inputs_for=lambda first, count: data,  # every update draws from the whole dataset
         per_run=("eval_return",),
         after_chunk=after_chunk,
     )
-    run_dir = runner.open_run(workdir, {**flat.to_dict(), "num_seeds": num_seeds, "seed": seed})
+    run_dir = runner.open_run(workdir, seeds.record(flat))
     result = runner.train(job, flat.run, run_dir, FLAGS["kill_after_chunk"].value)
 
     # The final evaluation scores the last chunk's episodes again, so a run resumed after its last

@@ -23,7 +23,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from algos import sac  # noqa: E402
-from jaxrl import hparams, loop, runner  # noqa: E402
+from jaxrl import runner  # noqa: E402
 
 FLAGS = runner.define_flags("sac.py:pendulum")
 
@@ -31,30 +31,22 @@ FLAGS = runner.define_flags("sac.py:pendulum")
 def main(argv: list[str]) -> None:
     flat = FLAGS["config"].value
     config = runner.build_config(sac.Config, flat)
-    num_seeds, seed = FLAGS["num_seeds"].value, FLAGS["seed"].value
-    runner.check_run_settings(flat.run, num_seeds)
-    workdir = (
-        FLAGS["workdir"].value or f"runs/sac-{config.env_name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    )
-
+    seeds = runner.seeds(FLAGS, flat.run)
+    workdir = runner.workdir(FLAGS, f"sac-{config.env_name}")
     algorithm = sac.make(config)
-    init_keys, eval_keys = loop.run_keys(seed, num_seeds)
-    hps = hparams.repeat(hparams.hparams(config), num_seeds)
-    job = runner.Job(
-        name="sac",
-        description=f"SAC {config.env_name} x{num_seeds} seeds",
-        num_steps=config.num_steps,
+    job = runner.seeded_job(
+        "sac",
+        f"SAC {config.env_name}",
+        algorithm,
+        config,
+        seeds,
         units_per_step=config.num_envs,  # environment steps per update (the warm-up's aside)
-        num_runs=num_seeds,
-        init_states=lambda: jax.jit(jax.vmap(algorithm.init))(init_keys, hps),
-        update=algorithm.update,
-        hparams=hps,
     )
-    run_dir = runner.open_run(workdir, {**flat.to_dict(), "num_seeds": num_seeds, "seed": seed})
+    run_dir = runner.open_run(workdir, seeds.record(flat))
     result = runner.train(job, flat.run, run_dir, FLAGS["kill_after_chunk"].value)
 
     t0 = time.time()
-    returns = jax.jit(jax.vmap(algorithm.evaluate))(result.states, eval_keys)["eval_return"]
+    returns = jax.jit(jax.vmap(algorithm.evaluate))(result.states, seeds.eval_keys)["eval_return"]
     eval_returns = np.asarray(returns.mean(axis=-1))
     summary = runner.summary_fields(job, result, time.time() - t0)
     summary |= {
@@ -72,7 +64,7 @@ def main(argv: list[str]) -> None:
     print(
         f"SAC {config.env_name}: final_eval_return {summary['final_eval_return']:.1f} "
         f"(per seed {np.round(eval_returns, 1).tolist()}) after {config.total_timesteps:,} env "
-        f"steps x {num_seeds} seeds in {summary['wall_seconds']:.0f}s "
+        f"steps x {seeds.count} seeds in {summary['wall_seconds']:.0f}s "
         f"(compile {summary['compile_seconds']:.0f}s). Run directory: {run_dir.path}"
     )
 

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from jaxrl import loop
+from jaxrl import hparams, loop
 from jaxrl.checkpoint import Checkpointer, DamagedCheckpointError
 from jaxrl.config import ConfigError
 from jaxrl.logging import MetricsSink, RunDirectory, to_jsonable
@@ -225,6 +225,51 @@ def check_resumable(saved: dict[str, Any] | None, current: dict[str, Any], workd
             f"--workdir={workdir} holds a run with config.{k}={saved.get(k)!r}, not "
             f"{current.get(k)!r}; resume with the same settings or pass a new --workdir"
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class Seeds:
+    """The vmapped seeds of a control run: run i's keys are split i of PRNGKey(base)."""
+
+    count: int
+    base: int
+    init_keys: Any
+    eval_keys: Any
+
+    def record(self, flat: ml_collections.ConfigDict) -> dict[str, Any]:
+        """The settings a run directory records: the config plus the seeds."""
+        return {**flat.to_dict(), "num_seeds": self.count, "seed": self.base}
+
+
+def seeds(flags: Mapping[str, Any], run: Any) -> Seeds:
+    """--num_seeds and --seed, with the run section's counts checked (one error line)."""
+    count, base = flags["num_seeds"].value, flags["seed"].value
+    check_run_settings(run, count)
+    init_keys, eval_keys = loop.run_keys(base, count)
+    return Seeds(count, base, init_keys, eval_keys)
+
+
+def workdir(flags: Mapping[str, Any], name: str) -> str:
+    """--workdir, or runs/<name>-<date>-<time>."""
+    return flags["workdir"].value or f"runs/{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def seeded_job(
+    name: str, description: str, algorithm: Any, config: Any, seeds: Seeds, **fields: Any
+) -> Job:
+    """The `Job` of a control algorithm whose seeds are vmapped: every run starts from its own key
+    with the config's hyper-parameters (`fields` are the rest of the Job's)."""
+    hps = hparams.repeat(hparams.hparams(config), seeds.count)
+    return Job(
+        name=name,
+        description=f"{description} x{seeds.count} seeds",
+        num_steps=config.num_steps,
+        num_runs=seeds.count,
+        init_states=lambda: jax.jit(jax.vmap(algorithm.init))(seeds.init_keys, hps),
+        update=algorithm.update,
+        hparams=hps,
+        **fields,
+    )
 
 
 # --------------------------------------------------------------------------------------------
