@@ -27,6 +27,7 @@ import json
 import os
 import sys
 import time
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -81,7 +82,6 @@ def main(argv: list[str]) -> None:
     run = _lm.setup(FLAGS, grpo.Config, "grpo")
     flat, config, mesh, task = run.flat, run.config, run.mesh, run.task
     rewarded = text_task(run)  # a host reward that cannot be loaded fails before any compile
-    params, model, source = _lm.initial_params(run.model, flat.init_from, flat.seed, mesh)
     # Held-out problems: the task's eval split, which the in-program sampler never draws.
     rng = np.random.default_rng(flat.task.data_seed)
     eval_problems = task.sample_problems(rng, flat.task.num_eval, split="eval", allow_fewer=True)
@@ -89,12 +89,20 @@ def main(argv: list[str]) -> None:
         task.encode_problems(task.problem_digits(eval_problems), task.tokens(run.tokenizer))
     )
     prompt_length = held_out.tokens.shape[1]  # every prompt of a task has one length
-    if prompt_length + config.max_new_tokens > model.max_position_embeddings:
-        runner.fail(
-            f"config.max_new_tokens: prompts of {prompt_length} tokens + {config.max_new_tokens} "
-            f"new ones exceed the model's max_position_embeddings={model.max_position_embeddings}; "
-            f"set max_new_tokens <= {model.max_position_embeddings - prompt_length}"
-        )
+
+    def check_context(model: Any) -> None:
+        if prompt_length + config.max_new_tokens > model.max_position_embeddings:
+            runner.fail(
+                f"config.max_new_tokens: prompts of {prompt_length} tokens + "
+                f"{config.max_new_tokens} new ones exceed the model's max_position_embeddings="
+                f"{model.max_position_embeddings}; set max_new_tokens <= "
+                f"{model.max_position_embeddings - prompt_length}"
+            )
+
+    if not flat.init_from:
+        check_context(run.model)  # before building the parameters
+    params, model, source = _lm.initial_params(run.model, flat.init_from, flat.seed, mesh)
+    check_context(model)  # the model an init_from checkpoint brings
     run_dir = runner.open_run(run.workdir, flat.to_dict())
 
     def accuracy(params):
