@@ -31,13 +31,13 @@ class DamagedCheckpointError(RuntimeError):
 
 
 class Checkpointer:
-    """Save a state pytree and JSON metadata every `save_every` steps, keeping the newest `keep`."""
+    """Save a state pytree and JSON metadata at the steps the caller chooses (the runner's
+    schedule), keeping the newest `keep`."""
 
-    def __init__(self, directory: str, save_every: int = 1, keep: int = 3):
-        if save_every < 1 or keep < 1:
-            raise ValueError(f"save_every ({save_every}) and keep ({keep}) must be >= 1")
+    def __init__(self, directory: str, keep: int = 3):
+        if keep < 1:
+            raise ValueError(f"keep ({keep}) must be >= 1")
         self.directory = os.path.abspath(directory)
-        self.save_every = save_every
         self._manager = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True),
@@ -47,10 +47,8 @@ class Checkpointer:
         """The step of the newest complete checkpoint, or None when there is none."""
         return self._manager.latest_step()
 
-    def save(self, step: int, state: Any, metadata: dict[str, Any], force: bool = False) -> bool:
-        """Save at `step` if it falls on the interval (or `force`); returns whether it saved."""
-        if not force and step % self.save_every != 0:
-            return False
+    def save(self, step: int, state: Any, metadata: dict[str, Any]) -> bool:
+        """Save `state` and `metadata` as checkpoint `step`; returns whether it saved."""
         saved = self._manager.save(
             step,
             args=ocp.args.Composite(

@@ -125,7 +125,7 @@ def test_checkpoint_round_trips_zero_size_arrays(tmp_path):
 
     state = {"act": jnp.zeros((4, 0)), "qpos": jnp.arange(3.0)}
     checkpointer = Checkpointer(str(tmp_path / "ckpt"))
-    checkpointer.save(1, state, {"step": 1}, force=True)
+    checkpointer.save(1, state, {"step": 1})
     restored, meta = checkpointer.restore({"act": jnp.zeros((4, 0)), "qpos": jnp.zeros(3)})
     checkpointer.close()
     assert restored["act"].shape == (4, 0) and meta == {"step": 1}

@@ -78,7 +78,7 @@ def test_checkpoint_saved_on_one_mesh_restores_on_another(setup, tmp_path):
     mesh_a, mesh_b = sharding.make_mesh(2, 4, 1), sharding.make_mesh(1, 4, 2)
     saved = jax.device_put(params, param_shardings(CONFIG, mesh_a))
     checkpointer = Checkpointer(str(tmp_path / "ckpt"))
-    checkpointer.save(1, saved, {"note": "mesh a"}, force=True)
+    checkpointer.save(1, saved, {"note": "mesh a"})
     target = jax.tree.map(
         lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
         params,

@@ -460,9 +460,9 @@ def fake_ppo_run(run_dir):
     # The loader's (cached) initial states: the same as experiments/ppo.py's, compiled once here.
     states = _offline.initial_states("ppo", config, 0, 2)
     checkpointer = Checkpointer(os.path.join(run_dir, "checkpoints"), keep=10)
-    checkpointer.save(1, states, {"step": 1}, force=True)
+    checkpointer.save(1, states, {"step": 1})
     shifted = states.replace(params=jax.tree.map(lambda p: p + 1.0, states.params))
-    checkpointer.save(2, shifted, {"step": 2}, force=True)
+    checkpointer.save(2, shifted, {"step": 2})
     checkpointer.close()
     return states, shifted
 
