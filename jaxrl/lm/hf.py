@@ -1,4 +1,5 @@
-"""Hugging Face checkpoints: load Llama / Qwen2 weights into `Transformer` and write them back.
+"""Hugging Face checkpoints: load Llama / Qwen2 / Qwen3 weights into `Transformer` and write them
+back.
 
 A Hugging Face checkpoint directory holds `config.json` and either `model.safetensors` or a sharded
 `model.safetensors.index.json` with the files it names. Reading and writing go through
@@ -20,18 +21,21 @@ kernels with the head axes split out:
     model.layers.i.self_attn.{k,v}_proj.weight       -> layer_i/attention/{k,v}_kernel [d, kv, k]
     model.layers.i.self_attn.o_proj.weight [d, h*k]  -> layer_i/attention/o_kernel [h, k, d]
     model.layers.i.self_attn.{q,k,v}_proj.bias       -> layer_i/attention/{q,k,v}_bias [heads, k]
+    model.layers.i.self_attn.{q,k}_norm.weight [k]   -> layer_i/attention/{q,k}_norm/scale (Qwen3)
     model.layers.i.mlp.{gate,up}_proj.weight [f, d]  -> layer_i/mlp/{gate,up}_kernel [d, f]
     model.layers.i.mlp.down_proj.weight [d, f]       -> layer_i/mlp/down_kernel [f, d]
 
-Only what `Transformer` computes is accepted: default RoPE (no scaling), SiLU, no MLP bias, no
-output-projection bias, no sliding window. Anything else raises `ConfigError` naming the field,
-rather than loading weights into a model that would compute something different.
+Only what `Transformer` computes is accepted: RoPE without scaling or with Llama 3.1's ("llama3")
+or YaRN ("yarn") frequency scaling, SiLU, no MLP bias, no output-projection bias, no sliding
+window. Anything else raises `ConfigError` naming config.json and the field, rather than loading
+weights into a model that would compute something different.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -41,14 +45,29 @@ import numpy as np
 from jaxrl.config import ConfigError
 from jaxrl.lm.model import ModelConfig
 
-__all__ = ["config_from_hf", "config_to_hf", "load_hf_checkpoint", "save_hf_checkpoint"]
+__all__ = [
+    "config_from_hf",
+    "config_to_hf",
+    "load_hf_checkpoint",
+    "model_type_for",
+    "save_hf_checkpoint",
+]
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
-SUPPORTED = "model_type 'llama' (LlamaForCausalLM) or 'qwen2' (Qwen2ForCausalLM)"
+ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
+SUPPORTED = (
+    "model_type 'llama' (LlamaForCausalLM), 'qwen2' (Qwen2ForCausalLM) or 'qwen3' "
+    "(Qwen3ForCausalLM)"
+)
+# Qwen3Config's head_dim when config.json omits it (it is not hidden_size / num_heads there).
+QWEN3_DEFAULT_HEAD_DIM = 128
 DTYPES = ("float32", "bfloat16", "float16")
 
 # Buffers some older checkpoints saved alongside the weights; they are recomputed, not loaded.
@@ -69,13 +88,47 @@ def _safetensors():
 # --- config.json <-> ModelConfig -----------------------------------------------------------------
 
 
-def _rope_theta(hf_config: Mapping[str, Any], source: str) -> float:
-    """RoPE base frequency from either spelling, rejecting every scaling variant but the default.
+# The keys each supported rope_type may carry in rope_scaling / rope_parameters, and the
+# ModelConfig field each becomes. Anything else is refused: an unknown key may change the model.
+_ROPE_KEYS = {
+    "default": {},
+    "llama3": {
+        "factor": "rope_factor",
+        "original_max_position_embeddings": "rope_original_max_position_embeddings",
+        "low_freq_factor": "rope_low_freq_factor",
+        "high_freq_factor": "rope_high_freq_factor",
+    },
+    "yarn": {
+        "factor": "rope_factor",
+        "original_max_position_embeddings": "rope_original_max_position_embeddings",
+        "beta_fast": "rope_beta_fast",
+        "beta_slow": "rope_beta_slow",
+        "truncate": "rope_truncate",
+        "attention_factor": "rope_attention_factor",
+    },
+}
+_ROPE_COMMON_KEYS = ("rope_type", "type", "rope_theta", "partial_rotary_factor")
+_YARN_MSCALE_KEYS = ("mscale", "mscale_all_dim")
+_YARN_REQUIRED = ("factor", "original_max_position_embeddings")
+
+
+def _rope(hf_config: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """The ModelConfig `rope_*` fields from either spelling of the RoPE settings.
 
     transformers < 5 writes a top-level `rope_theta` and an optional `rope_scaling` dict;
-    transformers >= 5 writes `rope_parameters: {"rope_theta": ..., "rope_type": "default"}`.
+    transformers >= 5 writes `rope_parameters: {"rope_theta": ..., "rope_type": ...}`. Defaults
+    follow transformers' `standardize_rope_params` and `_compute_*_parameters`.
     """
     theta = hf_config.get("rope_theta")
+    partial = hf_config.get("partial_rotary_factor", 1.0)
+    if partial not in (None, 1.0):
+        raise _unsupported(
+            source,
+            "partial_rotary_factor",
+            partial,
+            "jaxrl rotates every feature of each head (partial_rotary_factor 1.0)",
+        )
+    parsed: dict[str, tuple[str, dict[str, Any]]] = {}
     for field in ("rope_scaling", "rope_parameters"):
         rope = hf_config.get(field)
         if rope is None:
@@ -83,11 +136,11 @@ def _rope_theta(hf_config: Mapping[str, Any], source: str) -> float:
         if not isinstance(rope, Mapping):
             raise ConfigError(f"{source}: {field}: expected an object or null, got {rope!r}")
         rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type != "default":
+        if rope_type not in _ROPE_KEYS:
             raise ConfigError(
                 f"{source}: {field}.rope_type={rope_type!r} is not supported; jaxrl implements "
-                "only default RoPE (rope_type 'default' or no rope scaling), so long-context "
-                "variants such as 'linear', 'dynamic', 'yarn' or 'llama3' cannot be loaded"
+                f"rope_type {', '.join(map(repr, _ROPE_KEYS))} (no scaling, Llama 3.1+, YaRN), "
+                "so variants such as 'linear', 'dynamic' or 'longrope' cannot be loaded"
             )
         partial = rope.get("partial_rotary_factor", 1.0)
         if partial != 1.0:
@@ -95,6 +148,14 @@ def _rope_theta(hf_config: Mapping[str, Any], source: str) -> float:
                 f"{source}: {field}.partial_rotary_factor={partial!r} is not supported; jaxrl "
                 "rotates every feature of each head (partial_rotary_factor 1.0)"
             )
+        known = _ROPE_KEYS[rope_type]
+        allowed = (*_ROPE_COMMON_KEYS, *known, *(_YARN_MSCALE_KEYS if rope_type == "yarn" else ()))
+        for key in rope:
+            if key not in allowed:
+                raise ConfigError(
+                    f"{source}: {field}.{key} is not supported for rope_type {rope_type!r}; "
+                    f"jaxrl reads only {', '.join(allowed)}"
+                )
         if "rope_theta" in rope:
             if theta is not None and float(theta) != float(rope["rope_theta"]):
                 raise ConfigError(
@@ -102,12 +163,88 @@ def _rope_theta(hf_config: Mapping[str, Any], source: str) -> float:
                     f"{field}.rope_theta={rope['rope_theta']!r}; make them equal"
                 )
             theta = rope["rope_theta"]
+        parsed[field] = (rope_type, dict(rope))
     if theta is None:
         raise ConfigError(
             f"{source}: rope_theta: missing; give it at the top level or as "
             "rope_parameters.rope_theta"
         )
-    return float(theta)
+
+    if len(parsed) == 2:  # our own exports write both spellings; they must say the same
+        (type_a, a), (type_b, b) = parsed["rope_scaling"], parsed["rope_parameters"]
+        strip = ("rope_theta", "type", "rope_type")
+        a = {k: v for k, v in a.items() if k not in strip}
+        b = {k: v for k, v in b.items() if k not in strip}
+        if type_a != type_b or a != b:
+            raise ConfigError(
+                f"{source}: rope_scaling={hf_config['rope_scaling']!r} disagrees with "
+                f"rope_parameters={hf_config['rope_parameters']!r}; keep one of them"
+            )
+    rope_type, rope = parsed.get("rope_parameters", parsed.get("rope_scaling", ("default", {})))
+    fields: dict[str, Any] = {"rope_theta": float(theta), "rope_type": rope_type}
+    if rope_type == "default":
+        return fields
+
+    # Where the pretraining length lives: Phi-3 style top level, else in the dict, else the
+    # model's max_position_embeddings (transformers' standardize_rope_params).
+    original = hf_config.get("original_max_position_embeddings")
+    if original is None:
+        original = rope.get("original_max_position_embeddings")
+    if original is None:
+        original = hf_config.get("max_position_embeddings")
+    field = "rope_parameters" if "rope_parameters" in parsed else "rope_scaling"
+
+    def number(key: str, value: Any) -> Any:
+        if value is None or isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(
+                f"{source}: {field}.{key}: expected a number for rope_type {rope_type!r}, "
+                f"got {value!r}"
+            )
+        return value
+
+    original = number("original_max_position_embeddings", original)
+    fields["rope_original_max_position_embeddings"] = int(original)
+    factor = rope.get("factor")
+    if factor is None and rope_type == "yarn":  # transformers infers it from the two lengths
+        factor = hf_config.get("max_position_embeddings", original) / original
+    fields["rope_factor"] = float(number("factor", factor))
+    if rope_type == "llama3":
+        for key in ("low_freq_factor", "high_freq_factor"):
+            fields[f"rope_{key}"] = float(number(key, rope.get(key)))
+        return fields
+
+    # transformers treats a null or zero beta as its default ("or 32", "or 1").
+    fields["rope_beta_fast"] = float(rope.get("beta_fast") or 32.0)
+    fields["rope_beta_slow"] = float(rope.get("beta_slow") or 1.0)
+    fields["rope_truncate"] = bool(rope.get("truncate", True))
+    attention = rope.get("attention_factor")
+    mscale, mscale_all_dim = rope.get("mscale"), rope.get("mscale_all_dim")
+    if attention is None and mscale and mscale_all_dim:
+        # DeepSeek-style: the ratio of two mscales; folded into an explicit attention factor.
+        def get_mscale(scale: float, m: float) -> float:
+            return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+        attention = get_mscale(fields["rope_factor"], float(mscale)) / get_mscale(
+            fields["rope_factor"], float(mscale_all_dim)
+        )
+    if attention is not None:
+        fields["rope_attention_factor"] = float(number("attention_factor", attention))
+    return fields
+
+
+def _rope_to_hf(config: ModelConfig) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """`rope_scaling` (transformers 4.x; None for default RoPE) and `rope_parameters` (5.x)."""
+    scaling: dict[str, Any] = {"rope_type": config.rope_type}
+    defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
+    for key, field in _ROPE_KEYS[config.rope_type].items():
+        value = getattr(config, field)
+        # YaRN's optional keys are written only when they differ from transformers' defaults
+        # (the same as ours), so an export of a Hub config reads like the original.
+        optional = config.rope_type == "yarn" and key not in _YARN_REQUIRED
+        if value is not None and not (optional and value == defaults[field]):
+            scaling[key] = value
+    parameters = {"rope_theta": config.rope_theta, **scaling}
+    return (None if config.rope_type == "default" else scaling), parameters
 
 
 def _unsupported(source: str, field: str, value: Any, supported: str) -> ConfigError:
@@ -115,7 +252,7 @@ def _unsupported(source: str, field: str, value: Any, supported: str) -> ConfigE
 
 
 def config_from_hf(hf_config: Mapping[str, Any], source: str = CONFIG_FILE) -> ModelConfig:
-    """A `ModelConfig` from the parsed `config.json` of a Llama or Qwen2 causal LM.
+    """A `ModelConfig` from the parsed `config.json` of a Llama, Qwen2 or Qwen3 causal LM.
 
     `source` (the file's path) only names the file in error messages. Raises `ConfigError` for
     any architecture or feature `Transformer` does not implement.
@@ -144,20 +281,21 @@ def config_from_hf(hf_config: Mapping[str, Any], source: str = CONFIG_FILE) -> M
         raise _unsupported(source, "hidden_act", hidden_act, "jaxrl's MLP is SwiGLU ('silu')")
     if hf_config.get("mlp_bias", False):
         raise _unsupported(source, "mlp_bias", True, "jaxrl's MLP has no biases (mlp_bias false)")
-    if model_type == "llama":
-        # Llama's attention_bias puts a bias on q, k, v AND the output projection; jaxrl's
-        # attention has no output-projection bias.
+    if model_type in ("llama", "qwen3"):
+        # Llama's and Qwen3's attention_bias puts a bias on q, k, v AND the output projection;
+        # jaxrl's attention has no output-projection bias.
         if hf_config.get("attention_bias", False):
             raise _unsupported(
                 source,
                 "attention_bias",
                 True,
-                "Llama's attention_bias adds an o_proj bias, which jaxrl does not implement "
-                "(q/k/v biases alone are the 'qwen2' model_type)",
+                f"{model_type}'s attention_bias adds an o_proj bias, which jaxrl does not "
+                "implement (q/k/v biases alone are the 'qwen2' model_type)",
             )
         qkv_bias = False
     else:
         qkv_bias = True  # Qwen2 always has q/k/v biases and never an o_proj bias
+    if model_type in ("qwen2", "qwen3"):
         sliding = _sliding_window_layers(hf_config)
         if sliding:
             raise _unsupported(
@@ -171,6 +309,8 @@ def config_from_hf(hf_config: Mapping[str, Any], source: str = CONFIG_FILE) -> M
     num_heads = int(get("num_attention_heads"))
     num_kv_heads = hf_config.get("num_key_value_heads")
     head_dim = hf_config.get("head_dim")
+    if head_dim is None and model_type == "qwen3":
+        head_dim = QWEN3_DEFAULT_HEAD_DIM
     if head_dim is not None and int(head_dim) * num_heads == hf_config.get("hidden_size"):
         head_dim = None  # the default; keeps configs from different sources equal
     try:
@@ -183,10 +323,11 @@ def config_from_hf(hf_config: Mapping[str, Any], source: str = CONFIG_FILE) -> M
             num_kv_heads=num_heads if num_kv_heads is None else int(num_kv_heads),
             head_dim=None if head_dim is None else int(head_dim),
             max_position_embeddings=int(get("max_position_embeddings", 2048)),
-            rope_theta=_rope_theta(hf_config, source),
             rms_norm_eps=float(get("rms_norm_eps", 1e-6)),
             tie_embeddings=bool(hf_config.get("tie_word_embeddings", False)),
             qkv_bias=qkv_bias,
+            qk_norm=model_type == "qwen3",
+            **_rope(hf_config, source),
         )
     except ConfigError as error:
         if str(error).startswith(source):
@@ -195,7 +336,7 @@ def config_from_hf(hf_config: Mapping[str, Any], source: str = CONFIG_FILE) -> M
 
 
 def _sliding_window_layers(hf_config: Mapping[str, Any]) -> list[int]:
-    """Indices of the Qwen2 layers that would use sliding-window attention."""
+    """Indices of the Qwen2 / Qwen3 layers that would use sliding-window attention."""
     layer_types = hf_config.get("layer_types")
     if layer_types is not None:  # transformers >= 5 spells it out per layer
         return [i for i, kind in enumerate(layer_types) if kind != "full_attention"]
@@ -205,22 +346,35 @@ def _sliding_window_layers(hf_config: Mapping[str, Any]) -> list[int]:
     return list(range(first, int(hf_config.get("num_hidden_layers", 0))))
 
 
+def model_type_for(config: ModelConfig) -> str:
+    """The Hugging Face model_type that computes what `config` does: 'qwen3' with q/k norms,
+    'qwen2' with q/k/v biases, else 'llama'."""
+    if config.qk_norm:
+        return "qwen3"
+    return "qwen2" if config.qkv_bias else "llama"
+
+
 def config_to_hf(
-    config: ModelConfig, model_type: str = "llama", dtype: str = "float32"
+    config: ModelConfig, model_type: str | None = None, dtype: str = "float32"
 ) -> dict[str, Any]:
-    """The `config.json` contents `transformers` needs to rebuild `config` as `model_type`."""
+    """The `config.json` contents `transformers` needs to rebuild `config` as `model_type`
+    (None: `model_type_for(config)`)."""
+    model_type = model_type_for(config) if model_type is None else model_type
     if model_type not in ARCHITECTURES:
-        raise ConfigError(f"model_type: {model_type!r} is not supported; use 'llama' or 'qwen2'")
-    if model_type == "qwen2" and not config.qkv_bias:
         raise ConfigError(
-            "model_type: 'qwen2' always has q/k/v biases but config.qkv_bias is False; "
-            "export it as model_type='llama'"
+            f"model_type: {model_type!r} is not supported; use one of "
+            f"{', '.join(map(repr, ARCHITECTURES))}"
         )
-    if model_type == "llama" and config.qkv_bias:
+    needed = model_type_for(config)
+    if model_type != needed:
+        # Each family computes exactly one of: plain attention, q/k/v biases, q/k norms.
+        has = {"llama": "neither", "qwen2": "q/k/v biases", "qwen3": "q/k norms"}
         raise ConfigError(
-            "model_type: 'llama' has no q/k/v-only biases but config.qkv_bias is True; "
-            "export it as model_type='qwen2'"
+            f"model_type: {model_type!r} has {has[model_type]} but the config has "
+            f"qkv_bias={config.qkv_bias}, qk_norm={config.qk_norm}; export it as "
+            f"model_type={needed!r}"
         )
+    rope_scaling, rope_parameters = _rope_to_hf(config)
     hf = {
         "architectures": [ARCHITECTURES[model_type]],
         "model_type": model_type,
@@ -234,10 +388,11 @@ def config_to_hf(
         "hidden_act": "silu",
         "max_position_embeddings": config.max_position_embeddings,
         "rms_norm_eps": config.rms_norm_eps,
-        # Both spellings, so that transformers 4.x (rope_theta) and 5.x (rope_parameters) agree.
+        # Both spellings, so that transformers 4.x (rope_theta, rope_scaling) and 5.x
+        # (rope_parameters) agree.
         "rope_theta": config.rope_theta,
-        "rope_scaling": None,
-        "rope_parameters": {"rope_theta": config.rope_theta, "rope_type": "default"},
+        "rope_scaling": rope_scaling,
+        "rope_parameters": rope_parameters,
         "tie_word_embeddings": config.tie_embeddings,
         "attention_dropout": 0.0,
         "initializer_range": 0.02,
@@ -248,6 +403,8 @@ def config_to_hf(
     if model_type == "llama":
         hf.update(attention_bias=False, mlp_bias=False, pretraining_tp=1)
     else:
+        if model_type == "qwen3":
+            hf.update(attention_bias=False)
         hf.update(
             use_sliding_window=False,
             sliding_window=None,
@@ -301,6 +458,10 @@ def _tensors(config: ModelConfig) -> list[_Tensor]:
         if config.qkv_bias:
             bias = ("attention", f"{name}_bias")
             layer.append((f"{proj}.bias", bias, (heads * k,), (heads, k), False))
+    if config.qk_norm:
+        for name in ("q", "k"):
+            norm = ("attention", f"{name}_norm", "scale")
+            layer.append((f"self_attn.{name}_norm.weight", norm, (k,), (k,), False))
     layer += [
         ("self_attn.o_proj.weight", ("attention", "o_kernel"), (d, h * k), (h, k, d), True),
         ("mlp.gate_proj.weight", ("mlp", "gate_kernel"), (f, d), (d, f), True),
@@ -362,7 +523,7 @@ def _weight_files(directory: str) -> list[str]:
 def load_hf_checkpoint(
     directory: str | os.PathLike, dtype: str | None = None
 ) -> tuple[ModelConfig, dict]:
-    """Reads a Llama / Qwen2 checkpoint directory into `(ModelConfig, params)`.
+    """Reads a Llama / Qwen2 / Qwen3 checkpoint directory into `(ModelConfig, params)`.
 
     `params` is a nested dict of host NumPy arrays in `init_params`'s layout (place them with
     `jax.device_put(params, param_shardings(config, mesh))` to shard a large model). `dtype`
@@ -457,11 +618,12 @@ def save_hf_checkpoint(
     directory: str | os.PathLike,
     config: ModelConfig,
     params: Mapping[str, Any],
-    model_type: str = "llama",
+    model_type: str | None = None,
     extra_config: Mapping[str, Any] | None = None,
 ) -> None:
     """Writes `params` as a Hugging Face checkpoint: `config.json` and `model.safetensors`.
 
+    `model_type` None picks the family that computes what `config` does (`model_type_for`).
     `transformers` loads the result with `AutoModelForCausalLM.from_pretrained(directory)`.
     Tensors keep the parameters' dtype (all must share one). `extra_config` entries (e.g.
     bos/eos/pad token ids) are added to config.json; they may not change the architecture fields.

@@ -1,10 +1,12 @@
-"""A decoder-only transformer of the Llama / Qwen2 family, in Flax.
+"""A decoder-only transformer of the Llama / Qwen2 / Qwen3 family, in Flax.
 
 RMSNorm, rotary position embeddings, grouped-query attention and a SwiGLU MLP, with tied or untied
-embeddings and (Qwen2) biases on the query/key/value projections. Every parameter carries logical
-axis names ("vocab", "embed", "heads", "kv_heads", "kv", "mlp") and the main activations are
-constrained with "act_*" names; `jaxrl/sharding.py` maps both to a device mesh by rules, so the same
-model runs data-parallel, FSDP, tensor-parallel or any mix by changing only the mesh shape.
+embeddings, (Qwen2) biases on the query/key/value projections, (Qwen3) RMSNorm of each query/key
+head before the rotation, and the long-context RoPE variants of Llama 3.1+ ("llama3") and Qwen
+("yarn"). Every parameter carries logical axis names ("vocab", "embed", "heads", "kv_heads", "kv",
+"mlp") and the main activations are constrained with "act_*" names; `jaxrl/sharding.py` maps both
+to a device mesh by rules, so the same model runs data-parallel, FSDP, tensor-parallel or any mix
+by changing only the mesh shape.
 
 One call signature serves training, scoring and generation:
 
@@ -18,24 +20,35 @@ written so far; prefill and single-token decoding are the same code path.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxrl import sharding
-from jaxrl.config import ConfigError, require, require_positive
+from jaxrl.config import ConfigError, is_finite_number, require, require_positive
 
 Array = jax.Array
 Cache = dict[str, Array]
 Rules = Sequence[tuple[str, Any]]
 
+ROPE_TYPES = ("default", "llama3", "yarn")
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """The transformer's architecture and dtypes (the fields of a Llama / Qwen2 config.json)."""
+    """The transformer's architecture and dtypes (the fields of a Llama / Qwen2 / Qwen3
+    config.json).
+
+    RoPE scaling is spelled out as flat `rope_*` fields (not a nested dict) so that the config
+    stays hashable and builds from a flat ml_collections section. Which of them apply depends on
+    `rope_type`; the others must keep their defaults, so that a field set by mistake is an error
+    rather than silently ignored.
+    """
 
     vocab_size: int
     hidden_size: int  # width of the residual stream ("embed")
@@ -52,6 +65,19 @@ class ModelConfig:
     dtype: str = "float32"  # compute dtype of the matmuls; norms, softmax and logits stay fp32
     param_dtype: str = "float32"  # storage dtype of the parameters
     remat: bool = False  # recompute each layer's activations in the backward pass
+    # (Newer families; after the original fields so positional construction keeps working.)
+    qk_norm: bool = False  # Qwen3 RMS-normalises each query and key head before the rotation
+    # Frequency scaling of the rotary embedding: "default" (none), "llama3" (Llama 3.1+) or
+    # "yarn" (Qwen2.5 / Qwen3 long context), with the parameters of Hugging Face's rope_scaling.
+    rope_type: str = "default"
+    rope_factor: float = 1.0  # llama3, yarn: how many times longer than the original context
+    rope_original_max_position_embeddings: int | None = None  # llama3, yarn: pretraining length
+    rope_low_freq_factor: float = 1.0  # llama3: wavelengths > original/low are divided by factor
+    rope_high_freq_factor: float = 4.0  # llama3: wavelengths < original/high are kept
+    rope_beta_fast: float = 32.0  # yarn: rotations bounding the extrapolated (kept) band
+    rope_beta_slow: float = 1.0  # yarn: rotations bounding the interpolated (scaled) band
+    rope_truncate: bool = True  # yarn: round the band edges outwards to whole dimensions
+    rope_attention_factor: float | None = None  # yarn: cos/sin scale; None: 0.1 ln(factor) + 1
 
     def __post_init__(self) -> None:
         require_positive(
@@ -84,6 +110,7 @@ class ModelConfig:
             "must be even for rotary",
             "use an even head_dim",
         )
+        self._validate_rope()
         for field in ("dtype", "param_dtype"):
             value = getattr(self, field)
             require(
@@ -91,6 +118,74 @@ class ModelConfig:
                 field,
                 f"unknown dtype {value!r}",
                 "use float32, bfloat16 or float16",
+            )
+
+    def _validate_rope(self) -> None:
+        require(
+            self.rope_type in ROPE_TYPES,
+            "rope_type",
+            f"unknown rope_type {self.rope_type!r}",
+            f"use one of {', '.join(ROPE_TYPES)}",
+        )
+        require_positive(self, "rope_theta")
+        # Each variant's own fields; every other rope_* field must keep its default.
+        used = {
+            "default": (),
+            "llama3": (
+                "rope_factor",
+                "rope_original_max_position_embeddings",
+                "rope_low_freq_factor",
+                "rope_high_freq_factor",
+            ),
+            "yarn": (
+                "rope_factor",
+                "rope_original_max_position_embeddings",
+                "rope_beta_fast",
+                "rope_beta_slow",
+                "rope_truncate",
+                "rope_attention_factor",
+            ),
+        }[self.rope_type]
+        for field in dataclasses.fields(self):
+            if field.name.startswith("rope_") and field.name not in (
+                *used,
+                "rope_type",
+                "rope_theta",
+            ):
+                require(
+                    getattr(self, field.name) == field.default,
+                    field.name,
+                    f"is not used by rope_type {self.rope_type!r}",
+                    f"leave it at its default ({field.default!r}) or choose the rope_type that "
+                    "uses it",
+                )
+        if self.rope_type == "default":
+            return
+        original = self.rope_original_max_position_embeddings
+        require(
+            isinstance(original, int) and original > 0,
+            "rope_original_max_position_embeddings",
+            f"must be a positive int for rope_type {self.rope_type!r}, got {original!r}",
+            "give the context length the model was pretrained with",
+        )
+        require_positive(self, "rope_factor")
+        if self.rope_type == "llama3":
+            require_positive(self, "rope_low_freq_factor", "rope_high_freq_factor")
+            require(
+                self.rope_high_freq_factor > self.rope_low_freq_factor,
+                "rope_high_freq_factor",
+                f"({self.rope_high_freq_factor}) must exceed rope_low_freq_factor "
+                f"({self.rope_low_freq_factor})",
+                "the band between them is interpolated; Llama 3.1 uses 4.0 and 1.0",
+            )
+        else:
+            require_positive(self, "rope_beta_fast", "rope_beta_slow")
+            attention = self.rope_attention_factor
+            require(
+                attention is None or (is_finite_number(attention) and attention > 0),
+                "rope_attention_factor",
+                f"must be None or a positive number, got {attention!r}",
+                "leave it None for YaRN's 0.1 * ln(rope_factor) + 1",
             )
 
     @property
@@ -104,6 +199,8 @@ class ModelConfig:
         attention = d * h * hd * 2 + d * kv * hd * 2
         if self.qkv_bias:
             attention += h * hd + 2 * kv * hd
+        if self.qk_norm:
+            attention += 2 * hd
         mlp = 3 * d * self.intermediate_size
         per_layer = attention + mlp + 2 * d
         embeddings = self.vocab_size * d * (1 if self.tie_embeddings else 2)
@@ -139,11 +236,12 @@ class RMSNorm(nn.Module):
 
     eps: float
     param_dtype: Any
+    axis_name: str = "embed"  # logical name of the normalised axis ("kv" for Qwen3's per-head)
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
         scale = _param(
-            self, "scale", (x.shape[-1],), ("embed",), nn.initializers.ones, self.param_dtype
+            self, "scale", (x.shape[-1],), (self.axis_name,), nn.initializers.ones, self.param_dtype
         )
         x32 = x.astype(jnp.float32)
         normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
@@ -151,14 +249,84 @@ class RMSNorm(nn.Module):
         return scale.astype(x.dtype) * normed.astype(x.dtype)
 
 
-def rotary_embedding(x: Array, positions: Array, theta: float) -> Array:
+def rope_frequencies(config: ModelConfig) -> tuple[np.ndarray, float]:
+    """The rotary embedding's inverse frequencies (float32 [head_dim / 2]) and the factor its cos
+    and sin are multiplied by, for `config.rope_type`.
+
+    Computed on the host with transformers' formulas and float32 steps (modeling_rope_utils.py:
+    `_compute_llama3_parameters`, `_compute_yarn_parameters`), so that the frequency bands fall
+    exactly where Hugging Face's do: a dimension on the wrong side of a band edge would change the
+    logits.
+    """
+    dim = config.dims_per_head
+    base = float(config.rope_theta)
+    exponents = np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / np.float32(dim)
+    powers = np.float32(base) ** exponents  # float32 throughout, as torch computes it
+    inverse = np.float32(1.0) / powers
+    if config.rope_type == "default":
+        return inverse, 1.0
+    factor = np.float32(config.rope_factor)
+    original = config.rope_original_max_position_embeddings
+    if config.rope_type == "llama3":
+        # Long wavelengths (low frequencies) are slowed down by `factor`, short ones kept, and the
+        # band between original/low_freq_factor and original/high_freq_factor interpolated.
+        low, high = config.rope_low_freq_factor, config.rope_high_freq_factor
+        wavelength = np.float32(2 * np.pi) / inverse
+        scaled = np.where(wavelength > np.float32(original / low), inverse / factor, inverse)
+        smooth = (np.float32(original) / wavelength - np.float32(low)) / np.float32(high - low)
+        smoothed = (np.float32(1.0) - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelength < np.float32(original / high)) & ~(
+            wavelength > np.float32(original / low)
+        )
+        return np.where(medium, smoothed, scaled).astype(np.float32), 1.0
+
+    # YaRN: dimensions that turn fewer than beta_slow times over the original context are
+    # interpolated (divided by factor), those turning more than beta_fast times are kept, with a
+    # linear ramp between; cos/sin are scaled by the attention factor (0.1 ln(factor) + 1).
+    def correction_dim(rotations: float) -> float:
+        return (dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low = correction_dim(config.rope_beta_fast)
+    high = correction_dim(config.rope_beta_slow)
+    if config.rope_truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # transformers' guard against a zero-width ramp
+    ramp = (np.arange(dim // 2, dtype=np.float32) - np.float32(low)) / np.float32(high - low)
+    extrapolation = np.float32(1.0) - np.clip(ramp, 0, 1).astype(np.float32)
+    interpolated = np.float32(1.0) / (factor * powers)
+    frequencies = interpolated * (np.float32(1.0) - extrapolation) + inverse * extrapolation
+    attention = config.rope_attention_factor
+    if attention is None:
+        attention = 1.0 if config.rope_factor <= 1 else 0.1 * math.log(config.rope_factor) + 1.0
+    return frequencies.astype(np.float32), float(attention)
+
+
+def rotary_embedding(
+    x: Array,
+    positions: Array,
+    theta: float,
+    inverse_frequency: Any = None,
+    scale: float = 1.0,
+) -> Array:
     """Rotate the two halves of each head's features by position-dependent angles (the
-    "rotate_half" convention Llama and Qwen2 checkpoints are trained with). x: [B, T, H, D]."""
+    "rotate_half" convention Llama and Qwen checkpoints are trained with). x: [B, T, H, D].
+
+    `inverse_frequency` ([D / 2], from `rope_frequencies`) overrides the default frequencies of
+    base `theta`; `scale` multiplies cos and sin (YaRN's attention factor), as transformers does.
+    """
     half = x.shape[-1] // 2
-    inverse_frequency = 1.0 / (theta ** (jnp.arange(0, half, dtype=jnp.float32) * 2 / x.shape[-1]))
+    if inverse_frequency is None:
+        inverse_frequency = 1.0 / (
+            theta ** (jnp.arange(0, half, dtype=jnp.float32) * 2 / x.shape[-1])
+        )
+    inverse_frequency = jnp.asarray(inverse_frequency, jnp.float32)
     angles = positions.astype(jnp.float32)[..., None] * inverse_frequency  # [B, T, half]
     cos = jnp.cos(angles)[:, :, None, :]
     sin = jnp.sin(angles)[:, :, None, :]
+    if scale != 1.0:
+        cos, sin = cos * scale, sin * scale
     x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
     rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
     return rotated.astype(x.dtype)
@@ -215,8 +383,13 @@ class Attention(nn.Module):
                 y, ("act_batch", "act_length", f"act_{head_axis}", None), self.mesh, self.rules
             )
 
-        q = rotary_embedding(project("q", h, "heads"), positions, cfg.rope_theta)
-        k = rotary_embedding(project("k", kv, "kv_heads"), positions, cfg.rope_theta)
+        q, k = project("q", h, "heads"), project("k", kv, "kv_heads")
+        if cfg.qk_norm:  # Qwen3: RMSNorm over each head's features, before the rotation
+            q = RMSNorm(cfg.rms_norm_eps, param_dtype, axis_name="kv", name="q_norm")(q)
+            k = RMSNorm(cfg.rms_norm_eps, param_dtype, axis_name="kv", name="k_norm")(k)
+        frequencies, scale = rope_frequencies(cfg)
+        q = rotary_embedding(q, positions, cfg.rope_theta, frequencies, scale)
+        k = rotary_embedding(k, positions, cfg.rope_theta, frequencies, scale)
         v = project("v", kv, "kv_heads")
 
         batch, length = x.shape[:2]
