@@ -47,11 +47,10 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.experimental import io_callback
 
 from envs.text import PromptBatch, RewardTerm, TextTask
-from jaxrl import sharding
+from jaxrl import host, sharding
 from jaxrl.config import require, require_in_range, require_positive
 from jaxrl.hparams import HParams, static, swept
 from jaxrl.lm import training
@@ -330,6 +329,9 @@ def host_reward(
     reward on a multi-device *CPU* mesh hung once in our tests (jaxlib 0.10.2); on one device it
     is reliable."""
 
+    qualified = f"{getattr(fn, '__module__', None)}:{getattr(fn, '__qualname__', None)}"
+    function_name = f"reward function {qualified if 'None' not in qualified else repr(fn)}"
+
     def on_host(prompt_tokens, prompt_mask, tokens, mask, answer_tokens, answer_length):
         rows = zip(
             prompt_tokens, prompt_mask, tokens, mask, answer_tokens, answer_length, strict=True
@@ -339,13 +341,10 @@ def host_reward(
             prompts.append(tokenizer.decode(prompt[prompt_in]))
             completions.append(tokenizer.decode(completion[completion_in]))
             answers.append(tokenizer.decode(answer[:answer_length_]))
-        values = np.asarray(fn(prompts, completions, answer=answers), np.float32)
-        if values.shape != (len(completions),):
-            raise ValueError(
-                f"reward function {name!r} returned shape {values.shape}; it must return one "
-                f"float per completion ({len(completions)})"
-            )
-        return values
+        # Through jaxrl.host, so a failure (an exception, or NaN rewards) reaches the user as one
+        # line naming the function, not as a traceback of callback plumbing.
+        values = host.call(function_name, fn, prompts, completions, answer=answers)
+        return host.check_rewards(function_name, values, len(completions))
 
     def call_back(*arrays: Array) -> Array:
         shape = jax.ShapeDtypeStruct(arrays[0].shape[:1], jnp.float32)

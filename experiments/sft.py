@@ -39,7 +39,8 @@ def main(argv: list[str]) -> None:
     def tokenize(problems: list[str]) -> dict:
         prompts, answers = [task.prompt(p) for p in problems], [task.answer(p) for p in problems]
         lengths = (flat.task.max_prompt_length, flat.task.max_length)
-        return tokenize_sft(prompts, answers, run.tokenizer, *lengths)
+        # A cut prompt is another question: too short a length is an error, not a silent cut.
+        return tokenize_sft(prompts, answers, run.tokenizer, *lengths, truncate=False)
 
     try:
         train, held_out = tokenize(train_problems), tokenize(eval_problems)

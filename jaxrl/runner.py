@@ -18,6 +18,7 @@ chunk with a checkpoint and a line telling how to resume; a second one stops at 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import re
 import signal
@@ -32,7 +33,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from jaxrl import hparams, loop
+from jaxrl import host, hparams, loop
 from jaxrl.checkpoint import Checkpointer, DamagedCheckpointError
 from jaxrl.config import ConfigError
 from jaxrl.logging import MetricsSink, RunDirectory, to_jsonable
@@ -134,7 +135,22 @@ def main(script_main: Callable[[list[str]], None], positional: bool = False) -> 
 
     def run(argv: list[str]) -> None:
         absl_logging.set_verbosity(absl_logging.WARNING)  # orbax narrates every save at INFO
-        script_main(argv)
+        # JAX logs the traceback of a failing callback before re-raising it; the exception itself
+        # reaches us (a user's function failing: one line, its traceback in the run's error.log).
+        logging.getLogger("jax._src.callback").setLevel(logging.CRITICAL)
+        try:
+            script_main(argv)
+        except Exception:
+            failure = host.take_failure()  # user code called from inside a compiled program
+            if failure is None:
+                raise
+            report_host_failure(failure)
+        except KeyboardInterrupt:  # outside training (setup, final evaluation): one line too
+            print(
+                "\nInterrupted; checkpoints are kept: run the same command again to resume.",
+                file=sys.stderr,
+            )
+            sys.exit(130)
 
     app.run(run, flags_parser=parse)
 
@@ -299,9 +315,10 @@ class Job:
     """What a script hands the runner: everything particular to its algorithm.
 
     The runner compiles chunks of the algorithm's `update` with `jaxrl.loop.make_chunk` (or calls
-    `make_chunk(length, log_every, sink)` for a custom chunk). `inputs_for(first, count)` gives the
-    inputs of updates [first, first + count) (None when the environment runs inside). After each
-    chunk, `after_chunk(states, step, chunk_index)` may return extra metric rows for the sink (an
+    `make_chunk(length, log_every, sink, keep_going)` for a custom chunk, which passes `keep_going`
+    on to `loop.make_chunk`). `inputs_for(first, count)` gives the inputs of updates
+    [first, first + count) (None when the environment runs inside). After each chunk,
+    `after_chunk(states, step, chunk_index)` may return extra metric rows for the sink (an
     evaluation, say)."""
 
     name: str  # "ppo", "grpo", ...: the summary's `algo`
@@ -311,7 +328,7 @@ class Job:
     hparams: Any
     update: Callable | None = None  # the algorithm's update: the runner makes the chunks
     scan_inputs: bool = False  # inputs_for gives one input per update (host batches)
-    make_chunk: Callable[[int, int, MetricsSink], Callable] | None = None  # or the chunks
+    make_chunk: Callable[[int, int, MetricsSink, Callable | None], Callable] | None = None  # or
     units_per_step: int = 1  # environment steps (sequences, pairs, ...) per update, per run
     units_name: str = "env_steps"  # what metrics.jsonl calls step x units_per_step
     num_runs: int = 1
@@ -354,7 +371,32 @@ def open_run(workdir: str, resolved_config: Mapping[str, Any]) -> RunDirectory:
     if has_checkpoint:
         check_resumable(run_dir.saved_config(), resolved, workdir)
     run_dir.write_config(resolved)
+    _open_runs.append(run_dir)
     return run_dir
+
+
+_open_runs: list[RunDirectory] = []  # where a failure of host code is logged (see main)
+_failed_updates: list = []  # the failed chunk's [first, last] update and the checkpoint kept
+
+
+def report_host_failure(failure: host.HostFailure) -> NoReturn:
+    """One line naming the user's function and its exception; the traceback goes to the run
+    directory's `error.log` (appended, so every failure of a run is kept)."""
+    where = ""
+    if _open_runs and _open_runs[-1].writes:
+        log = _open_runs[-1].file("error.log")
+        with open(log, "a") as f:
+            f.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {failure.function}\n")
+            f.write(failure.traceback)
+        where = f"; traceback in {log}"
+    problem = failure.summary()
+    if _failed_updates:
+        first, last, kept = _failed_updates
+        kept = f"the checkpoint of step {kept} is kept" if kept is not None else "no checkpoint yet"
+        where = f" (in updates {first}-{last}; {kept}){where}"
+    if isinstance(failure.error, host.HostFunctionError):
+        fail(problem + where)  # its message ends with the fix
+    fail(f"{problem}; fix the function and run the same command again to resume{where}")
 
 
 class _StopRequests:
@@ -420,7 +462,8 @@ def train(
         for note in notes:
             print(f"warning: {note}; moved to damaged_checkpoints/", file=sys.stderr)
         done = int(meta["step"])
-        print(f"Resuming {run_dir.path} from step {done}/{job.num_steps}.")
+        # Flushed: a pipe buffers stdout, and the line matters most when the run dies again.
+        print(f"Resuming {run_dir.path} from step {done}/{job.num_steps}.", flush=True)
     # Rows logged after the checkpoint (or at all, without one) are logged again by this run.
     run_dir.truncate_metrics(done)
 
@@ -452,7 +495,7 @@ def train(
 
     def chunk_program(length: int) -> Callable:
         if job.make_chunk is not None:
-            return job.make_chunk(length, block, sink)
+            return job.make_chunk(length, block, sink, keep_going)
         return loop.make_chunk(
             job.update,
             length,
@@ -463,28 +506,37 @@ def train(
             keep_going=keep_going if one_device else None,
         )
 
-    t0 = time.time()
-    compiled = {}
-    for length in sorted(set(lengths)):
-        jit_options = {"donate_argnums": 0}
-        if job.out_shardings is not None:
-            jit_options["out_shardings"] = job.out_shardings
-        program = jax.jit(chunk_program(length), **jit_options)
-        compiled[length] = program.lower(states, job.inputs_for(0, length), job.hparams).compile()
-    compile_seconds = time.time() - t0
+    with stop:  # from before compiling, so Ctrl-C there is one line too
+        t0 = time.time()
+        compiled = {}
+        for length in sorted(set(lengths)):
+            jit_options = {"donate_argnums": 0}
+            if job.out_shardings is not None:
+                jit_options["out_shardings"] = job.out_shardings
+            program = jax.jit(chunk_program(length), **jit_options)
+            lowered = program.lower(states, job.inputs_for(0, length), job.hparams)
+            compiled[length] = lowered.compile()
+        compile_seconds = time.time() - t0
+        if stop.requested:  # Ctrl-C while compiling: nothing new to save
+            _stop_before_training(checkpointer, sink, done, job, run_dir)
 
-    start = time.time()
-    last_metrics = None
-    step = done
-    ends = np.cumsum(lengths).tolist()
-    with stop:
+        start = time.time()
+        last_metrics = None
+        step = done
+        ends = np.cumsum(lengths).tolist()
         for index, (length, end) in enumerate(zip(lengths, ends, strict=True)):
             if end <= step:
                 continue  # done before the interruption
             control["end"] = end
             inputs = job.inputs_for(step, length)
-            states, last_metrics = compiled[length](states, inputs, job.hparams)
-            reached = int(np.asarray(states.step).reshape(-1)[0])
+            try:
+                states, last_metrics = compiled[length](states, inputs, job.hparams)
+                reached = int(np.asarray(states.step).reshape(-1)[0])
+            except Exception:  # a host callback failed: keep what was logged, save nothing
+                _failed_updates[:] = [step + 1, end, checkpointer.latest_step()]
+                sink.close()
+                checkpointer.close()
+                raise
             blocks_run = (reached - step) // block
             last_metrics = jax.tree.map(lambda m, n=blocks_run: m[:n], last_metrics)
             if not all_finite(states):  # never checkpoint (or continue from) a diverged state
@@ -511,6 +563,18 @@ def train(
     checkpointer.close()
     last_metrics = None if last_metrics is None else jax.device_get(last_metrics)
     return RunResult(states, compile_seconds, time.time() - start, done, last_metrics)
+
+
+def _stop_before_training(checkpointer, sink, done, job, run_dir) -> NoReturn:
+    """Stopped before this process trained: the run is where its newest checkpoint left it."""
+    sink.close()
+    checkpointer.close()
+    where = f"at step {done}/{job.num_steps}" if done else "before training started"
+    print(
+        f"Stopped {where}; run the same command again to resume ({run_dir.path}).",
+        file=sys.stderr,
+    )
+    sys.exit(130)
 
 
 def _stop_with_checkpoint(checkpointer, sink, states, step, job, run_dir) -> NoReturn:

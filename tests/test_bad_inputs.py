@@ -7,7 +7,6 @@ start (`--helpfull`: every import, flag parsing, nothing else), so a check that 
 compiling something would show up as slow.
 """
 
-import hashlib
 import os
 import subprocess
 import sys
@@ -16,6 +15,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+
+from tests.script_runs import tree_digest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAINERS = ("ppo.py", "sac.py", "cql.py", "sft.py", "dpo.py", "grpo.py")
@@ -107,6 +108,7 @@ CASES = [
     ("sft.py", "--config.task.name=multiply", "config.task"),
     ("sft.py", "--config.init_from=/nonexistent", "config.init_from"),
     ("sft.py", "--config.run.num_chunks=0", "config.run.num_chunks must be >= 1"),
+    ("sft.py", "--config.task.max_prompt_length=5", "config.task.max_prompt_length: 4000 of"),
     ("dpo.py", "--config.loss_type=hinge", "config.loss_type"),
     ("dpo.py", "--config.beta=-1", "config.beta"),
     ("dpo.py", "--config.beta=nan", "config.beta"),
@@ -136,15 +138,6 @@ def timed(cmd: list[str]) -> tuple[subprocess.CompletedProcess, float]:
     start = time.perf_counter()
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO)
     return result, time.perf_counter() - start
-
-
-def tree_digest(path: str) -> str:
-    digest = hashlib.sha256()
-    for root, _, files in sorted(os.walk(path)):
-        for name in sorted(files):
-            with open(os.path.join(root, name), "rb") as f:
-                digest.update(name.encode() + f.read())
-    return digest.hexdigest()
 
 
 @pytest.fixture(scope="module")

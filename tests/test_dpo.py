@@ -102,16 +102,21 @@ def run_steps(config, batch, reference_params=None, params=None):
 
 
 def test_gradient_accumulation_equals_one_big_batch():
+    """Four micro-batches of 2 give the loss and the gradient (its norm, and the parameters after
+    the step) of one batch of 8. The parameters alone would not show a gradient of the wrong
+    scale: Adam's first step moves each weight by about the learning rate, whatever the scale."""
     batch = random_pairs(8)
     ref = init_params(MODEL, jax.random.key(1))
-    one, _ = run_steps(
+    one, metrics_one = run_steps(
         dpo.Config(batch_size=8, reference="in_step", learning_rate=1e-3), batch, ref
     )
-    four, _ = run_steps(
+    four, metrics_four = run_steps(
         dpo.Config(batch_size=8, grad_accum_steps=4, reference="in_step", learning_rate=1e-3),
         batch,
         ref,
     )
+    for name in ("loss", "grad_norm"):
+        np.testing.assert_allclose(metrics_one[name], metrics_four[name], rtol=1e-5, err_msg=name)
     for a, b in zip(jax.tree.leaves(one.params), jax.tree.leaves(four.params), strict=True):
         np.testing.assert_allclose(a, b, atol=1e-6)
 

@@ -422,3 +422,19 @@ def test_step_batches_resumable_stacked_and_placed():
 
     placed = dataset_batches(arrays, config, seed, mesh=None)(1, 3)
     np.testing.assert_array_equal(np.asarray(placed["x"]), chunk["x"])
+
+
+def test_tokenize_sft_without_truncation_refuses_what_would_be_cut():
+    """`truncate=False` (what sft.py uses): data that fits is packed as with truncation; a prompt
+    or a sequence that would be cut is one error naming the length to raise."""
+    tok = NoBosByteTokenizer()
+    fits = tokenize_sft(["ab", ""], ["x", "yz"], tok, 2, 5, truncate=False)
+    assert (
+        fits["tokens"].tolist()
+        == tokenize_sft(["ab", ""], ["x", "yz"], tok, 2, 5)["tokens"].tolist()
+    )
+    with pytest.raises(ConfigError, match=r"max_prompt_length: 1 of 2 prompts .* raise "
+                                          r"max_prompt_length to 3"):  # fmt: skip
+        tokenize_sft(["abc", ""], ["x", "yz"], tok, 2, 6, truncate=False)
+    with pytest.raises(ConfigError, match=r"max_length: 1 of 2 .* raise max_length to 6"):
+        tokenize_sft(["ab", ""], ["xyz", "yz"], tok, 2, 5, truncate=False)

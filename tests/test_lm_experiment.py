@@ -1,13 +1,10 @@
-"""SFT, DPO and GRPO as a user runs them: DPO learns on reverse-digits, DPO and GRPO runs killed
-right after a checkpoint or at a random moment resume to the same result, and bad settings or data
-fail in one line before anything compiles. (GRPO's learning test is in test_grpo.py.)"""
+"""SFT, DPO and GRPO as a user runs them: DPO learns on reverse-digits, DPO and GRPO runs
+interrupted in every way (Ctrl-C, SIGKILL after a checkpoint or at a random moment, damaged or
+deleted checkpoints) end as uninterrupted ones, and bad settings or data fail in one line before
+anything compiles. (GRPO's learning test is in test_grpo.py.)"""
 
 import json
 import os
-import random
-import shutil
-import subprocess
-import sys
 import time
 
 import jax
@@ -15,25 +12,21 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.script_runs import (
+    all_floats_finite,
+    checkpoint_steps,
+    interrupt_in_every_way,
+    kill_at_random_moment,
+    run_script,
+    start_script,
+    wait_for_first_row,
+)
+
 QUIET = ["--config.run.progress=False", "--config.run.tensorboard=False"]
 
 
-def command(script, *args):
-    return [sys.executable, os.path.join(REPO, "experiments", script), *args, *QUIET]
-
-
 def run(script, *args, check=True):
-    result = subprocess.run(
-        command(script, *args),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=REPO,
-    )
-    if check and result.returncode != 0:
-        raise AssertionError(f"{script} failed ({result.returncode}):\n{result.stderr[-3000:]}")
-    return result
+    return run_script(script, *args, *QUIET, check=check)
 
 
 def read_json(workdir, name="summary.json"):
@@ -61,53 +54,15 @@ def assert_same_params(a, b):
         np.testing.assert_array_equal(x, y)
 
 
-def wait_for_first_row(process, workdir):
-    """Block until the run has logged its first metrics row (training has started)."""
-    path = os.path.join(workdir, "metrics.jsonl")
-    deadline = time.time() + 600
-    while not (os.path.exists(path) and os.path.getsize(path) > 0):
-        assert process.poll() is None, f"exited with {process.returncode} before logging"
-        assert time.time() < deadline, "no metrics row after 600s"
-        time.sleep(0.02)
-
-
 def timed_run(script, workdir, *args):
     """Run to completion; seconds from the first metrics row to the end (training, the final
     evaluation and the summary), the window a random kill is drawn from."""
     with open(os.path.join(os.path.dirname(workdir), "stderr.txt"), "w") as stderr:
-        process = subprocess.Popen(
-            command(script, *args, f"--workdir={workdir}"),
-            cwd=REPO,
-            stdout=subprocess.DEVNULL,
-            stderr=stderr,
-        )
+        process = start_script(script, *args, *QUIET, f"--workdir={workdir}", stderr=stderr)
         wait_for_first_row(process, workdir)
         start = time.time()
         assert process.wait(timeout=600) == 0, f"{script} failed; see {stderr.name}"
     return time.time() - start
-
-
-def kill_at_random_moment(script, workdir, window, seed, *args):
-    """Start the run, wait for its first metrics row, then SIGKILL it after a delay drawn from
-    `window` seconds with a fixed seed: mid-chunk, mid-checkpoint, in the final evaluation...
-    A run that ends before its kill (a faster start than the timed one) is started afresh with
-    half the delay. Returns the killed run's exit status."""
-    delay = random.Random(seed).uniform(0.0, 0.9 * window)
-    for _ in range(4):
-        shutil.rmtree(workdir, ignore_errors=True)
-        process = subprocess.Popen(
-            command(script, *args, f"--workdir={workdir}"),
-            cwd=REPO,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        wait_for_first_row(process, workdir)
-        time.sleep(delay)
-        if process.poll() is None:
-            process.kill()  # SIGKILL: no handler runs, nothing is flushed or saved
-            return process.wait()
-        delay /= 2
-    raise AssertionError(f"{script} always finished within {delay * 2:.2f}s of its first row")
 
 
 @pytest.fixture(scope="module")
@@ -147,25 +102,26 @@ def dpo_whole(sft_run, tmp_path_factory):
     return workdir, seconds
 
 
-def test_killed_dpo_run_resumes_to_the_same_result(sft_run, dpo_whole, tmp_path):
-    flags = [f"--config.init_from={sft_run}", *DPO_SMALL]
+def test_dpo_interrupted_in_every_way_ends_as_an_uninterrupted_run(sft_run, dpo_whole, tmp_path):
+    """Ctrl-C before the first checkpoint, SIGKILL after a checkpoint, a damaged newest checkpoint
+    and deleted checkpoints, each followed by the same command (tests/script_runs.py)."""
     whole, parts = dpo_whole[0], str(tmp_path / "parts")
-    killed = run("dpo.py", *flags, f"--workdir={parts}", "--kill_after_chunk=2", check=False)
-    assert killed.returncode == -9
-    assert not os.path.exists(os.path.join(parts, "summary.json"))
-    resumed = run("dpo.py", *flags, f"--workdir={parts}")
-    assert "Resuming" in resumed.stdout
-    assert read_metrics(parts) == read_metrics(whole)
+    flags = [f"--config.init_from={sft_run}", *DPO_SMALL, *QUIET, f"--workdir={parts}"]
+    interrupt_in_every_way("dpo.py", whole, *flags)
     a, b = read_json(whole), read_json(parts)
-    assert b["resumed_from_step"] == 40
     for key in DPO_HEADLINES:
         assert a[key] == b[key], key
+    assert not os.path.exists(os.path.join(whole, "damaged_checkpoints"))
+    assert os.listdir(os.path.join(parts, "damaged_checkpoints"))
+    assert_same_params(whole, parts)
 
 
 def test_dpo_killed_at_a_random_moment_resumes_to_the_same_result(sft_run, dpo_whole, tmp_path):
     flags = [f"--config.init_from={sft_run}", *DPO_SMALL]
     (whole, window), parts = dpo_whole, str(tmp_path / "parts")
-    assert kill_at_random_moment("dpo.py", parts, window, 0, *flags) == -9
+    kill_at_random_moment(
+        "dpo.py", *flags, *QUIET, f"--workdir={parts}", seed=0, max_delay=0.9 * window
+    )
     run("dpo.py", *flags, f"--workdir={parts}")
     assert read_metrics(parts) == read_metrics(whole)
     a, b = read_json(whole), read_json(parts)
@@ -226,33 +182,83 @@ def grpo_whole(tmp_path_factory):
     return workdir, timed_run("grpo.py", workdir, *GRPO_SMALL)
 
 
-def test_killed_grpo_run_resumes_to_the_same_result(grpo_whole, tmp_path):
+def test_grpo_interrupted_in_every_way_ends_as_an_uninterrupted_run(grpo_whole, tmp_path):
+    """As DPO's: Ctrl-C, SIGKILL, a damaged checkpoint and deleted checkpoints, then the same
+    command each time; the rows and the result are the uninterrupted run's."""
     whole, parts = grpo_whole[0], str(tmp_path / "parts")
-    killed = run("grpo.py", *GRPO_SMALL, f"--workdir={parts}", "--kill_after_chunk=2", check=False)
-    assert killed.returncode == -9
-    resumed = run("grpo.py", *GRPO_SMALL, f"--workdir={parts}")
-    assert "Resuming" in resumed.stdout
+    interrupt_in_every_way("grpo.py", whole, *GRPO_SMALL, *QUIET, f"--workdir={parts}")
     rows = read_metrics(parts)
-    assert rows == read_metrics(whole)
     for name in ("reward_task", "reward_format", "kl", "clip_fraction", "entropy"):
         assert name in rows[-1], name
     a, b = read_json(whole), read_json(parts)
-    assert b["resumed_from_step"] == 8
     for key in GRPO_HEADLINES:
         assert a[key] == b[key], key
     for name in ("config.json", "metrics.jsonl", "learning_curve.png", "params"):
         assert os.path.exists(os.path.join(whole, name)), name
+    assert_same_params(whole, parts)
 
 
 def test_grpo_killed_at_a_random_moment_resumes_to_the_same_result(grpo_whole, tmp_path):
     (whole, window), parts = grpo_whole, str(tmp_path / "parts")
-    assert kill_at_random_moment("grpo.py", parts, window, 1, *GRPO_SMALL) == -9
+    kill_at_random_moment(
+        "grpo.py", *GRPO_SMALL, *QUIET, f"--workdir={parts}", seed=1, max_delay=0.9 * window
+    )
     run("grpo.py", *GRPO_SMALL, f"--workdir={parts}")
     assert read_metrics(parts) == read_metrics(whole)
     a, b = read_json(whole), read_json(parts)
     for key in GRPO_HEADLINES:
         assert a[key] == b[key], key
     assert_same_params(whole, parts)
+
+
+# A host reward on one device: on a multi-device CPU mesh one hung once (see grpo.host_reward).
+GRPO_ONE_DEVICE = [f for f in GRPO_SMALL if not f.startswith("--config.mesh_shape")]
+
+
+def error_lines(stderr):
+    return [line for line in stderr.splitlines() if line.startswith("error:")]
+
+
+def test_grpo_reward_turning_nan_stops_in_one_line_keeping_the_last_good_checkpoint(tmp_path):
+    """A host reward that returns NaN from its seventh call (update 7, in the second chunk): the
+    run stops in one line naming the function and the problem, with the traceback in the run's
+    error.log; the checkpoint of step 4 is kept and finite, and nothing NaN was saved."""
+    workdir = str(tmp_path / "nan")
+    flags = [*GRPO_ONE_DEVICE, *QUIET, f"--workdir={workdir}"]
+    reward = "--config.rewards.host=tests.fixtures.host_reward:nan_after_six_calls"
+    result = run_script("grpo.py", *flags, reward, check=False)
+    assert result.returncode == 2, result.stderr[-3000:]
+    [line] = error_lines(result.stderr)
+    assert line.startswith(
+        "error: reward function tests.fixtures.host_reward:nan_after_six_calls: returned nan "
+        "for completion 0 of 32 (32 non-finite in all); return finite floats (in updates 5-8; "
+        "the checkpoint of step 4 is kept); traceback in "
+    ), line
+    assert "Traceback" not in result.stderr
+    with open(os.path.join(workdir, "error.log")) as f:
+        assert "HostFunctionError: returned nan for completion 0" in f.read()
+    assert checkpoint_steps(workdir) == [4]
+    with ocp.StandardCheckpointer() as checkpointer:
+        state = checkpointer.restore(os.path.join(workdir, "checkpoints", "4", "state"))
+    assert all_floats_finite(state)
+    assert not os.path.exists(os.path.join(workdir, "params"))
+
+
+def test_grpo_reward_raising_is_one_line_with_the_traceback_in_the_run_directory(tmp_path):
+    workdir = str(tmp_path / "raises")
+    flags = [*GRPO_ONE_DEVICE, *QUIET, f"--workdir={workdir}"]
+    reward = "--config.rewards.host=tests.fixtures.host_reward:raises_key_error"
+    result = run_script("grpo.py", *flags, reward, check=False)
+    assert result.returncode == 2, result.stderr[-3000:]
+    log = os.path.join(workdir, "error.log")
+    assert error_lines(result.stderr) == [
+        "error: reward function tests.fixtures.host_reward:raises_key_error: raised KeyError: "
+        "'score'; fix the function and run the same command again to resume (in updates 1-4; "
+        f"no checkpoint yet); traceback in {log}"
+    ]
+    with open(log) as f:
+        text = f.read()
+    assert "Traceback" in text and 'return [row["score"]]' in text
 
 
 def test_bad_grpo_settings_fail_in_one_line(tmp_path):

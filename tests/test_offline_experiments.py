@@ -6,11 +6,14 @@ import os
 import pytest
 
 from tests.script_runs import (
+    all_floats_finite,
     assert_no_duplicate_steps,
+    interrupt_in_every_way,
     kill_at_random_moment,
     read_json,
     read_rows,
     run_script,
+    tree_digest,
 )
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -26,11 +29,12 @@ SAC_FLAGS = [
     "--num_seeds=2",
 ]
 CQL_FLAGS = [
-    "--config.num_steps=200",
+    "--config.num_steps=300",
     "--config.hidden_sizes=(32, 32)",
     "--config.eval_episodes=2",
     "--config.bc.num_steps=100",
-    "--config.run.num_chunks=2",
+    "--config.run.num_chunks=3",
+    "--config.run.log_every=50",  # two rows a chunk: Ctrl-C after the first lands in a chunk
     "--config.run.progress=False",
     "--num_seeds=2",
 ]
@@ -63,16 +67,12 @@ def assert_same_run(whole, resumed, headlines):
     assert {k: a[k] for k in headlines} == {k: b[k] for k in headlines}
 
 
-def test_sac_killed_after_a_chunk_resumes_to_identical_result(sac_whole, tmp_path):
-    """The replay buffer, environments and keys are in the checkpoint, so a run killed after a
-    chunk and restarted reaches the same policy, evaluation and metrics as one never stopped."""
+def test_sac_interrupted_in_every_way_ends_as_an_uninterrupted_run(sac_whole, tmp_path):
+    """The replay buffer, environments and keys are in the checkpoint, so a run stopped by Ctrl-C,
+    killed after a chunk, resumed past a damaged checkpoint or restarted without its checkpoints
+    (tests/script_runs.py) reaches the same policy, evaluation and metrics as one never stopped."""
     interrupted = str(tmp_path / "interrupted")
-    killed = run_script(
-        "sac.py", f"--workdir={interrupted}", *SAC_FLAGS, "--kill_after_chunk=1", check=False
-    )
-    assert killed.returncode == -9
-    resumed = run_script("sac.py", f"--workdir={interrupted}", *SAC_FLAGS)
-    assert "Resuming" in resumed.stdout and "from step 200/600" in resumed.stdout
+    interrupt_in_every_way("sac.py", sac_whole, f"--workdir={interrupted}", *SAC_FLAGS)
     assert_same_run(sac_whole, interrupted, ("final_eval_return", "final_eval_return_per_seed"))
     a = read_json(sac_whole, "summary.json")
     for key in ("algo", "env", "num_seeds", "wall_seconds", "compile_seconds", "env_steps",
@@ -81,7 +81,6 @@ def test_sac_killed_after_a_chunk_resumes_to_identical_result(sac_whole, tmp_pat
         assert key in a, key
     assert a["algo"] == "sac" and a["env"] == "Pendulum-v1" and a["env_steps"] == 1600
     assert (a["steps"], a["gradient_steps"], a["resumed_from_step"]) == (600, 600, 0)
-    assert read_json(interrupted, "summary.json")["resumed_from_step"] == 200
     rows = read_rows(sac_whole)
     assert [r["step"] for r in rows] == [100, 200, 300, 400, 500, 600]
     assert [r["env_steps"] for r in rows] == [100, 200, 300, 400, 500, 600]  # one env
@@ -97,6 +96,25 @@ def test_sac_killed_at_any_moment_resumes_to_identical_result(sac_whole, tmp_pat
     run_script("sac.py", f"--workdir={killed}", *SAC_FLAGS)
     assert_no_duplicate_steps(killed)
     assert_same_run(sac_whole, killed, ("final_eval_return", "final_eval_return_per_seed"))
+
+
+def test_a_nan_target_entropy_is_refused_in_one_line_keeping_the_run_and_its_checkpoint(
+    sac_whole,
+):
+    """Given to an existing run, `target_entropy=nan` stops before anything runs: one line, the
+    run directory byte-identical, its newest checkpoint loadable and finite."""
+    import orbax.checkpoint as ocp
+
+    before = tree_digest(sac_whole)
+    flags = [*SAC_FLAGS, "--config.target_entropy=nan"]
+    result = run_script("sac.py", f"--workdir={sac_whole}", *flags, check=False)
+    assert result.returncode == 2
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("error: config.target_entropy: must be a finite number, got nan"), line
+    assert tree_digest(sac_whole) == before
+    with ocp.StandardCheckpointer() as checkpointer:
+        state = checkpointer.restore(os.path.join(sac_whole, "checkpoints", "600", "state"))
+    assert all_floats_finite(state)
 
 
 @pytest.fixture(scope="module")
@@ -130,18 +148,18 @@ def test_collect_then_cql_script_reports_scores(cql_whole):
     metrics.jsonl an evaluation row after each chunk."""
     summary = read_json(cql_whole, "summary.json")
     assert summary["algo"] == "cql" and summary["dataset_transitions"] == 2000
-    assert (summary["steps"], summary["resumed_from_step"]) == (200, 0)
+    assert (summary["steps"], summary["resumed_from_step"]) == (300, 0)
     expected = 100 * (summary["final_eval_return"] + 1200) / 1050
     assert summary["normalized_score"] == pytest.approx(expected)
     for key in ("behaviour_return", "behaviour_normalized_score", "bc_eval_return"):
         assert summary[key] is not None, key
     rows = read_rows(cql_whole)
     evals = [row for row in rows if "eval_return" in row]
-    assert [row["step"] for row in evals] == [100, 200]
+    assert [row["step"] for row in evals] == [100, 200, 300]
     assert all(len(row["eval_return_per_run"]) == 2 for row in evals)
     # The final evaluation scores the last chunk's episodes again.
     assert evals[-1]["eval_return"] == pytest.approx(summary["final_eval_return"])
-    assert [row["step"] for row in rows if "critic_loss" in row] == [100, 200]
+    assert [row["step"] for row in rows if "critic_loss" in row] == [50, 100, 150, 200, 250, 300]
 
 
 @pytest.mark.parametrize("seed", [1])
@@ -160,6 +178,18 @@ def test_cql_killed_at_any_moment_resumes_to_identical_result(
         steps = [row["step"] for row in rows if kind in row]
         assert steps == sorted(set(steps)), (kind, steps)
     assert_same_run(cql_whole, killed, CQL_HEADLINES)
+
+
+def test_cql_interrupted_in_every_way_ends_as_an_uninterrupted_run(
+    cql_whole, random_dataset, tmp_path
+):
+    """Ctrl-C, SIGKILL after a checkpoint, a damaged newest checkpoint and deleted checkpoints,
+    each followed by the same command (tests/script_runs.py): the training and evaluation rows
+    and every headline (behaviour cloning's included) are the uninterrupted run's."""
+    interrupted = str(tmp_path / "interrupted")
+    flags = [f"--workdir={interrupted}", f"--config.dataset.path={random_dataset}", *CQL_FLAGS]
+    interrupt_in_every_way("cql.py", cql_whole, *flags)
+    assert_same_run(cql_whole, interrupted, CQL_HEADLINES)
 
 
 @pytest.mark.parametrize(

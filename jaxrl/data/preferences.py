@@ -23,7 +23,9 @@ Truncation: the prompt keeps its LAST max_prompt_length tokens (the end of a con
 the response answers; BOS, if added, stays first). The response then gets the remaining
 max_length - len(prompt) positions. If response + eos fits, both are kept; otherwise the response
 is cut on the right and NO eos is appended: the text did not end there, and scoring an eos at the
-cut would teach the model to stop mid-answer.
+cut would teach the model to stop mid-answer. With `truncate=False` nothing is cut: a prompt or a
+response that does not fit is a ConfigError naming the length to raise (a cut prompt can change
+the question, e.g. "rev 123=" cut to "23=").
 """
 
 from __future__ import annotations
@@ -345,15 +347,47 @@ def _prompt_ids(tokenizer: Tokenizer, text_ids: list[int], max_prompt_length: in
     return bos + (text_ids[max(0, len(text_ids) - keep) :] if keep > 0 else [])
 
 
+def _require_fit(
+    prompts: list[list[int]],
+    responses: list[list[int]],
+    tokenizer: Tokenizer,
+    max_prompt_length: int,
+    max_length: int,
+) -> None:
+    """Refuse (one ConfigError) data that `_pack` would cut: how many rows, the length needed."""
+    bos = 0 if tokenizer.bos_id is None else 1
+    prompt_lengths = np.array([bos + len(p) for p in prompts])
+    over = int((prompt_lengths > max_prompt_length).sum())
+    require(
+        over == 0,
+        "max_prompt_length",
+        f"{over} of {len(prompts)} prompts have more than {max_prompt_length} tokens (the "
+        f"longest {prompt_lengths.max()}, BOS included) and would be cut",
+        f"raise max_prompt_length to {prompt_lengths.max()}",
+    )
+    total = prompt_lengths + np.array([len(r) + 1 for r in responses])  # + eos
+    over = int((total > max_length).sum())
+    require(
+        over == 0,
+        "max_length",
+        f"{over} of {len(prompts)} prompt + response + EOS sequences have more than "
+        f"{max_length} tokens (the longest {total.max()}) and would be cut",
+        f"raise max_length to {total.max()}",
+    )
+
+
 def _pack(
     prompts: list[list[int]],
     responses: list[list[int]],
     tokenizer: Tokenizer,
     max_prompt_length: int,
     max_length: int,
+    truncate: bool = True,
 ) -> dict[str, np.ndarray]:
     """Fixed-shape tokens, attention_mask, loss_mask, and left-padded prompt_tokens, prompt_mask."""
     n = len(prompts)
+    if not truncate:
+        _require_fit(prompts, responses, tokenizer, max_prompt_length, max_length)
     tokens = np.full((n, max_length), tokenizer.pad_id, np.int32)
     attention_mask = np.zeros((n, max_length), bool)
     loss_mask = np.zeros((n, max_length), bool)
@@ -424,10 +458,12 @@ def tokenize_sft(
     tokenizer: Tokenizer,
     max_prompt_length: int,
     max_length: int,
+    truncate: bool = True,
 ) -> dict[str, np.ndarray]:
     """Fixed-shape arrays for N (prompt, completion) pairs, laid out as in `tokenize_preferences`:
     tokens int32 [N, max_length] right-padded; attention_mask, loss_mask (completion + eos) bool;
-    prompt_tokens [N, max_prompt_length] left-padded with prompt_mask, for generation."""
+    prompt_tokens [N, max_prompt_length] left-padded with prompt_mask, for generation. With
+    `truncate=False`, data that does not fit is a ConfigError instead of being cut."""
     _check_lengths(max_prompt_length, max_length)
     require(
         len(prompts) == len(completions),
@@ -444,6 +480,7 @@ def tokenize_sft(
         tokenizer,
         max_prompt_length,
         max_length,
+        truncate,
     )
     return packed
 

@@ -191,6 +191,7 @@ def make_batch_chunk(
     *,
     log_every: int = 1,
     callback: Callable[[Array, dict[str, Array]], None] | None = None,
+    keep_going: Callable[[Array], bool] | None = None,
 ) -> Callable[[TrainState, Any, HParams], tuple[TrainState, dict[str, Array]]]:
     """`chunk(state, (batches, shared), hparams)`: `jaxrl.loop.make_chunk` over one host batch
     per update (`batches` stacked [num_steps, grad_accum_steps, micro_batch, ...]), update i
@@ -207,6 +208,7 @@ def make_batch_chunk(
             callback=callback,
             runs_axis=False,
             scan_inputs=True,
+            keep_going=keep_going,
         )
         return run(state, batches, hp)
 
