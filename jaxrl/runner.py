@@ -114,6 +114,21 @@ def flag_error_message(error: BaseException) -> str:
     return f"flags: {text}; check the flag's spelling and value"
 
 
+def repeated_flag(args: list[str]) -> str | None:
+    """The first config override `--config.X` given twice in `args`, else None. (Other flags may
+    repeat by design: a script's multi-valued flags.)"""
+    seen = set()
+    for arg in args:
+        if arg == "--":
+            break
+        if arg.startswith("--config.") or arg.split("=", 1)[0] == "--config":
+            name = arg.split("=", 1)[0]
+            if name in seen:
+                return name
+            seen.add(name)
+    return None
+
+
 def main(script_main: Callable[[list[str]], None], positional: bool = False) -> None:
     """`absl.app.run(script_main)` where any flag-parsing error is one `error:` line (exit 2) and
     positional arguments are refused (settings are flags) unless the script takes them."""
@@ -121,6 +136,9 @@ def main(script_main: Callable[[list[str]], None], positional: bool = False) -> 
     from absl import logging as absl_logging
 
     def parse(argv: list[str]) -> list[str]:
+        repeated = repeated_flag(argv[1:])
+        if repeated:  # ml_collections would concatenate a repeated tuple, e.g. hidden_sizes
+            fail(f"{repeated}: given more than once; pass each setting once")
         try:
             rest = flags.FLAGS(argv)
             if "config" in flags.FLAGS:

@@ -32,6 +32,11 @@ CASES = [
     ("ppo.py", "--bogus=1", "--bogus: unknown flag"),
     ("ppo.py", "positional", "unexpected arguments"),
     ("ppo.py", "--config.run.num_chunk=3", "--config.run.num_chunk: not a setting"),
+    (
+        "sac.py",
+        "--config.hidden_sizes=(8,8) --config.hidden_sizes=(4,4)",
+        "--config.hidden_sizes: given more than once",
+    ),
     ("sac.py", "--config.critc_lr=1", "--config.critc_lr: not a setting"),
     ("sac.py", "--config=experiments/configs/sac.py:walker", "--config: unknown preset"),
     ("cql.py", "--config.cql_alpah=1", "--config.cql_alpah: not a setting"),
