@@ -205,23 +205,24 @@ def make(config: Config, model: ModelConfig, params: Any, mesh: Any = None) -> A
     optimizer step on a batch of pairs shaped [grad_accum_steps, micro_batch, ...].
 
     `reference_params` are used only with reference="in_step" (None otherwise); they are an input
-    rather than part of the state, so checkpoints hold only what training changes."""
+    rather than part of the state, so checkpoints hold only what training changes. With
+    config.lora_rank > 0 only LoRA adapters train (the reference stays the base model); the
+    state's `params` are then the merged parameters."""
     loss_fn = make_loss(Transformer(model, mesh=mesh), config)
     config = static(config)
 
     def update(state: training.TrainState, inputs: Any, hp: HParams):
         batch, reference_params = inputs
-        params, opt_state, metrics = training.optimizer_step(
+        state, metrics = training.train_step(
             lambda p, micro_batch: loss_fn(p, micro_batch, hp, reference_params),
-            state.params,
-            state.opt_state,
+            state,
             batch,
             hp,
             config,
         )
-        return state._replace(params=params, opt_state=opt_state, step=state.step + 1), metrics
+        return state._replace(step=state.step + 1), metrics
 
-    return Algorithm(training.make_init(params, config, mesh), update)
+    return Algorithm(training.make_init(params, config, mesh, model), update)
 
 
 # --- 5. the reference pass and evaluation ------------------------------------------------------

@@ -107,6 +107,7 @@ class Config(training.TrainConfig):
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mesh_shape", tuple(self.mesh_shape))
+        self.validate_lora()
         require_positive(
             self,
             "learning_rate",
@@ -506,7 +507,8 @@ def make(
     (None for no KL penalty) are an input rather than part of the state, so checkpoints hold only
     what training changes. The update's metrics are scalars: the rollout's rewards (`reward`,
     `reward_<term>`, ...) and the optimizer steps' means (`loss`, `clip_fraction`, `entropy`,
-    `kl`, `grad_norm`).
+    `kl`, `grad_norm`). With config.lora_rank > 0 only LoRA adapters train and sampling uses the
+    merged parameters (the state's `params`).
     """
     rollout = make_rollout(config, model, task, mesh)
     transformer = Transformer(model, mesh=mesh)
@@ -533,33 +535,40 @@ def make(
 
     def update(state: training.TrainState, reference_params: Any, hp: HParams):
         rollout_key, shuffle_key = jax.random.split(jax.random.fold_in(state.key, state.step))
-        batch, metrics = rollout(state.params, rollout_key, hp)
+        # With LoRA, `state.params` merges the adapters once here: sampling and the old
+        # log-probs run on plain parameters.
+        policy = state.params
+        batch, metrics = rollout(policy, rollout_key, hp)
         if config.reuses_samples:
-            batch["old_log_probs"] = no_grad_log_probs(state.params, batch)
+            batch["old_log_probs"] = no_grad_log_probs(policy, batch)
         if reference_params is not None:
             batch["reference_log_probs"] = no_grad_log_probs(reference_params, batch)
+        # LoRA dropout: one mask per optimizer step, from this update's own stream.
+        dropout_key = jax.random.fold_in(
+            jax.random.fold_in(state.key, state.step), training.DROPOUT_STREAM
+        )
 
-        def optimizer_step(carry, minibatch):
-            params, opt_state = carry
-            params, opt_state, step_metrics = training.optimizer_step(
+        def optimizer_step(carry, minibatch_and_index):
+            minibatch, index = minibatch_and_index
+            key = jax.random.fold_in(dropout_key, index) if config.lora_dropout > 0 else None
+            return training.train_step(
                 lambda p, micro_batch: loss_fn(p, micro_batch, hp),
-                params,
-                opt_state,
+                carry,
                 minibatch,
                 hp,
                 config,
+                key,
             )
-            return (params, opt_state), step_metrics
 
-        def epoch(carry, epoch_key):
+        def epoch(carry, epoch_and_key):
+            index, epoch_key = epoch_and_key
             shuffle = epoch_key if config.num_minibatches > 1 else None
-            return jax.lax.scan(optimizer_step, carry, into_minibatches(batch, shuffle))
+            steps = index * config.num_minibatches + jnp.arange(config.num_minibatches)
+            return jax.lax.scan(optimizer_step, carry, (into_minibatches(batch, shuffle), steps))
 
-        epoch_keys = jax.random.split(shuffle_key, config.num_epochs)
-        (params, opt_state), step_metrics = jax.lax.scan(
-            epoch, (state.params, state.opt_state), epoch_keys
-        )
+        epochs = (jnp.arange(config.num_epochs), jax.random.split(shuffle_key, config.num_epochs))
+        state, step_metrics = jax.lax.scan(epoch, state, epochs)
         metrics.update(jax.tree.map(jnp.mean, step_metrics))
-        return state._replace(params=params, opt_state=opt_state, step=state.step + 1), metrics
+        return state._replace(step=state.step + 1), metrics
 
-    return Algorithm(training.make_init(params, config, mesh), update)
+    return Algorithm(training.make_init(params, config, mesh, model), update)

@@ -57,14 +57,14 @@ def make(config: Config, model: ModelConfig, params: Any, mesh: Any = None) -> A
     """SFT as pure functions of one run, starting from `params` (placed on `mesh`, if given):
     `init(key, hparams)` and `update(state, batch, hparams)`, one optimizer step on a batch
     shaped [grad_accum_steps, micro_batch, L]. (Evaluation decodes text: see experiments/sft.py.)
+    With config.lora_rank > 0 only LoRA adapters train; the state's `params` are then the merged
+    parameters.
     """
     config = static(config)
     loss_fn = make_loss(Transformer(model, mesh=mesh))
 
     def update(state: training.TrainState, batch: dict[str, Array], hp: HParams):
-        params, opt_state, metrics = training.optimizer_step(
-            loss_fn, state.params, state.opt_state, batch, hp, config
-        )
-        return state._replace(params=params, opt_state=opt_state, step=state.step + 1), metrics
+        state, metrics = training.train_step(loss_fn, state, batch, hp, config)
+        return state._replace(step=state.step + 1), metrics
 
-    return Algorithm(training.make_init(params, config, mesh), update)
+    return Algorithm(training.make_init(params, config, mesh, model), update)

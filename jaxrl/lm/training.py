@@ -7,6 +7,12 @@ the micro-batches with a `lax.scan`. The optimizer is built from the run's `HPar
 update, so the learning rate (and weight decay, gradient clip) can differ between the runs of one
 program: a learning-rate sweep is one compiled program, vmapped. Chunks of updates are
 `jaxrl.loop.make_chunk`; parameters and optimizer state keep the shardings they were placed with.
+
+With `lora_rank > 0` the run trains low-rank adapters (`jaxrl.lm.lora`) instead: the state is a
+`LoraTrainState` holding the frozen base parameters beside the adapters, only the adapters are
+differentiated and only they have optimizer state, and its `params` are the merged parameters, so
+whatever reads a finished run's `state.params` (saving, evaluation, export) sees plain ones.
+`train_step` takes one optimizer step on either kind of state.
 """
 
 from __future__ import annotations
@@ -23,7 +29,8 @@ import optax
 from jaxrl import loop, sharding
 from jaxrl.config import require, require_non_negative, require_positive
 from jaxrl.hparams import HParams, swept
-from jaxrl.lm.model import Transformer, token_log_probs
+from jaxrl.lm import lora
+from jaxrl.lm.model import ModelConfig, Transformer, param_axes, token_log_probs
 
 Array = jax.Array
 # loss_fn(params, micro_batch) -> (scalar loss, metrics)
@@ -45,10 +52,18 @@ class TrainConfig:
     grad_accum_steps: int = 1  # the batch is processed in this many micro-batches
     num_steps: int = 200  # updates in the run
     mesh_shape: tuple[int, int, int] = (1, 1, 1)  # (data, fsdp, tensor)
+    # LoRA (jaxrl.lm.lora): rank 0 trains every parameter; > 0 trains only low-rank adapters on
+    # the target weights (HF names: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj,
+    # down_proj, lm_head), scaled by lora_alpha / lora_rank (alpha 0: scale 1).
+    lora_rank: int = 0
+    lora_alpha: float = 0.0
+    lora_dropout: float = 0.0  # drop probability of the adapters' input features
+    lora_targets: tuple[str, ...] = lora.DEFAULT_TARGETS
 
     def __post_init__(self) -> None:
         # ml_collections hands us lists; the config must stay hashable.
         object.__setattr__(self, "mesh_shape", tuple(self.mesh_shape))
+        self.validate_lora()
         require_positive(
             self, "learning_rate", "batch_size", "grad_accum_steps", "num_steps", "max_grad_norm"
         )
@@ -74,6 +89,31 @@ class TrainConfig:
         """Rows per micro-batch: batch_size // grad_accum_steps."""
         return self.batch_size // self.grad_accum_steps
 
+    def validate_lora(self) -> None:
+        """Check the lora_* fields (subclasses with their own __post_init__ call this too)."""
+        targets = self.lora_targets
+        if isinstance(targets, str):  # "q_proj,v_proj" is a natural way to write it
+            targets = [name.strip() for name in targets.split(",") if name.strip()]
+        object.__setattr__(self, "lora_targets", tuple(targets))
+        lora.validate(self.lora_rank, self.lora_alpha, self.lora_dropout, self.lora_targets)
+
+    @property
+    def lora(self) -> lora.LoraConfig | None:
+        """The LoRA settings, or None when every parameter is trained (lora_rank 0)."""
+        if self.lora_rank == 0:
+            return None
+        return lora.LoraConfig(
+            self.lora_rank, self.lora_alpha, self.lora_dropout, self.lora_targets
+        )
+
+
+def check_model(config: TrainConfig, model: ModelConfig) -> None:
+    """The settings checked against the model they will train (today: that every LoRA target
+    names a parameter of it, e.g. no `lm_head` with tied embeddings). Raises a one-line
+    ConfigError; scripts call it before they write anything (`make` repeats it)."""
+    if config.lora is not None:
+        lora.check_targets(param_axes(model), config.lora)
+
 
 def check_mesh_shape(mesh_shape: tuple[int, int, int]) -> int:
     """Validate a (data, fsdp, tensor) mesh shape; return its number of batch shards."""
@@ -93,6 +133,31 @@ class TrainState(NamedTuple):
     opt_state: Any  # AdamW's, over `params` (its count is the optimizer steps taken)
     key: Array  # the run's PRNG key; GRPO draws update i's randomness from fold_in(key, i)
     step: Array  # updates done (int32 scalar)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class LoraTrainState:
+    """The state of a LoRA run: the frozen base parameters, the trained adapters and AdamW's
+    state over the adapters only. `params` merges them, so code written for `TrainState` reads
+    the model the run has trained. The base travels in the state (and its checkpoints) so that a
+    finished run's state alone holds that model."""
+
+    base: Any  # frozen; never differentiated
+    adapters: Any  # {path: lora.Adapter}, float32
+    opt_state: Any  # AdamW's, over `adapters`
+    key: Array
+    step: Array
+    scale: float = dataclasses.field(metadata=dict(static=True))  # lora_alpha / lora_rank
+
+    @property
+    def params(self) -> Any:
+        """The merged parameters, each in its base weight's dtype."""
+        return lora.merge(self.base, self.adapters, self.scale)
+
+    def _replace(self, **changes: Any) -> LoraTrainState:
+        # The NamedTuple spelling, so updates read the same for both kinds of state.
+        return dataclasses.replace(self, **changes)
 
 
 def make_optimizer(hp: HParams, config: TrainConfig) -> optax.GradientTransformation:
@@ -115,20 +180,39 @@ def make_optimizer(hp: HParams, config: TrainConfig) -> optax.GradientTransforma
 
 
 def make_init(
-    params: Any, config: TrainConfig, mesh: Any = None
-) -> Callable[[Array, HParams], TrainState]:
-    """`init(key, hparams) -> TrainState` starting from `params` (random or a checkpoint's).
+    params: Any, config: TrainConfig, mesh: Any = None, model: ModelConfig | None = None
+) -> Callable[[Array, HParams], TrainState | LoraTrainState]:
+    """`init(key, hparams) -> TrainState` starting from `params` (random or a checkpoint's), or
+    a `LoraTrainState` when config.lora_rank > 0 (then `model`, the parameters' ModelConfig, is
+    needed to shard the adapters; a target naming no parameter is a ConfigError here, before
+    anything compiles).
 
     The state gets its own copy of the parameters: chunks donate the state, and the caller may
     still use `params` (as DPO's or GRPO's reference model, say). The optimizer moments are made
     like the parameters, so they inherit their shardings; with a mesh, the scalars (key, step,
     Adam's count) are replicated over it so every leaf lives on it (call `init` outside `jit`
     then, as the scripts do)."""
+    lora_config = config.lora
+    if lora_config is not None:
+        lora.check_targets(params, lora_config)
+        if model is None:
+            raise ValueError("make_init: LoRA needs the model's ModelConfig (model=...)")
+        axes = param_axes(model)
 
-    def init(key: Array, hp: HParams) -> TrainState:
+    def init(key: Array, hp: HParams) -> TrainState | LoraTrainState:
         own = jax.tree.map(jnp.copy, params)
-        opt_state = make_optimizer(hp, config).init(own)
-        state = TrainState(own, opt_state, key, loop.zeros_step())
+        if lora_config is None:
+            opt_state = make_optimizer(hp, config).init(own)
+            state = TrainState(own, opt_state, key, loop.zeros_step())
+        else:
+            # The adapters' randomness is its own stream of the run's key.
+            adapters = lora.init_adapters(jax.random.fold_in(key, ADAPTER_STREAM), own, lora_config)
+            if mesh is not None:
+                adapters = jax.device_put(adapters, lora.adapter_shardings(axes, adapters, mesh))
+            opt_state = make_optimizer(hp, config).init(adapters)
+            state = LoraTrainState(
+                own, adapters, opt_state, key, loop.zeros_step(), lora_config.scale
+            )
         if mesh is None:
             return state
         on_mesh = set(mesh.devices.flat)
@@ -142,6 +226,12 @@ def make_init(
         )
 
     return init
+
+
+# fold_in tags of the run's key for LoRA's randomness (adapter init, dropout masks), chosen far
+# from the small integers (update indices) the algorithms fold in.
+ADAPTER_STREAM = 0x10A0
+DROPOUT_STREAM = 0x10A1
 
 
 def sequence_log_probs(
@@ -185,8 +275,43 @@ def optimizer_step(
     return optax.apply_updates(params, updates), opt_state, metrics
 
 
+def train_step(
+    loss_fn: LossFn,
+    state: TrainState | LoraTrainState,
+    batch: dict[str, Array],
+    hp: HParams,
+    config: TrainConfig,
+    dropout_key: Array | None = None,
+) -> tuple[TrainState | LoraTrainState, dict[str, Array]]:
+    """`optimizer_step` on what the state trains: its parameters, or (LoRA) its adapters, the
+    loss then seeing the base parameters with the adapters applied. Returns the state with the
+    new parameters (or adapters) and optimizer state, `step` unchanged, and the metrics.
+
+    `dropout_key` draws LoRA's dropout masks (one per adapter for this optimizer step); None
+    derives it from the state's key and step, which suits one optimizer step per update."""
+    if isinstance(state, TrainState):
+        params, opt_state, metrics = optimizer_step(
+            loss_fn, state.params, state.opt_state, batch, hp, config
+        )
+        return state._replace(params=params, opt_state=opt_state), metrics
+
+    rate = config.lora_dropout
+    if rate > 0 and dropout_key is None:
+        dropout_key = jax.random.fold_in(jax.random.fold_in(state.key, state.step), DROPOUT_STREAM)
+
+    def adapted_loss(adapters: Any, micro_batch: dict[str, Array]):
+        if rate > 0:
+            adapters = lora.drop_inputs(adapters, dropout_key, rate)
+        return loss_fn(lora.apply(state.base, adapters, state.scale), micro_batch)
+
+    adapters, opt_state, metrics = optimizer_step(
+        adapted_loss, state.adapters, state.opt_state, batch, hp, config
+    )
+    return state._replace(adapters=adapters, opt_state=opt_state), metrics
+
+
 def make_batch_chunk(
-    update: Callable[[TrainState, Any, HParams], tuple[TrainState, dict[str, Array]]],
+    update: Callable[[Any, Any, HParams], tuple[Any, dict[str, Array]]],
     num_steps: int,
     *,
     log_every: int = 1,
