@@ -1,32 +1,74 @@
-"""What the language-model scripts (sft.py, dpo.py, grpo.py) share besides `jaxrl.runner`: the
-settings every one of them reads (model, mesh, task), the starting parameters and where a run
-leaves its final ones, the runner's `Job` for one LM run, and greedy-generation task accuracy."""
+"""What the language-model scripts (sft.py, dpo.py, grpo.py, generate.py, export.py) share
+besides `jaxrl.runner`: the settings every trainer reads (model, mesh, task), the checkpoints a
+model comes from (a run directory, a Hugging Face directory or a GGUF file), the starting
+parameters and what a run directory records of its model and tokenizer (model.json, tokenizer/,
+params/), the runner's `Job` for one LM run, and greedy-generation task accuracy."""
 
 from __future__ import annotations
 
+import atexit
+import dataclasses
 import functools
+import json
 import os
+import shutil
+import tempfile
 import time
-from collections.abc import Callable
-from typing import Any, NamedTuple
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
 import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
-from envs.text import DigitTask, make_task
 from jaxrl import hparams, runner, sharding
 from jaxrl.config import ConfigError
-from jaxrl.lm import Tokenizer, load_tokenizer, training
+from jaxrl.lm import ByteTokenizer, Tokenizer, load_tokenizer, training
 from jaxrl.lm.model import ModelConfig, init_params, param_shardings
 from jaxrl.lm.sampler import SamplingConfig, generate
 from jaxrl.logging import RunDirectory
 from jaxrl.loop import Algorithm
 from jaxrl.runner import fail
 
+if TYPE_CHECKING:  # envs imports gymnax (2 s): generate.py and export.py never need it
+    from envs.text import DigitTask
+
 PARAMS_DIR = "params"  # final parameters of a run, where the next stage (DPO, GRPO) reads them
 SETTINGS = ("init_from", "seed", "eval_batch_size")  # top-level scalars that are not Config fields
+# What a run directory records besides config.json: the model it trained (architecture and
+# dtypes), where its tokenizer is and the special-token ids, so that init_from, generate.py and
+# export.py rebuild exactly that model; and a copy of the tokenizer's files.
+MODEL_FILE = "model.json"
+TOKENIZER_DIR = "tokenizer"
+BYTE = "byte"
+# Files of a Hugging Face tokenizer: tokenizer.json, plus the chat template and special tokens.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+CHAT_TEMPLATES_DIR = "additional_chat_templates"
+# The model fields that apply to an imported checkpoint (how it runs, not what it is).
+RUNTIME_FIELDS = ("dtype", "param_dtype", "remat")
+GGUF_MAGIC = b"GGUF"
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpoint:
+    """A model to start from or sample from: a run directory, a Hugging Face directory, a GGUF
+    file, or (kind "random") the config's own model."""
+
+    kind: str  # "random", "run", "hf" or "gguf"
+    path: str
+    model: ModelConfig  # architecture and dtypes (float32 as stored, until `with_runtime`)
+    tokenizer: str  # "byte", a directory holding tokenizer.json, or "" (the checkpoint has none)
+    description: str  # for summaries: "run runs/sft", "Hugging Face checkpoint ...", ...
+    gguf: Any = None  # the read GGUFCheckpoint (its parameters are kept until loaded)
+
+    def with_runtime(self, section: Mapping[str, Any]) -> Checkpoint:
+        """The same checkpoint run with `section`'s dtype, param_dtype and remat."""
+        values = {field: section[field] for field in RUNTIME_FIELDS}
+        try:
+            return dataclasses.replace(self, model=dataclasses.replace(self.model, **values))
+        except ConfigError as error:
+            fail(f"config.model.{error}")
 
 
 class Setup(NamedTuple):
@@ -38,21 +80,31 @@ class Setup(NamedTuple):
     mesh: Any
     task: DigitTask
     tokenizer: Tokenizer
-    model: ModelConfig  # the config's model (init_from may replace it: see `initial_params`)
+    model: ModelConfig  # the model trained: the config's, or init_from's architecture
     workdir: str
+    source: Checkpoint  # where the parameters come from (see `initial_params`)
+    tokenizer_source: str  # "byte" or the tokenizer.json path the run copies
 
 
 def setup(flags: dict[str, Any], config_cls: type, name: str) -> Setup:
-    """Check the config, and make the mesh, task and tokenizer (each problem one error line)."""
+    """Check the config, and make the mesh, task, starting checkpoint and tokenizer (each problem
+    one error line). With init_from, the architecture comes from the checkpoint and only the
+    model section's dtype, param_dtype and remat apply; the tokenizer comes from the checkpoint
+    unless config.task.tokenizer names one, and must fit the model's vocabulary."""
     flat = flags["config"].value
     config = runner.build_config(config_cls, flat, SETTINGS)
     runner.check_run_settings(flat.run)
     mesh = make_mesh(config.mesh_shape)
-    task, tokenizer = task_and_tokenizer(flat.task)
+    task = make_text_task(flat.task)
+    source = start_checkpoint(flat)
+    tokenizer, tokenizer_source = run_tokenizer(flat.task.tokenizer, source)
+    check_vocabulary(tokenizer, source.model, source, "config.task.tokenizer")
     workdir = flags["workdir"].value or os.path.join(
         "runs", f"{name}-{task.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     )
-    return Setup(name, flat, config, mesh, task, tokenizer, model_config(flat.model), workdir)
+    return Setup(
+        name, flat, config, mesh, task, tokenizer, source.model, workdir, source, tokenizer_source
+    )
 
 
 def job(
@@ -132,14 +184,204 @@ def make_mesh(mesh_shape: tuple[int, int, int]) -> Any:
         fail(f"config.mesh_shape: {error}")
 
 
-def task_and_tokenizer(section: ml_collections.ConfigDict) -> tuple[DigitTask, Tokenizer]:
-    """The `task` section's task and tokenizer."""
+def make_text_task(section: ml_collections.ConfigDict) -> DigitTask:
+    """The `task` section's task."""
+    from envs.text import make_task
+
     try:
-        task = make_task(section.name, num_digits=section.num_digits)
-        tokenizer = load_tokenizer(section.tokenizer)
-    except (ConfigError, FileNotFoundError, ValueError) as error:
+        return make_task(section.name, num_digits=section.num_digits)
+    except (ConfigError, ValueError) as error:
         fail(f"config.task: {error}")
-    return task, tokenizer
+
+
+# --- checkpoints: runs, Hugging Face directories, GGUF files --------------------------------------
+
+
+def read_json(path: str) -> Any:
+    """The JSON file at `path`; ValueError naming the file when it is missing or malformed."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError) as error:
+        raise ValueError(f"{path}: not readable JSON ({error})") from None
+
+
+def _is_gguf(path: str) -> bool:
+    with open(path, "rb") as f:
+        return f.read(4) == GGUF_MAGIC
+
+
+def _run_checkpoint(path: str) -> Checkpoint:
+    """A run directory of sft.py, dpo.py or grpo.py: the model it trained (model.json; a run made
+    before model.json existed records it as config.json's model section) and its tokenizer."""
+    if not os.path.isdir(os.path.join(path, PARAMS_DIR)):
+        raise ValueError(
+            f"{path}: a run directory without {PARAMS_DIR}/ (the final parameters), so it has not "
+            "finished; run the same command again to finish it, or pass a finished run"
+        )
+    record_path = os.path.join(path, MODEL_FILE)
+    if os.path.isfile(record_path):
+        record = read_json(record_path)
+        fields, tokenizer = record.get("model"), record.get("tokenizer", BYTE)
+    else:
+        saved = read_json(os.path.join(path, "config.json"))
+        fields, tokenizer = saved.get("model"), saved.get("task", {}).get("tokenizer", BYTE)
+    if not isinstance(fields, dict):
+        raise ValueError(f"{record_path}: no model recorded; pass a run of sft.py/dpo.py/grpo.py")
+    try:
+        model = ModelConfig(**fields)
+    except (ConfigError, TypeError) as error:
+        raise ValueError(f"{record_path}: model: {error}") from None
+    if tokenizer == TOKENIZER_DIR:
+        tokenizer = os.path.join(path, TOKENIZER_DIR)
+    return Checkpoint("run", path, model, tokenizer or BYTE, f"run {path}")
+
+
+def _hf_checkpoint(path: str) -> Checkpoint:
+    from jaxrl.lm.hf import config_from_hf
+
+    config_path = os.path.join(path, "config.json")
+    model = config_from_hf(read_json(config_path), source=config_path)
+    tokenizer = path if os.path.isfile(os.path.join(path, "tokenizer.json")) else ""
+    return Checkpoint("hf", path, model, tokenizer, f"Hugging Face checkpoint {path}")
+
+
+def _gguf_checkpoint(path: str) -> Checkpoint:
+    """A GGUF file, read (and dequantised) once; its tokenizer files are written to a temporary
+    directory, removed at exit, from which the tokenizer loads and a run copies them."""
+    from jaxrl.lm.gguf import read_gguf
+
+    checkpoint = read_gguf(path)
+    tokenizer = ""
+    if checkpoint.tokenizer is not None:
+        tokenizer = tempfile.mkdtemp(prefix="jaxrl-gguf-tokenizer-")
+        atexit.register(shutil.rmtree, tokenizer, ignore_errors=True)
+        for name, contents in (
+            ("tokenizer.json", checkpoint.tokenizer),
+            ("tokenizer_config.json", checkpoint.tokenizer_config),
+        ):
+            with open(os.path.join(tokenizer, name), "w", encoding="utf-8") as f:
+                json.dump(contents, f, ensure_ascii=False)
+    return Checkpoint(
+        "gguf", path, checkpoint.config, tokenizer, f"GGUF file {path}", gguf=checkpoint
+    )
+
+
+def find_checkpoint(path: str) -> Checkpoint:
+    """What `path` holds: a finished run directory, a Hugging Face checkpoint directory
+    (config.json + safetensors) or a GGUF file. Raises ValueError / FileNotFoundError /
+    `ConfigError` with one line otherwise (unsupported architecture, GGUF type, ...)."""
+    path = os.path.normpath(path)
+    if os.path.isfile(path):
+        if _is_gguf(path):
+            return _gguf_checkpoint(path)
+        raise ValueError(
+            f"{path} is a file but not a GGUF file; pass a run directory, a Hugging Face "
+            "checkpoint directory (config.json + model.safetensors) or a .gguf file"
+        )
+    if not os.path.isdir(path):
+        raise FileNotFoundError(
+            f"{path}: no such file or directory; pass a run directory, a Hugging Face "
+            "checkpoint directory or a .gguf file"
+        )
+    config_path = os.path.join(path, "config.json")
+    config = read_json(config_path) if os.path.isfile(config_path) else None
+    is_run = os.path.isfile(os.path.join(path, MODEL_FILE)) or os.path.isdir(
+        os.path.join(path, PARAMS_DIR)
+    )
+    if is_run or (isinstance(config, dict) and "run" in config and "model" in config):
+        return _run_checkpoint(path)
+    if isinstance(config, dict):
+        return _hf_checkpoint(path)
+    raise ValueError(
+        f"{path} holds neither a finished run ({PARAMS_DIR}/) nor a Hugging Face checkpoint "
+        "(config.json); pass a run directory of experiments/sft.py, a Hugging Face directory "
+        "or a .gguf file"
+    )
+
+
+def _overridden_model_fields() -> list[str]:
+    """The model fields set on the command line (--config.model.X=...)."""
+    from absl import flags
+    from ml_collections import config_flags
+
+    try:
+        overrides = config_flags.get_override_values(flags.FLAGS["config"])
+    except (KeyError, TypeError):  # no --config flag defined (a caller outside the scripts)
+        return []
+    return [key.split(".", 1)[1] for key in overrides if key.startswith("model.")]
+
+
+def start_checkpoint(flat: ml_collections.ConfigDict) -> Checkpoint:
+    """Where a run starts: the config's model (random init) or init_from's, which brings its
+    architecture; a model flag other than dtype / param_dtype / remat would then be ignored, so
+    it is an error."""
+    if not flat.init_from:
+        model = model_config(flat.model)
+        return Checkpoint("random", "", model, BYTE, "random init")
+    ignored = [f for f in _overridden_model_fields() if f not in RUNTIME_FIELDS]
+    if ignored:
+        fail(
+            f"config.model.{ignored[0]}: the architecture comes from --config.init_from="
+            f"{flat.init_from}, so this flag would be ignored; drop it (only model.dtype, "
+            "model.param_dtype and model.remat apply to an imported model)"
+        )
+    try:
+        source = find_checkpoint(flat.init_from)
+    except (ConfigError, ValueError, OSError) as error:
+        fail(f"config.init_from: {error}")
+    return source.with_runtime(flat.model)
+
+
+def run_tokenizer(name: str, source: Checkpoint) -> tuple[Tokenizer, str]:
+    """The tokenizer `name` names, or when "" the starting checkpoint's (the byte tokenizer for
+    random init and for a checkpoint that has none). Returns it and "byte" or its tokenizer.json
+    path (which the run directory copies)."""
+    chosen = name or source.tokenizer or BYTE
+    try:
+        tokenizer = load_tokenizer(chosen)
+    except (ConfigError, ValueError, OSError) as error:
+        field = "config.task.tokenizer" if name else "config.init_from"
+        fail(f"{field}: {error}")
+    path = BYTE if isinstance(tokenizer, ByteTokenizer) else tokenizer.source
+    if name and source.kind != "random" and source.tokenizer:
+        own = load_tokenizer(source.tokenizer)
+        own_path = BYTE if isinstance(own, ByteTokenizer) else own.source
+        if _file_bytes(path) != _file_bytes(own_path):
+            fail(
+                f"config.task.tokenizer: {name} is not the tokenizer {source.description} was "
+                f"trained with ({own_path}); drop --config.task.tokenizer to use that one"
+            )
+    return tokenizer, path
+
+
+def _file_bytes(path: str) -> bytes:
+    """A tokenizer's identity: its tokenizer.json's bytes ("byte" for the byte tokenizer)."""
+    if path == BYTE:
+        return BYTE.encode()
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def check_vocabulary(tokenizer: Tokenizer, model: ModelConfig, source: Checkpoint, field: str):
+    """Every id the tokenizer can produce must be a row of the model's embedding."""
+    if tokenizer.vocab_size <= model.vocab_size:
+        return
+    what = "the byte tokenizer" if isinstance(tokenizer, ByteTokenizer) else "the tokenizer"
+    if source.kind == "random":
+        fix = f"set --config.model.vocab_size={tokenizer.vocab_size} or pass a smaller tokenizer"
+    elif source.tokenizer:
+        fix = f"drop --{field} to use the checkpoint's own tokenizer ({source.tokenizer})"
+    else:
+        fix = (
+            f"pass --{field}=<the tokenizer.json (or its directory) that {source.path} was "
+            "trained with>"
+        )
+    fail(
+        f"{field}: {what} has {tokenizer.vocab_size} ids but the model "
+        f"({source.description}) has vocab_size={model.vocab_size}, so ids past "
+        f"{model.vocab_size - 1} would index no embedding; {fix}"
+    )
 
 
 def split_problems(task: Any, section: ml_collections.ConfigDict) -> tuple[list[str], list[str]]:
@@ -162,37 +404,117 @@ def split_problems(task: Any, section: ml_collections.ConfigDict) -> tuple[list[
     return train_problems, eval_problems
 
 
-def initial_params(
-    model: ModelConfig, init_from: str, seed: int, mesh: Any
-) -> tuple[Any, ModelConfig, str]:
-    """Random parameters, or those of an earlier run directory (its `params/`), or a Hugging Face
-    checkpoint directory (config.json + model.safetensors), placed on the mesh."""
-    source = "random init"
-    if not init_from:
-        params = init_params(model, jax.random.key(seed))
-    elif os.path.isdir(os.path.join(init_from, PARAMS_DIR)):
-        # Restored straight onto this run's mesh, whatever mesh or host count saved them.
+def initial_params(run: Setup) -> tuple[Any, ModelConfig, str]:
+    """The starting parameters, placed on the run's mesh: random ones (config.seed), or those of
+    init_from in the run's param_dtype. Returns them, the model and a description of the source."""
+    params = load_params(run.source, run.model, run.mesh, seed=run.flat.seed)
+    return params, run.model, run.source.description
+
+
+def load_params(source: Checkpoint, model: ModelConfig, mesh: Any, seed: int = 0) -> Any:
+    """`source`'s parameters as `model.param_dtype` arrays, placed on `mesh` (random ones from
+    `seed` for kind "random")."""
+    where = placement(model, mesh)
+    if source.kind == "random":
+        return jax.device_put(init_params(model, jax.random.key(seed)), where)
+    dtype = jax.numpy.dtype(model.param_dtype)
+    if source.kind == "run":
+        # Restored straight onto this mesh in the dtype the run saved (whatever mesh or host
+        # count saved them), then cast.
+        saved = _saved_param_dtype(source.path, model)
         like = jax.tree.map(
-            lambda leaf, where: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=where),
+            lambda leaf, at: jax.ShapeDtypeStruct(leaf.shape, saved, sharding=at),
             jax.eval_shape(lambda: init_params(model, jax.random.key(0))),
-            placement(model, mesh),
+            where,
         )
         with ocp.StandardCheckpointer() as checkpointer:
             params = checkpointer.restore(
-                os.path.abspath(os.path.join(init_from, PARAMS_DIR)), like
+                os.path.abspath(os.path.join(source.path, PARAMS_DIR)), like
             )
-        source = f"run {init_from}"
-    elif os.path.isfile(os.path.join(init_from, "config.json")):
+        return jax.tree.map(lambda x: x.astype(dtype), params)
+    if source.kind == "hf":
         from jaxrl.lm.hf import load_hf_checkpoint
 
-        model, params = load_hf_checkpoint(init_from)
-        source = f"Hugging Face checkpoint {init_from}"
+        try:
+            _, params = load_hf_checkpoint(source.path)
+        except (ConfigError, ValueError, OSError) as error:
+            fail(f"config.init_from: {error}")
     else:
-        fail(
-            f"config.init_from: {init_from!r} holds neither a finished run ({PARAMS_DIR}/) nor a "
-            "Hugging Face checkpoint (config.json); pass a run directory of experiments/sft.py"
-        )
-    return jax.device_put(params, placement(model, mesh)), model, source
+        params = source.gguf.params
+    params = jax.tree.map(lambda x: np.asarray(x).astype(dtype), params)
+    return jax.device_put(params, where)
+
+
+def _saved_param_dtype(run_path: str, model: ModelConfig) -> Any:
+    """The dtype a run's params/ were saved in (its recorded param_dtype)."""
+    path = os.path.join(run_path, MODEL_FILE)
+    if os.path.isfile(path):
+        saved = read_json(path).get("model", {}).get("param_dtype", model.param_dtype)
+    else:
+        saved = read_json(os.path.join(run_path, "config.json"))["model"]["param_dtype"]
+    return jax.numpy.dtype(saved)
+
+
+def open_run(run: Setup) -> RunDirectory:
+    """`runner.open_run` recording what the run really trains: config.json's model section is the
+    model built (init_from's architecture), model.json records it with the tokenizer and its
+    special-token ids, and a Hugging Face tokenizer's files are copied into tokenizer/, so that a
+    later init_from, generate.py or export.py rebuilds this model with this tokenizer. The
+    settings are checked against that model first (a LoRA target it lacks), before any write."""
+    try:
+        training.check_model(run.config, run.model)
+    except ConfigError as error:
+        fail(f"config.{error}")
+    resolved = run.flat.to_dict()
+    resolved["model"] = dataclasses.asdict(run.model)
+    run_dir = runner.open_run(run.workdir, resolved)
+    if run_dir.writes:
+        tokenizer = BYTE
+        if run.tokenizer_source != BYTE:
+            copy_tokenizer_files(run.tokenizer_source, run_dir.file(TOKENIZER_DIR))
+            tokenizer = TOKENIZER_DIR
+        record = {
+            "model": dataclasses.asdict(run.model),
+            "tokenizer": tokenizer,
+            "special_token_ids": special_token_ids(run.tokenizer),
+            "init_from": run.source.description,
+        }
+        write_json(run_dir.file(MODEL_FILE), record)
+    return run_dir
+
+
+def special_token_ids(tokenizer: Tokenizer) -> dict[str, int]:
+    """bos/eos/pad ids as config.json and generation_config.json name them."""
+    ids = {"eos_token_id": tokenizer.eos_id, "pad_token_id": tokenizer.pad_id}
+    if tokenizer.bos_id is not None:
+        ids["bos_token_id"] = tokenizer.bos_id
+    return ids
+
+
+def write_json(path: str, contents: Any) -> None:
+    """`contents` as indented JSON, written to a temporary name and renamed into place."""
+    temporary = f"{path}.tmp-{os.getpid()}"
+    with open(temporary, "w", encoding="utf-8") as f:
+        json.dump(contents, f, indent=2, ensure_ascii=False)
+        f.write("\n")
+    os.replace(temporary, path)
+
+
+def copy_tokenizer_files(tokenizer_json: str, out_dir: str) -> None:
+    """Copy a tokenizer.json (saved under that name) and the chat template / special-token files
+    beside it into `out_dir`."""
+    os.makedirs(out_dir, exist_ok=True)
+    source_dir = os.path.dirname(tokenizer_json)
+    copies = [(tokenizer_json, "tokenizer.json")]
+    copies += [(os.path.join(source_dir, n), n) for n in TOKENIZER_FILES[1:]]
+    for source, name in copies:
+        if os.path.isfile(source) and os.path.abspath(source) != os.path.abspath(
+            os.path.join(out_dir, name)
+        ):
+            shutil.copyfile(source, os.path.join(out_dir, name))
+    extra = os.path.join(source_dir, CHAT_TEMPLATES_DIR)
+    if os.path.isdir(extra):
+        shutil.copytree(extra, os.path.join(out_dir, CHAT_TEMPLATES_DIR), dirs_exist_ok=True)
 
 
 def placement(model: ModelConfig, mesh: Any) -> Any:

@@ -28,6 +28,7 @@ import numpy as np  # noqa: E402
 import tensorflow_datasets as tfds  # noqa: E402
 from absl import logging  # noqa: E402
 
+import envs.text  # noqa: E402, F401  (the tasks: imported at start, as a run needs them)
 from algos import dpo  # noqa: E402
 from experiments import _lm  # noqa: E402
 from jaxrl import distributed, runner, sharding  # noqa: E402
@@ -103,8 +104,8 @@ def main(argv: list[str]) -> None:
             "--workdir=runs/sft` first and pass --config.init_from=runs/sft"
         )
     # The SFT model: where DPO starts, and its reference.
-    params, model, source = _lm.initial_params(run.model, flat.init_from, flat.seed, mesh)
-    run_dir = runner.open_run(run.workdir, flat.to_dict())
+    params, model, source = _lm.initial_params(run)
+    run_dir = _lm.open_run(run)
     paths, eval_problems = preference_files(task, flat, run_dir)
     built, arrays = preference_arrays(paths, run, run_dir)
     num_pairs = len(arrays["train"]["chosen_tokens"])

@@ -9,8 +9,9 @@
 Every update samples prompts, generates group_size completions per prompt, scores them and
 updates the policy inside one compiled program (`algos/grpo.py`); updates run in compiled chunks
 on `jaxrl.runner`, with a checkpoint after each, and a restarted run resumes from the newest.
---config.init_from takes an SFT run directory or a Hugging Face checkpoint directory; without it
-the model starts from random weights. Rewards are the task's (`envs.text`): the answer reward
+--config.init_from takes an SFT or DPO run directory, a Hugging Face checkpoint directory or a
+GGUF file (its architecture and tokenizer come along); without it the model starts from random
+weights. Rewards are the task's (`envs.text`): the answer reward
 (exact match 1, partial credit below 0.5), plus `rewards.format_weight` x the format reward, plus
 an optional host Python function (`--config.rewards.host=my_module:my_reward`, called as
 f(prompts, completions, answer=[...])).
@@ -27,7 +28,6 @@ import json
 import os
 import sys
 import time
-from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -90,20 +90,16 @@ def main(argv: list[str]) -> None:
     )
     prompt_length = held_out.tokens.shape[1]  # every prompt of a task has one length
 
-    def check_context(model: Any) -> None:
-        if prompt_length + config.max_new_tokens > model.max_position_embeddings:
-            runner.fail(
-                f"config.max_new_tokens: prompts of {prompt_length} tokens + "
-                f"{config.max_new_tokens} new ones exceed the model's max_position_embeddings="
-                f"{model.max_position_embeddings}; set max_new_tokens <= "
-                f"{model.max_position_embeddings - prompt_length}"
-            )
-
-    if not flat.init_from:
-        check_context(run.model)  # before building the parameters
-    params, model, source = _lm.initial_params(run.model, flat.init_from, flat.seed, mesh)
-    check_context(model)  # the model an init_from checkpoint brings
-    run_dir = runner.open_run(run.workdir, flat.to_dict())
+    # The model (init_from's architecture included) is known before any parameter is built.
+    if prompt_length + config.max_new_tokens > run.model.max_position_embeddings:
+        runner.fail(
+            f"config.max_new_tokens: prompts of {prompt_length} tokens + "
+            f"{config.max_new_tokens} new ones exceed the model's max_position_embeddings="
+            f"{run.model.max_position_embeddings}; set max_new_tokens <= "
+            f"{run.model.max_position_embeddings - prompt_length}"
+        )
+    params, model, source = _lm.initial_params(run)
+    run_dir = _lm.open_run(run)
 
     def accuracy(params):
         return _lm.task_accuracy(

@@ -20,6 +20,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+import envs.text  # noqa: E402, F401  (the tasks: imported at start, as a run needs them)
 from algos import sft  # noqa: E402
 from experiments import _lm  # noqa: E402
 from jaxrl import runner  # noqa: E402
@@ -51,8 +52,8 @@ def main(argv: list[str]) -> None:
             f"config.batch_size: {config.batch_size} exceeds "
             f"config.task.num_train={len(train_problems)}"
         )
-    params, model, source = _lm.initial_params(run.model, flat.init_from, flat.seed, mesh)
-    run_dir = runner.open_run(run.workdir, flat.to_dict())
+    params, model, source = _lm.initial_params(run)
+    run_dir = _lm.open_run(run)
 
     algorithm = sft.make(config, model, params, mesh)
     train_arrays = {k: train[k] for k in ("tokens", "attention_mask", "loss_mask")}

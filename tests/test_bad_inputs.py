@@ -114,6 +114,13 @@ CASES = [
     ("sft.py", "--config.init_from=/nonexistent", "config.init_from"),
     ("sft.py", "--config.run.num_chunks=0", "config.run.num_chunks must be >= 1"),
     ("sft.py", "--config.task.max_prompt_length=5", "config.task.max_prompt_length: 4000 of"),
+    (
+        "sft.py",
+        "--config.model.tie_embeddings=True --config.lora_rank=4 "
+        "--config.lora_targets=('lm_head',)",
+        "config.lora_targets: 'lm_head' names no parameter",
+    ),
+    ("dpo.py", "--config.lora_rank=4 --config.lora_targets=('qproj',)", "config.lora_targets"),
     ("dpo.py", "--config.loss_type=hinge", "config.loss_type"),
     ("dpo.py", "--config.beta=-1", "config.beta"),
     ("dpo.py", "--config.beta=nan", "config.beta"),
@@ -127,6 +134,31 @@ CASES = [
     ("grpo.py", "--config.max_new_tokens=100", "config.max_new_tokens"),
     ("grpo.py", "--config.task.name=multiply", "config.task"),
     ("grpo.py", "--config.learning_rate=0", "config.learning_rate: must be positive"),
+    # --- real checkpoints: init_from and tokenizer guards, generate.py, export.py
+    ("sft.py", "--config.init_from=tests/fixtures/hf/tiny_llama", "config.task.tokenizer: the"),
+    (
+        "sft.py",
+        "--config.init_from=tests/fixtures/hf/tiny_llama "
+        "--config.task.tokenizer=tests/fixtures/hf/tokenizer --config.model.hidden_size=32",
+        "config.model.hidden_size: the architecture comes from",
+    ),
+    ("sft.py", "--config.init_from=README.md", "config.init_from: README.md is a file but not"),
+    ("dpo.py", "--config.init_from=tests/fixtures", "config.init_from: tests/fixtures holds"),
+    (
+        "sft.py",
+        "--config.task.tokenizer=tests/fixtures/hf/tokenizer --config.model.vocab_size=100",
+        "config.task.tokenizer: the tokenizer has 128 ids",
+    ),
+    (
+        "grpo.py",
+        "--config.init_from=tests/fixtures/hf/tiny_llama "
+        "--config.task.tokenizer=tests/fixtures/hf/tokenizer",
+        "config.task.tokenizer: '0' is 2 tokens",
+    ),
+    ("generate.py", "--prompt=hi", "--model: missing"),
+    ("generate.py", "--model=tests/fixtures/hf/tiny_llama --prompt=hi", "--model=tests/fixtures"),
+    ("export.py", "--out=/nonexistent/export", "--run: missing"),
+    ("export.py", "--run=tests/fixtures/hf/tiny_llama --out=/nonexistent/x", "--run=tests/fix"),
 ]
 
 

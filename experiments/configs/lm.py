@@ -6,7 +6,9 @@ from typing import Any
 import ml_collections
 
 # A tiny Llama-shaped model that learns reverse-digits on a CPU in a minute or two. For a real
-# model, pass --config.init_from=/path/to/hf_checkpoint (its config.json replaces this one).
+# model, pass --config.init_from=<a run directory, a Hugging Face directory or a .gguf file>: its
+# architecture replaces this one (setting another field here is then an error), and only dtype,
+# param_dtype and remat below apply to it.
 TINY_MODEL = dict(
     vocab_size=259,  # the byte tokenizer: 256 bytes + pad/bos/eos
     hidden_size=64,
@@ -32,7 +34,9 @@ def task_config(**overrides: Any) -> ml_collections.ConfigDict:
         dict(
             name="reverse_digits",
             num_digits=6,
-            tokenizer="byte",  # or a tokenizer.json / directory holding one
+            # "" is the init_from checkpoint's own tokenizer (the byte tokenizer without one);
+            # or "byte", or a tokenizer.json / a directory holding one
+            tokenizer="",
             num_train=4000,
             num_eval=256,
             data_seed=0,
@@ -56,8 +60,9 @@ def lm_config(
     """A config file's `get_config()`: the algorithm Config's fields with the preset's values,
     the tiny model, the task (a preset's `task` entries override the defaults), the run section
     (`num_chunks` compiled chunks with a checkpoint after each), `init_from` (an earlier run
-    directory or a Hugging Face checkpoint; "" is random initialisation), the `seed` of the
-    initialisation and the batch order, and any further `sections`."""
+    directory, a Hugging Face checkpoint directory or a GGUF file; "" is random
+    initialisation), the `seed` of the initialisation and the batch order, and any further
+    `sections`."""
     from jaxrl import runner
 
     preset = dict(preset)
