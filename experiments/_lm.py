@@ -99,6 +99,10 @@ def setup(flags: dict[str, Any], config_cls: type, name: str) -> Setup:
     source = start_checkpoint(flat)
     tokenizer, tokenizer_source = run_tokenizer(flat.task.tokenizer, source)
     check_vocabulary(tokenizer, source.model, source, "config.task.tokenizer")
+    try:  # the settings against the model they will train (a LoRA target it lacks)
+        training.check_model(config, source.model)
+    except ConfigError as error:
+        fail(f"config.{error}")
     workdir = flags["workdir"].value or os.path.join(
         "runs", f"{name}-{task.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     )
@@ -459,12 +463,7 @@ def open_run(run: Setup) -> RunDirectory:
     """`runner.open_run` recording what the run really trains: config.json's model section is the
     model built (init_from's architecture), model.json records it with the tokenizer and its
     special-token ids, and a Hugging Face tokenizer's files are copied into tokenizer/, so that a
-    later init_from, generate.py or export.py rebuilds this model with this tokenizer. The
-    settings are checked against that model first (a LoRA target it lacks), before any write."""
-    try:
-        training.check_model(run.config, run.model)
-    except ConfigError as error:
-        fail(f"config.{error}")
+    later init_from, generate.py or export.py rebuilds this model with this tokenizer."""
     resolved = run.flat.to_dict()
     resolved["model"] = dataclasses.asdict(run.model)
     run_dir = runner.open_run(run.workdir, resolved)
