@@ -114,19 +114,18 @@ def flag_error_message(error: BaseException) -> str:
     return f"flags: {text}; check the flag's spelling and value"
 
 
-def repeated_flag(args: list[str]) -> str | None:
-    """The first config override `--config.X` given twice in `args`, else None. (Other flags may
-    repeat by design: a script's multi-valued flags.)"""
-    seen = set()
+def repeated_overrides(args: list[str]) -> list[str]:
+    """The config overrides (`--config.X`) given more than once in `args`, in order."""
+    seen, repeated = set(), []
     for arg in args:
         if arg == "--":
             break
-        if arg.startswith("--config.") or arg.split("=", 1)[0] == "--config":
+        if arg.startswith("--config."):
             name = arg.split("=", 1)[0]
-            if name in seen:
-                return name
+            if name in seen and name not in repeated:
+                repeated.append(name)
             seen.add(name)
-    return None
+    return repeated
 
 
 def main(script_main: Callable[[list[str]], None], positional: bool = False) -> None:
@@ -136,9 +135,6 @@ def main(script_main: Callable[[list[str]], None], positional: bool = False) -> 
     from absl import logging as absl_logging
 
     def parse(argv: list[str]) -> list[str]:
-        repeated = repeated_flag(argv[1:])
-        if repeated:  # ml_collections would concatenate a repeated tuple, e.g. hidden_sizes
-            fail(f"{repeated}: given more than once; pass each setting once")
         try:
             rest = flags.FLAGS(argv)
             if "config" in flags.FLAGS:
@@ -147,6 +143,17 @@ def main(script_main: Callable[[list[str]], None], positional: bool = False) -> 
             raise
         except Exception as error:  # noqa: BLE001
             fail(flag_error_message(error))
+        # A repeated override of a number or string: the last wins, as absl flags do. Of a tuple,
+        # ml_collections concatenates them (hidden_sizes=(8,8) then (4,4) gives four layers).
+        for name in repeated_overrides(argv[1:]):
+            value = flags.FLAGS["config"].value
+            for part in name.removeprefix("--config.").split("."):
+                value = value[part]
+            if isinstance(value, tuple | list):
+                fail(
+                    f"{name}: given more than once (a tuple's repeats are joined, giving "
+                    f"{tuple(value)}); pass it once"
+                )
         if len(rest) > 1 and not positional:
             fail(f"unexpected arguments {rest[1:]}; settings are flags, e.g. --config.seed=1")
         return rest

@@ -35,7 +35,7 @@ CASES = [
     (
         "sac.py",
         "--config.hidden_sizes=(8,8) --config.hidden_sizes=(4,4)",
-        "--config.hidden_sizes: given more than once",
+        "--config.hidden_sizes: given more than once (a tuple's repeats are joined",
     ),
     ("sac.py", "--config.critc_lr=1", "--config.critc_lr: not a setting"),
     ("sac.py", "--config=experiments/configs/sac.py:walker", "--config: unknown preset"),
