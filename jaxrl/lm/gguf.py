@@ -53,7 +53,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from jaxrl.config import ConfigError
-from jaxrl.lm.hf import config_from_hf, save_hf_checkpoint
+from jaxrl.lm.hf import config_from_hf, save_hf_checkpoint, tensor_mismatches
 from jaxrl.lm.model import ModelConfig
 
 __all__ = [
@@ -331,11 +331,6 @@ def _dequantize(tensor: Any, source: str) -> np.ndarray:
     return np.asarray(array, dtype=np.float32).reshape(shape)
 
 
-def _listing(names: Sequence[str], limit: int = 20) -> str:
-    shown = ", ".join(names[:limit])
-    return shown + (f", ... ({len(names) - limit} more)" if len(names) > limit else "")
-
-
 # --- tokenizer -----------------------------------------------------------------------------------
 
 
@@ -515,13 +510,7 @@ def read_gguf(path: str | os.PathLike) -> GGUFCheckpoint:
         if name in specs
         and (shape := tuple(int(n) for n in reversed(tensor.shape.tolist()))) != specs[name].shape
     ]
-    problems = []
-    if missing:
-        problems.append(f"missing tensors: {_listing(missing)}")
-    if unexpected:
-        problems.append(f"unexpected tensors: {_listing(unexpected)}")
-    if wrong_shape:
-        problems.append(f"tensors with the wrong shape: {_listing(wrong_shape)}")
+    problems = tensor_mismatches(missing, unexpected, wrong_shape)
     if problems:
         raise ValueError(
             f"{path}: the tensors do not match the metadata ({config.num_layers} layers): "

@@ -37,7 +37,7 @@ import dataclasses
 import json
 import math
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -494,6 +494,23 @@ def _listing(names: list[str], limit: int = 20) -> str:
     return shown + (f", ... ({len(names) - limit} more)" if len(names) > limit else "")
 
 
+def tensor_mismatches(
+    missing: Sequence[str],
+    unexpected: Sequence[str],
+    wrong_shape: Sequence[str],
+    duplicated: Sequence[str] = (),
+) -> list[str]:
+    """What is wrong with a checkpoint's tensors against the ones its config implies, one phrase
+    per kind (shared by the safetensors and GGUF readers); empty when they match."""
+    kinds = [
+        ("missing tensors", missing),
+        ("unexpected tensors", unexpected),
+        ("tensors with the wrong shape", wrong_shape),
+        ("tensors stored twice", duplicated),
+    ]
+    return [f"{kind}: {_listing(list(names))}" for kind, names in kinds if names]
+
+
 # --- loading -------------------------------------------------------------------------------------
 
 
@@ -579,15 +596,7 @@ def load_hf_checkpoint(
                 _set(params, spec.path, spec.to_ours(array, numpy_dtype))
 
     missing = sorted(name for name in expected if name not in seen)
-    problems = []
-    if missing:
-        problems.append(f"missing tensors: {_listing(missing)}")
-    if unexpected:
-        problems.append(f"unexpected tensors: {_listing(sorted(unexpected))}")
-    if wrong_shape:
-        problems.append(f"tensors with the wrong shape: {_listing(wrong_shape)}")
-    if duplicated:
-        problems.append(f"tensors stored twice: {_listing(duplicated)}")
+    problems = tensor_mismatches(missing, sorted(unexpected), wrong_shape, duplicated)
     if problems:
         raise ValueError(
             f"{directory}: the weights do not match {config_path} "
