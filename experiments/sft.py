@@ -1,14 +1,25 @@
-"""Supervised fine-tuning of a language model on a text task (the starting point of DPO and GRPO).
+"""Supervised fine-tuning of a language model on a text task or on your own JSONL file (the
+starting point of DPO and GRPO).
 
     python experiments/sft.py --workdir=runs/sft
     python experiments/sft.py --config.num_steps=400 --config.mesh_shape="(1,2,1)"
+    python experiments/sft.py --config.init_from=<HF dir> --config.task.train_jsonl=chat.jsonl
 
-Trains on (prompt, answer) pairs of the task, in compiled chunks of optimizer steps on
-`jaxrl.runner`, with a checkpoint after each; restarted on an existing --workdir it resumes and
-ends exactly where an uninterrupted run would. The run directory ends with `params/` (the trained
-parameters, which `experiments/dpo.py --config.init_from=<this workdir>` starts from) and
-`summary.json`, whose `eval_task_accuracy` is the exact-match accuracy of greedy generations on
-held-out problems.
+Trains on (prompt, answer) pairs of the task, or on the rows of --config.task.train_jsonl in the
+formats TRL takes (`jaxrl.data.chat`): "prompt"/"completion" strings or chat messages, or a whole
+"messages" conversation rendered with the checkpoint's chat template, the loss on every assistant
+turn or (--config.task.assistant_turns=last) the last. Held-out rows come from
+--config.task.eval_jsonl, or are config.task.num_eval rows of the training file. Sequence lengths
+are the config's, or with 0 taken from the rows (config.task.length_percentile; a task's are then
+_lm.TASK_LENGTHS); rows they cut are counted, printed and reported as `cut_rows`.
+
+Training runs in compiled chunks of optimizer steps on `jaxrl.runner`, with a checkpoint after
+each; restarted on an existing --workdir it resumes and ends exactly where an uninterrupted run
+would. The run directory ends with `params/` (the trained parameters, which
+`experiments/dpo.py --config.init_from=<this workdir>` starts from) and `summary.json`, whose
+`eval_task_accuracy` is the exact-match accuracy of greedy generations on held-out problems (a
+task's), and `eval_loss` / `eval_token_accuracy` the held-out rows' mean NLL and next-token
+accuracy over their loss tokens (a file's).
 """
 
 from __future__ import annotations
@@ -16,53 +27,209 @@ from __future__ import annotations
 import os
 import sys
 import time
+from typing import Any, NamedTuple
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
 
 import envs.text  # noqa: E402, F401  (the tasks: imported at start, as a run needs them)
 from algos import sft  # noqa: E402
 from experiments import _lm  # noqa: E402
-from jaxrl import runner  # noqa: E402
+from jaxrl import runner, sharding  # noqa: E402
 from jaxrl.config import ConfigError  # noqa: E402
 from jaxrl.data import tokenize_sft  # noqa: E402
+from jaxrl.data.chat import (  # noqa: E402
+    ASSISTANT_TURNS,
+    ChatDataError,
+    check_cuts,
+    check_length_settings,
+    encode_sft_rows,
+    example_lengths,
+    fit_lengths,
+    hold_out,
+    pack,
+    read_sft_jsonl,
+    require_chat_template,
+)
 from jaxrl.data.step_batches import dataset_batches  # noqa: E402
+from jaxrl.lm.model import ModelConfig, Transformer  # noqa: E402
 
 FLAGS = runner.define_flags("sft.py", seeds=False)
+TRAIN_KEYS = ("tokens", "attention_mask", "loss_mask")
+EVAL_BATCH_SIZE = 64
+ROWS_NAMES = {"train": "training rows", "eval": "held-out rows"}
+
+
+class SftData(NamedTuple):
+    """What SFT trains and evaluates on, tokenised to fixed shapes before anything is written."""
+
+    name: str  # the task's name, or the training file's
+    train: dict[str, np.ndarray]
+    held_out: dict[str, np.ndarray]
+    max_prompt_length: int
+    max_length: int
+    cut_rows: dict[str, int]  # rows cut by the lengths, per split
+    eval_problems: list[str]  # the task's held-out problems; [] for a file (no task to score)
+
+
+def check_task_settings(section: Any) -> None:
+    """The task section's data settings on their own, each problem one error line."""
+    try:
+        check_length_settings(
+            section.max_prompt_length,
+            section.max_length,
+            section.length_percentile,
+            section.max_cut_fraction,
+        )
+    except ConfigError as error:
+        runner.fail(f"config.task.{error}")
+    if section.assistant_turns not in ASSISTANT_TURNS:
+        runner.fail(
+            f"config.task.assistant_turns: got {section.assistant_turns!r}; use one of "
+            f"{', '.join(ASSISTANT_TURNS)}"
+        )
+    if section.eval_jsonl and not section.train_jsonl:
+        runner.fail(
+            "config.task.eval_jsonl: held-out rows without training rows; set "
+            "config.task.train_jsonl too (or neither, to train on the task)"
+        )
+
+
+def task_data(run: _lm.Setup) -> SftData:
+    """The task's (prompt, answer) pairs, drawn by config.task.data_seed."""
+    task, section = run.task, run.flat.task
+    train_problems, eval_problems = _lm.split_problems(task, section)
+    pairs = {
+        split: ([task.prompt(p) for p in problems], [task.answer(p) for p in problems])
+        for split, problems in (("train", train_problems), ("eval", eval_problems))
+    }
+    lengths = _lm.task_lengths(section)
+    try:
+        # A cut prompt is another question (e.g. "rev 123=" cut to "23="): too short a length is
+        # an error, not a silent cut.
+        arrays = {
+            split: tokenize_sft(prompts, answers, run.tokenizer, *lengths, truncate=False)
+            for split, (prompts, answers) in pairs.items()
+        }
+    except ConfigError as error:
+        runner.fail(f"config.task.{error}")
+    return SftData(
+        task.name, arrays["train"], arrays["eval"], *lengths, {"train": 0, "eval": 0}, eval_problems
+    )
+
+
+def read_rows(run: _lm.Setup, field: str) -> list:
+    """The checked rows of config.task.<field> (one error line for any problem)."""
+    path = run.flat.task[field]
+    if not os.path.isfile(path):
+        runner.fail(f"config.task.{field}: {path}: no such file; pass the path of a JSONL file")
+    try:
+        rows = read_sft_jsonl(path)
+        if any(row.conversational for row in rows):
+            require_chat_template(run.tokenizer, field, path)
+    except ChatDataError as error:
+        runner.fail(str(error))
+    except ConfigError as error:
+        runner.fail(f"config.task.{error}")
+    return rows
+
+
+def file_data(run: _lm.Setup) -> SftData:
+    """The rows of config.task.train_jsonl, and held-out rows (eval_jsonl, or num_eval rows of
+    the training file drawn by data_seed), tokenised to lengths that are the config's or the
+    rows' (length_percentile), with the rows they cut counted and checked."""
+    section = run.flat.task
+    rows = read_rows(run, "train_jsonl")
+    try:
+        if section.eval_jsonl:
+            splits = {"train": rows, "eval": read_rows(run, "eval_jsonl")}
+        else:
+            train, held_out = hold_out(rows, section.num_eval, section.data_seed)
+            splits = {"train": train, "eval": held_out}
+        encoded = {
+            split: encode_sft_rows(split_rows, run.tokenizer, section.assistant_turns)
+            for split, split_rows in splits.items()
+        }
+        # One shape for both splits: lengths from all the rows, so the held-out ones fit as well.
+        prompt, rest = example_lengths(encoded["train"] + encoded["eval"])
+        lengths = fit_lengths(
+            prompt, rest, section.max_prompt_length, section.max_length, section.length_percentile
+        )
+        given = (bool(section.max_prompt_length), bool(section.max_length))
+        cut_rows = {
+            split: check_cuts(
+                *example_lengths(examples),
+                *lengths,
+                section.max_cut_fraction,
+                ROWS_NAMES[split],
+                given,
+            )
+            for split, examples in encoded.items()
+        }
+        arrays = {split: pack(e, run.tokenizer, *lengths) for split, e in encoded.items()}
+    except ChatDataError as error:
+        runner.fail(str(error))
+    except ConfigError as error:
+        runner.fail(f"config.task.{error}")
+    name = os.path.basename(section.train_jsonl)
+    return SftData(name, arrays["train"], arrays["eval"], *lengths, cut_rows, [])
+
+
+def held_out_loss(
+    model: ModelConfig, params: Any, arrays: dict[str, np.ndarray], mesh: Any
+) -> dict[str, float]:
+    """The held-out rows' mean NLL and greedy next-token accuracy over all their loss tokens
+    (the training loss, weighted by tokens across batches)."""
+    loss_fn = jax.jit(
+        sft.make_loss(Transformer(model, mesh=mesh)), out_shardings=sharding.replicated(mesh)
+    )
+    n = len(arrays["tokens"])
+    batch_size = _lm.batch_for_mesh(min(EVAL_BATCH_SIZE, n), mesh)
+    nll = correct = targets = 0.0
+    for start in range(0, n, batch_size):
+        index = np.arange(start, start + batch_size) % n
+        batch = {key: arrays[key][index] for key in TRAIN_KEYS}
+        batch["loss_mask"][n - start :] = False  # rows repeated to fill the last batch
+        count = float(batch["loss_mask"].sum())
+        loss, metrics = jax.device_get(loss_fn(params, sharding.shard_batch(batch, mesh)))
+        nll += float(loss) * count
+        correct += float(metrics["token_accuracy"]) * count
+        targets += count
+    targets = max(targets, 1.0)
+    return {"eval_loss": nll / targets, "eval_token_accuracy": correct / targets}
 
 
 def main(argv: list[str]) -> None:
     run = _lm.setup(FLAGS, sft.Config, "sft")
     flat, config, mesh, task = run.flat, run.config, run.mesh, run.task
-    train_problems, eval_problems = _lm.split_problems(task, flat.task)
-    max_new_tokens = flat.task.max_length - flat.task.max_prompt_length
-
-    def tokenize(problems: list[str]) -> dict:
-        prompts, answers = [task.prompt(p) for p in problems], [task.answer(p) for p in problems]
-        lengths = (flat.task.max_prompt_length, flat.task.max_length)
-        # A cut prompt is another question: too short a length is an error, not a silent cut.
-        return tokenize_sft(prompts, answers, run.tokenizer, *lengths, truncate=False)
-
-    try:
-        train, held_out = tokenize(train_problems), tokenize(eval_problems)
-    except ConfigError as error:
-        runner.fail(f"config.task.{error}")
-    if config.batch_size > len(train_problems):
+    check_task_settings(flat.task)
+    data = file_data(run) if flat.task.train_jsonl else task_data(run)
+    from_file = bool(flat.task.train_jsonl)
+    num_train = len(data.train["tokens"])
+    if config.batch_size > num_train:
+        what = f"the {num_train} training rows" if from_file else f"num_train={num_train}"
         runner.fail(
-            f"config.batch_size: {config.batch_size} exceeds "
-            f"config.task.num_train={len(train_problems)}"
+            f"config.batch_size: {config.batch_size} exceeds {what}; lower it or give more "
+            "training data"
         )
+    print(
+        f"SFT data: {num_train} training and {len(data.held_out['tokens'])} held-out rows of "
+        f"{data.name}, max_prompt_length={data.max_prompt_length}, max_length="
+        f"{data.max_length} tokens; rows cut: {data.cut_rows['train']} training, "
+        f"{data.cut_rows['eval']} held-out"
+    )
     params, model, source = _lm.initial_params(run)
     run_dir = _lm.open_run(run)
 
     algorithm = sft.make(config, model, params, mesh)
-    train_arrays = {k: train[k] for k in ("tokens", "attention_mask", "loss_mask")}
     job = _lm.job(
         run,
         algorithm,
-        f"SFT {task.name}",
+        f"SFT {data.name}",
         scan_inputs=True,
-        inputs_for=dataset_batches(train_arrays, config, flat.seed, mesh),
+        inputs_for=dataset_batches({k: data.train[k] for k in TRAIN_KEYS}, config, flat.seed, mesh),
         units_name="sequences",
         units_per_step=config.batch_size,
     )
@@ -71,28 +238,44 @@ def main(argv: list[str]) -> None:
     _lm.save_params(run_dir, params)
 
     t0 = time.time()
-    accuracy, mean_score, completions = _lm.task_accuracy(
-        model, params, task, run.tokenizer, eval_problems,
-        held_out["prompt_tokens"], held_out["prompt_mask"], max_new_tokens, mesh,
-    )  # fmt: skip
+    accuracy = mean_score = None
+    completions: list[str] = []
+    losses: dict[str, float | None] = {"eval_loss": None, "eval_token_accuracy": None}
+    if not from_file:  # a task: score greedy generations
+        accuracy, mean_score, completions = _lm.task_accuracy(
+            model, params, task, run.tokenizer, data.eval_problems,
+            data.held_out["prompt_tokens"], data.held_out["prompt_mask"],
+            data.max_length - data.max_prompt_length, mesh,
+        )  # fmt: skip
+    else:  # a file: nothing to score generations with, so the held-out loss
+        losses = held_out_loss(model, params, data.held_out, mesh)
     summary = runner.summary_fields(job, result, time.time() - t0)
-    tokens_per_step = config.batch_size * flat.task.max_length  # padded sequence tokens
+    tokens_per_step = config.batch_size * data.max_length  # padded sequence tokens
     summary |= {
-        "task": task.name,
+        "task": None if from_file else task.name,
+        "dataset": flat.task.train_jsonl or None,
         "init_from": source,
         "tokens": config.num_steps * tokens_per_step,
         "tokens_per_second": round(summary["steps_per_second"] * tokens_per_step),
         "eval_task_accuracy": accuracy,
         "eval_task_score": mean_score,
-        "eval_examples": _lm.eval_examples(task, eval_problems, completions),
+        **losses,
+        "eval_examples": _lm.eval_examples(task, data.eval_problems, completions),
+        "max_prompt_length": data.max_prompt_length,
+        "max_length": data.max_length,
+        "cut_rows": data.cut_rows,
         "mesh_shape": list(config.mesh_shape),
     }
     run_dir.write_summary(summary)
-    run_dir.write_learning_curve(x="step", y="loss", title=f"SFT {task.name}")
+    run_dir.write_learning_curve(x="step", y="loss", title=f"SFT {data.name}")
+    if not from_file:
+        headline = f"eval_task_accuracy {accuracy:.3f} (mean score {mean_score:.3f})"
+    else:
+        headline = f"eval_loss {losses['eval_loss']:.4f}"
     print(
-        f"SFT {task.name}: eval_task_accuracy {accuracy:.3f} (mean score {mean_score:.3f}) after "
-        f"{config.num_steps} steps in {summary['wall_seconds']:.0f}s (compile "
-        f"{summary['compile_seconds']:.0f}s). Run directory: {run_dir.path}"
+        f"SFT {data.name}: {headline} after {config.num_steps} steps in "
+        f"{summary['wall_seconds']:.0f}s (compile {summary['compile_seconds']:.0f}s). "
+        f"Run directory: {run_dir.path}"
     )
 
 

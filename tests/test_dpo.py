@@ -117,8 +117,13 @@ def test_gradient_accumulation_equals_one_big_batch():
     )
     for name in ("loss", "grad_norm"):
         np.testing.assert_allclose(metrics_one[name], metrics_four[name], rtol=1e-5, err_msg=name)
+    # Adam's first step is about +-lr per weight whatever the gradient's size, so a weight whose
+    # gradient is near zero can flip on summation-order rounding: allow 1% of the learning rate
+    # anywhere (one weight in 1536 moved 5.7e-6 on an AVX-512 CPU), and require agreement on
+    # average.
     for a, b in zip(jax.tree.leaves(one.params), jax.tree.leaves(four.params), strict=True):
-        np.testing.assert_allclose(a, b, atol=1e-6)
+        np.testing.assert_allclose(a, b, atol=1e-5)
+        assert np.abs(a - b).mean() < 1e-7
 
 
 def test_precomputed_reference_equals_reference_in_the_step():

@@ -1,11 +1,15 @@
-"""SFT, DPO and GRPO as a user runs them: DPO learns on reverse-digits, DPO and GRPO runs
-interrupted in every way (Ctrl-C, SIGKILL after a checkpoint or at a random moment, damaged or
-deleted checkpoints) end as uninterrupted ones, and bad settings or data fail in one line before
-anything compiles. (GRPO's learning test is in test_grpo.py.)"""
+"""SFT, DPO and GRPO as a user runs them: DPO learns on reverse-digits, SFT and DPO train on the
+user's chat JSONL files, DPO and GRPO runs interrupted in every way (Ctrl-C, SIGKILL after a
+checkpoint or at a random moment, damaged or deleted checkpoints) end as uninterrupted ones, and
+bad settings or data fail in one line before anything compiles. (GRPO's learning test is in
+test_grpo.py.)"""
 
 import json
 import os
+import subprocess
+import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import jax
 import numpy as np
@@ -13,6 +17,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from tests.script_runs import (
+    REPO,
     all_floats_finite,
     checkpoint_steps,
     interrupt_in_every_way,
@@ -73,6 +78,10 @@ def sft_run(tmp_path_factory):
 
 
 def test_dpo_learns_reverse_digits_from_an_sft_model(sft_run, tmp_path):
+    """DPO learns to rank held-out pairs (reward accuracy >= 0.95). Greedy task accuracy is not
+    what it optimises, and from this SFT model it moves either way by seed (2026-11-23, SFT at
+    0.207: seeds 0/1/2 gave 0.223 / 0.125 / 0.238; the test's SFT run, under 8 simulated devices,
+    0.363 -> 0.301), so the test asks only that DPO keeps most of it."""
     sft_summary = read_json(sft_run)
     assert sft_summary["algo"] == "sft" and 0.0 < sft_summary["eval_task_accuracy"] < 0.9
     workdir = str(tmp_path / "dpo")
@@ -80,7 +89,7 @@ def test_dpo_learns_reverse_digits_from_an_sft_model(sft_run, tmp_path):
     summary = read_json(workdir)
     assert summary["eval_reward_accuracy"] >= 0.95
     assert summary["sft_eval_task_accuracy"] == sft_summary["eval_task_accuracy"]
-    assert summary["eval_task_accuracy"] > summary["sft_eval_task_accuracy"]
+    assert summary["eval_task_accuracy"] >= summary["sft_eval_task_accuracy"] - 0.1
     for name in ("config.json", "versions.json", "metrics.jsonl", "learning_curve.png", "params"):
         assert os.path.exists(os.path.join(workdir, name)), name
 
@@ -160,6 +169,226 @@ def test_malformed_preference_row_names_file_and_line(sft_run, tmp_path):
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1, result.stderr[-2000:]
     assert f"{train}:2" in lines[0] and "rejected" in lines[0]
+
+
+# --- your own data: SFT and DPO on chat JSONL files ------------------------------------------
+
+
+def write_jsonl(path, rows):
+    with open(path, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write((row if isinstance(row, str) else json.dumps(row)) + "\n")
+    return str(path)
+
+
+def say(role, content):
+    return {"role": role, "content": content}
+
+
+def digit_strings(seed, count):
+    """Digit strings of 2 to 6 digits: rows of different lengths."""
+    rng = np.random.default_rng(seed)
+    return ["".join(map(str, rng.integers(0, 10, rng.integers(2, 7)))) for _ in range(count)]
+
+
+@pytest.fixture(scope="module")
+def chat_data(tmp_path_factory):
+    """A character-level tokenizer with a ChatML template (tests/test_chat_data.py) that fits the
+    tiny model's vocabulary; two-turn conversations that reverse digits, for SFT; and pairs that
+    prefer the reversal to the digits as given, in TRL's conversational format, for DPO."""
+    from tests.test_chat_data import write_chat_tokenizer
+
+    root = tmp_path_factory.mktemp("chat")
+    conversations = [
+        {
+            "messages": [
+                say("system", "reverse"),
+                say("user", a),
+                say("assistant", a[::-1]),
+                say("user", b),
+                say("assistant", b[::-1]),
+            ]
+        }
+        for a, b in zip(digit_strings(0, 240), digit_strings(1, 240), strict=True)
+    ]
+    pairs = [
+        {
+            "prompt": [say("system", "reverse"), say("user", a)],
+            "chosen": [say("assistant", a[::-1])],
+            "rejected": [say("assistant", a)],
+        }
+        for a in digit_strings(2, 240)
+    ]
+    return {
+        "tokenizer": write_chat_tokenizer(root / "tokenizer"),
+        "sft": write_jsonl(root / "sft.jsonl", conversations),
+        "pairs": write_jsonl(root / "pairs.jsonl", pairs[:200]),
+        "eval_pairs": write_jsonl(root / "eval_pairs.jsonl", pairs[200:]),
+        "root": root,
+    }
+
+
+CHAT_SFT = [
+    "--config.num_steps=40",
+    "--config.batch_size=16",
+    "--config.task.num_eval=40",
+    "--config.run.num_chunks=1",
+]
+
+
+@pytest.fixture(scope="module")
+def chat_sft(chat_data):
+    workdir = str(chat_data["root"] / "sft")
+    result = run(
+        "sft.py",
+        f"--config.task.tokenizer={chat_data['tokenizer']}",
+        f"--config.task.train_jsonl={chat_data['sft']}",
+        *CHAT_SFT,
+        f"--workdir={workdir}",
+    )
+    return workdir, result.stdout
+
+
+def test_sft_on_chat_messages_learns_the_assistant_turns(chat_data, chat_sft):
+    from jaxrl.data.chat import encode_sft_rows, example_lengths, read_sft_jsonl
+    from jaxrl.lm import load_tokenizer
+
+    workdir, stdout = chat_sft
+    summary = read_json(workdir)
+    assert summary["task"] is None and summary["dataset"] == chat_data["sft"]
+    assert summary["eval_task_accuracy"] is None
+    # From a random model's ln(259) = 5.6 nats a token to what the digits leave uncertain.
+    assert summary["eval_loss"] < 2.5 and summary["eval_token_accuracy"] > 0.3
+    # Lengths from the data (length_percentile=100: the longest row), nothing cut.
+    tokenizer = load_tokenizer(chat_data["tokenizer"])
+    prompt, rest = example_lengths(encode_sft_rows(read_sft_jsonl(chat_data["sft"]), tokenizer))
+    assert summary["max_prompt_length"] == prompt.max()
+    assert summary["max_length"] == (prompt + rest).max()
+    assert summary["cut_rows"] == {"train": 0, "eval": 0}
+    assert "rows cut: 0 training, 0 held-out" in stdout
+    assert read_json(workdir, "model.json")["tokenizer"] == "tokenizer"
+
+
+def test_dpo_on_chat_pairs_from_the_chat_sft_model(chat_data, chat_sft, tmp_path):
+    from jaxrl.data import load_preference_split
+    from jaxrl.data.chat import check_cuts, fit_lengths
+    from jaxrl.data.preferences import encode_preference_rows, pair_lengths, read_preference_jsonl
+    from jaxrl.lm import load_tokenizer
+
+    workdir = str(tmp_path / "dpo")
+    result = run(
+        "dpo.py",
+        f"--config.init_from={chat_sft[0]}",  # brings the tokenizer and its chat template
+        f"--config.task.train_jsonl={chat_data['pairs']}",
+        f"--config.task.eval_jsonl={chat_data['eval_pairs']}",
+        # Shorter rows than the longest: the longest fifth of them (6 digits) are cut.
+        "--config.task.length_percentile=75",
+        "--config.task.max_cut_fraction=0.3",
+        "--config.num_steps=20",
+        "--config.batch_size=16",
+        "--config.eval_batch_size=32",
+        "--config.run.num_chunks=1",
+        f"--workdir={workdir}",
+    )
+    summary = read_json(workdir)
+    assert 0.0 <= summary["eval_reward_accuracy"] <= 1.0 and np.isfinite(summary["eval_loss"])
+    assert summary["task"] is None and summary["eval_task_accuracy"] is None
+
+    tokenizer = load_tokenizer(chat_data["tokenizer"])
+    rows = {s: list(read_preference_jsonl(chat_data[f])) for s, f in SPLIT_FILES.items()}
+    encoded = {split: encode_preference_rows(rows[split], tokenizer) for split in rows}
+    prompt, rest = pair_lengths(*(sum((encoded[s][i] for s in rows), []) for i in (0, 1)))
+    lengths = fit_lengths(prompt, rest, 0, 0, percentile=75)
+    assert (summary["max_prompt_length"], summary["max_length"]) == lengths
+    cut = {s: check_cuts(*pair_lengths(*encoded[s]), *lengths, 1.0) for s in rows}
+    assert summary["cut_rows"] == cut and cut["train"] > 0
+    assert f"pairs cut: {cut['train']} training, {cut['eval']} held-out" in result.stdout
+    # The run keeps the pairs, messages and all, as a tensorflow-datasets dataset.
+    assert list(load_preference_split(summary["dataset"], "train")) == rows["train"]
+
+
+SPLIT_FILES = {"train": "pairs", "eval": "eval_pairs"}
+
+
+def test_bad_data_fails_in_one_line_before_anything_is_written(chat_data, sft_run, tmp_path):
+    """Malformed rows name their file and line; missing chat templates, held-out splits larger
+    than the data and lengths that cut too many rows name the setting; nothing is written."""
+    files = {
+        "json": ['{"messages": [{"role": "user", "content": "1"}]', ""],
+        "field": ['{"text": "12"}'],
+        "type": ['{"prompt": "12", "completion": 21}'],
+        "empty": ["", ""],
+        "role": ['{"messages": [{"role": "human", "content": "12"}]}'],
+        "turn": ['{"messages": [{"role": "user", "content": "12"}]}'],
+        "mixed": [
+            json.dumps({"prompt": "12", "completion": "21"}),
+            json.dumps({"messages": [say("user", "1"), say("assistant", "1")]}),
+        ],
+        "pair": [
+            '{"prompt": [{"role": "user", "content": "12"}], "chosen": "21", "rejected": "1"}'
+        ],
+    }
+    paths = {name: write_jsonl(tmp_path / f"{name}.jsonl", lines) for name, lines in files.items()}
+    tokenizer = f"--config.task.tokenizer={chat_data['tokenizer']}"
+    chat = f"--config.task.train_jsonl={chat_data['sft']}"
+    small = "--config.task.num_eval=40"
+    cases = [
+        ("sft.py", [f"--config.task.train_jsonl={paths['json']}"], f"{paths['json']}:1: invalid"),
+        ("sft.py", [f"--config.task.train_jsonl={paths['field']}"], f"{paths['field']}:1: missing"),
+        ("sft.py", [f"--config.task.train_jsonl={paths['type']}"], f"{paths['type']}:1: 'prompt'"),
+        ("sft.py", [f"--config.task.train_jsonl={paths['empty']}"], f"{paths['empty']}: no rows"),
+        ("sft.py", [f"--config.task.train_jsonl={paths['role']}"], f"{paths['role']}:1: 'messa"),
+        ("sft.py", [f"--config.task.train_jsonl={paths['turn']}"], f"{paths['turn']}:1: 'messa"),
+        ("sft.py", [f"--config.task.train_jsonl={paths['mixed']}"], f"{paths['mixed']}:2: a mes"),
+        ("sft.py", [chat], "config.task.train_jsonl: "),  # the byte tokenizer: no chat template
+        ("sft.py", [chat, tokenizer, "--config.task.num_eval=240"], "config.task.num_eval: 240"),
+        ("sft.py", [chat, tokenizer, small, "--config.task.max_length=30"], "config.task.max_le"),
+        ("sft.py", [chat, tokenizer, "--config.task.assistant_turns=first"], "config.task.assis"),
+        ("sft.py", [f"--config.task.eval_jsonl={chat_data['sft']}"], "config.task.eval_jsonl: "),
+        ("sft.py", ["--config.task.train_jsonl=/no/such.jsonl"], "config.task.train_jsonl: /no"),
+        ("sft.py", ["--config.task.length_percentile=0"], "config.task.length_percentile: "),
+        (
+            "dpo.py",
+            [f"--config.init_from={sft_run}", f"--config.task.train_jsonl={paths['pair']}"],
+            f"{paths['pair']}:1: fields mix strings and message lists",
+        ),
+        (
+            "dpo.py",
+            [
+                f"--config.init_from={sft_run}",
+                f"--config.task.train_jsonl={chat_data['pairs']}",
+                f"--config.task.eval_jsonl={chat_data['eval_pairs']}",
+            ],
+            "config.task.train_jsonl: ",  # sft_run's byte tokenizer: no chat template
+        ),
+    ]
+
+    def command(index):
+        script, arguments, _ = cases[index]
+        path = os.path.join(REPO, "experiments", script)
+        workdir = f"--workdir={tmp_path / 'runs' / str(index)}"
+        return subprocess.run(
+            [sys.executable, path, *arguments, *QUIET, workdir],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=REPO,
+        )
+
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(command, range(len(cases))))
+    failures = []
+    for (script, arguments, expected), result in zip(cases, results, strict=True):
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        if (
+            result.returncode != 2
+            or len(lines) != 1
+            or not lines[0].startswith(f"error: {expected}")
+            or "; " not in lines[0]
+        ):
+            failures.append(f"{script} {arguments}: rc {result.returncode}: {result.stderr[-800:]}")
+    assert not failures, "\n".join(failures)
+    assert not os.path.exists(tmp_path / "runs")  # no run directory
 
 
 GRPO_SMALL = [

@@ -282,11 +282,16 @@ def test_adapters_are_sharded_like_their_base_weights_and_the_step_matches():
     assert got.base["embedding"].sharding == bases["embedding"]
 
     np.testing.assert_allclose(got_metrics["loss"], want_metrics["loss"], rtol=1e-5)
-    jax.tree.map(
-        lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6),
-        jax.device_get(got.adapters),
-        jax.device_get(want.adapters),
-    )
+    # Adam moves a weight with a near-zero gradient by up to the learning rate on rounding alone
+    # (one of 64 moved 3.3e-6 on an AVX-512 CPU): 1% of the learning rate anywhere, and close
+    # agreement on average.
+    for x, y in zip(
+        jax.tree.leaves(jax.device_get(got.adapters)),
+        jax.tree.leaves(jax.device_get(want.adapters)),
+        strict=True,
+    ):
+        np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-4)
+        assert np.abs(x - y).mean() < 1e-6
 
 
 # --- DPO, GRPO, mixed precision, checkpoints -----------------------------------------------------

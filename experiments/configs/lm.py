@@ -43,12 +43,22 @@ def task_config(**overrides: Any) -> ml_collections.ConfigDict:
             # "random" held-out problems, or "hash": the task's hashed eval split, which GRPO
             # never trains on (set it for an SFT model that GRPO continues)
             held_out="random",
-            max_prompt_length=16,
-            max_length=28,
-            # DPO only: your own preference JSONL files (prompt/chosen/rejected) instead of
-            # synthetic pairs from the task; both must be set.
+            # Token lengths: 0 takes them from the data (the length_percentile-th percentile
+            # of its rows; 100 is the longest). Rows cut by a limit are counted and reported;
+            # more than max_cut_fraction of them is an error.
+            max_prompt_length=0,
+            max_length=0,
+            length_percentile=100.0,
+            max_cut_fraction=0.05,
+            # Your own data instead of the task's, in the formats TRL takes: GRPO prompts
+            # ("prompt", a string or chat messages, plus any columns the rewards read), SFT
+            # rows ("prompt"/"completion" or "messages"), DPO pairs ("prompt"/"chosen"/
+            # "rejected", strings or messages). eval_jsonl is the held-out split; "" holds out
+            # num_eval rows of train_jsonl.
             train_jsonl="",
             eval_jsonl="",
+            # SFT on "messages": the loss covers "all" assistant turns or the "last" one
+            assistant_turns="all",
         )
         | overrides
     )

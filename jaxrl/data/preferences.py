@@ -1,6 +1,12 @@
 """Preference pairs (prompt, chosen, rejected) from local JSONL files, as a tensorflow-datasets
 dataset, and tokenisation of preference and SFT data into fixed-shape arrays.
 
+A row holds three strings, or (TRL's conversational format) three lists of chat messages: the
+prompt's conversation, and chosen / rejected each with the assistant's reply. Chat rows are
+rendered by the tokenizer's chat template (`jaxrl.data.chat`): the prompt with the generation
+prompt, a response as the rest of the rendered conversation, with no BOS or EOS added (the
+template spells out its own).
+
 The dataset is written as array_record files and read back with `as_data_source()` (random access,
 no TensorFlow needed at build or read time). Typical use:
 
@@ -9,7 +15,8 @@ no TensorFlow needed at build or read time). Typical use:
     arrays = tokenize_preferences(rows, tokenizer, max_prompt_length=256, max_length=512)
     for batch in batches(arrays, batch_size=32, key_or_seed=0, epochs=1): ...
 
-Sequence layout, shared by `tokenize_preferences` and `tokenize_sft` (L = max_length):
+Sequence layout, shared by `tokenize_preferences`, `tokenize_sft` and `jaxrl.data.chat` (L =
+max_length; BOS and EOS here are those of text rows):
 
     tokens          [bos] p p p r r r eos pad pad      right-padded to L
     attention_mask    1   1 1 1 1 1 1  1   0   0       real tokens
@@ -43,6 +50,15 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from jaxrl.config import require
+from jaxrl.data.chat import (
+    ChatDataError,
+    Encoded,
+    check_messages,
+    encode_chat_responses,
+    encode_texts,
+    example_lengths,
+    pack,
+)
 from jaxrl.lm.tokenizer import Tokenizer
 
 __all__ = [
@@ -51,7 +67,11 @@ __all__ = [
     "PreferenceRows",
     "batches",
     "build_preference_dataset",
+    "encode_preference_rows",
     "load_preference_split",
+    "numbered_preference_rows",
+    "pack_pairs",
+    "pair_lengths",
     "read_preference_jsonl",
     "tokenize_preferences",
     "tokenize_sft",
@@ -62,8 +82,11 @@ DATASET_NAME = "preference_pairs"
 _SPLIT_NAME = re.compile(r"^[\w-]+$")  # what tfds accepts as a split name
 
 
-class PreferenceDataError(ValueError):
+class PreferenceDataError(ChatDataError):
     """A JSONL row is malformed; the message names the file, the 1-based line and the problem."""
+
+
+PreferenceRow = dict[str, Any]  # prompt, chosen, rejected: three strings or three message lists
 
 
 # ----------------------------------------------------------------------------------------------
@@ -81,14 +104,59 @@ def _check_file(split: str, path: str) -> None:
         )
 
 
-def read_preference_jsonl(path: str | os.PathLike) -> Iterator[dict[str, str]]:
-    """Yields {"prompt", "chosen", "rejected"} per non-blank line of `path`, other fields dropped.
+def _is_chat(row: PreferenceRow) -> bool:
+    return isinstance(row["prompt"], list)
 
-    Raises `PreferenceDataError` (file:line: problem) for invalid UTF-8 or JSON, a line that is not
-    an object, a missing or non-string field, or an empty (whitespace-only) chosen/rejected. An
-    empty prompt is allowed: some datasets put the whole conversation in the responses.
-    """
+
+def _preference_row(row: Any, where: str) -> PreferenceRow:
+    """One parsed JSON line as {"prompt", "chosen", "rejected"}, checked."""
+    if not isinstance(row, dict):
+        raise PreferenceDataError(
+            f"{where}: expected a JSON object with fields {', '.join(FIELDS)}, got "
+            f"{type(row).__name__}"
+        )
+    for field in FIELDS:
+        if field not in row:
+            raise PreferenceDataError(
+                f"{where}: missing field {field!r}; every row needs fields {', '.join(FIELDS)} "
+                "(strings, or lists of chat messages)"
+            )
+        if not isinstance(row[field], str | list):
+            raise PreferenceDataError(
+                f"{where}: field {field!r} must be a string, got {type(row[field]).__name__}; "
+                'give a string, or a list of chat messages ({"role": ..., "content": ...})'
+            )
+    kinds = {field: "a list" if isinstance(row[field], list) else "a string" for field in FIELDS}
+    if len(set(kinds.values())) > 1:
+        raise PreferenceDataError(
+            f"{where}: fields mix strings and message lists ("
+            + ", ".join(f"{field} is {kind}" for field, kind in kinds.items())
+            + "); give three strings, or three lists of chat messages"
+        )
+    if not _is_chat(row):
+        for field in ("chosen", "rejected"):
+            if not row[field].strip():
+                raise PreferenceDataError(
+                    f"{where}: field {field!r} is empty; drop the row or fill in the response"
+                )
+        return {field: row[field] for field in FIELDS}
+    try:
+        checked = {field: check_messages(row[field], where, field) for field in FIELDS}
+    except ChatDataError as error:
+        raise PreferenceDataError(str(error)) from None
+    for field in ("chosen", "rejected"):
+        if not any(message["role"] == "assistant" for message in checked[field]):
+            raise PreferenceDataError(
+                f"{where}: field {field!r} has no assistant message; write it as "
+                '[{"role": "assistant", "content": "..."}]'
+            )
+    return checked
+
+
+def numbered_preference_rows(path: str | os.PathLike) -> Iterator[tuple[str, PreferenceRow]]:
+    """Yields ("file:line", row) per non-blank line of `path`, as `read_preference_jsonl`."""
     path = os.fspath(path)
+    first: tuple[str, bool] | None = None  # where the first row is, and whether it is chat
     with open(path, "rb") as f:
         for line_number, raw in enumerate(f, start=1):
             where = f"{path}:{line_number}"
@@ -102,34 +170,37 @@ def read_preference_jsonl(path: str | os.PathLike) -> Iterator[dict[str, str]]:
             if not line.strip():
                 continue  # blank lines (e.g. a trailing newline) carry no row
             try:
-                row = json.loads(line)
+                parsed = json.loads(line)
             except json.JSONDecodeError as e:
                 raise PreferenceDataError(
                     f"{where}: invalid JSON ({e.msg} at column {e.colno}); each line must be one "
                     "JSON object"
                 ) from None
-            if not isinstance(row, dict):
+            row = _preference_row(parsed, where)
+            # One format a file: its pairs are tokenised, and their lengths chosen, alike.
+            if first is None:
+                first = (where, _is_chat(row))
+            elif _is_chat(row) != first[1]:
+                kind = {True: "chat-message", False: "string"}
                 raise PreferenceDataError(
-                    f"{where}: expected a JSON object with fields {', '.join(FIELDS)}, got "
-                    f"{type(row).__name__}"
+                    f"{where}: a {kind[_is_chat(row)]} row in a file whose first row ({first[0]}) "
+                    f"is a {kind[first[1]]} row; use one format in a file"
                 )
-            for field in FIELDS:
-                if field not in row:
-                    raise PreferenceDataError(
-                        f"{where}: missing field {field!r}; every row needs string fields "
-                        f"{', '.join(FIELDS)}"
-                    )
-                if not isinstance(row[field], str):
-                    raise PreferenceDataError(
-                        f"{where}: field {field!r} must be a string, got "
-                        f"{type(row[field]).__name__}; convert it (chat lists: render them to text)"
-                    )
-            for field in ("chosen", "rejected"):
-                if not row[field].strip():
-                    raise PreferenceDataError(
-                        f"{where}: field {field!r} is empty; drop the row or fill in the response"
-                    )
-            yield {field: row[field] for field in FIELDS}
+            yield where, row
+
+
+def read_preference_jsonl(path: str | os.PathLike) -> Iterator[PreferenceRow]:
+    """Yields {"prompt", "chosen", "rejected"} per non-blank line of `path`, other fields dropped:
+    three strings, or three lists of chat messages (every row of a file alike).
+
+    Raises `PreferenceDataError` (file:line: problem) for invalid UTF-8 or JSON, a line that is not
+    an object, a missing field or one of another type, an empty (whitespace-only) chosen/rejected
+    string, a message without a known role or string content, or a chosen/rejected list without
+    an assistant message. An empty prompt string is allowed: some datasets put the whole
+    conversation in the responses.
+    """
+    for _, row in numbered_preference_rows(path):
+        yield row
 
 
 @dataclasses.dataclass(eq=False)
@@ -153,8 +224,11 @@ class PreferencePairs(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     # declare as a dependency on Python >= 3.9 (tensorflow/datasets#11212), so building failed
     # with ModuleNotFoundError. Nothing is downloaded here: there is no code path to consult.
     code_path = None
-    VERSION = tfds.core.Version("1.0.0")
-    RELEASE_NOTES = {"1.0.0": "Prompt, chosen and rejected strings from local JSONL files."}
+    VERSION = tfds.core.Version("1.1.0")
+    RELEASE_NOTES = {
+        "1.0.0": "Prompt, chosen and rejected strings from local JSONL files.",
+        "1.1.0": "Chat-message rows too, as JSON text with a `chat` flag.",
+    }
 
     def _info(self) -> tfds.core.DatasetInfo:
         # `DatasetInfo` directly, not `dataset_info_from_configs`: that reads metadata files
@@ -162,7 +236,13 @@ class PreferencePairs(tfds.core.GeneratorBasedBuilder, skip_registration=True):
         return tfds.core.DatasetInfo(
             builder=self,
             description="Preference pairs from local JSONL files.",
-            features=tfds.features.FeaturesDict({field: tfds.features.Text() for field in FIELDS}),
+            # A chat row's message lists are stored as JSON text, marked by `chat`.
+            features=tfds.features.FeaturesDict(
+                {
+                    **{field: tfds.features.Text() for field in FIELDS},
+                    "chat": tfds.features.Scalar(dtype=np.bool_),
+                }
+            ),
             # Keep file order: the rows come back exactly as they were in the JSONL file.
             disable_shuffling=True,
         )
@@ -174,8 +254,11 @@ class PreferencePairs(tfds.core.GeneratorBasedBuilder, skip_registration=True):
             for split, path in self.builder_config.jsonl_paths.items()
         }
 
-    def _generate_examples(self, path: str) -> Iterator[tuple[int, dict[str, str]]]:
-        yield from enumerate(read_preference_jsonl(path))
+    def _generate_examples(self, path: str) -> Iterator[tuple[int, dict[str, Any]]]:
+        for index, row in enumerate(read_preference_jsonl(path)):
+            chat = _is_chat(row)
+            text = {f: json.dumps(row[f], ensure_ascii=False) if chat else row[f] for f in FIELDS}
+            yield index, {**text, "chat": chat}
 
 
 def _digest(jsonl_paths: Mapping[str, str]) -> str:
@@ -235,8 +318,9 @@ def build_preference_dataset(
     return os.fspath(builder.data_dir)
 
 
-class PreferenceRows(Sequence[dict[str, str]]):
-    """A random-access view of one split: `rows[i]` is {"prompt", "chosen", "rejected"} as str."""
+class PreferenceRows(Sequence[PreferenceRow]):
+    """A random-access view of one split: `rows[i]` is {"prompt", "chosen", "rejected"}, three
+    strings or three lists of chat messages, as in the JSONL file."""
 
     def __init__(self, source: Any, split: str) -> None:
         self._source = source
@@ -245,7 +329,7 @@ class PreferenceRows(Sequence[dict[str, str]]):
     def __len__(self) -> int:
         return len(self._source)
 
-    def __getitem__(self, index: int) -> dict[str, str]:  # type: ignore[override]
+    def __getitem__(self, index: int) -> PreferenceRow:  # type: ignore[override]
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self)))]  # type: ignore[return-value]
         if index < 0:
@@ -254,9 +338,12 @@ class PreferenceRows(Sequence[dict[str, str]]):
             raise IndexError(f"row {index} out of range for split {self.split!r} of {len(self)}")
         record = self._source[index]
         # tfds Text features come back as UTF-8 bytes.
-        return {field: record[field].decode("utf-8") for field in FIELDS}
+        text = {field: record[field].decode("utf-8") for field in FIELDS}
+        # A dataset built before chat rows (version 1.0.0) has no `chat` flag: all strings.
+        chat = "chat" in record and bool(record["chat"])
+        return {f: json.loads(v) for f, v in text.items()} if chat else text
 
-    def __iter__(self) -> Iterator[dict[str, str]]:
+    def __iter__(self) -> Iterator[PreferenceRow]:
         for i in range(len(self)):
             yield self[i]
 
@@ -324,14 +411,6 @@ def _check_lengths(max_prompt_length: int, max_length: int) -> None:
     )
 
 
-def _encode_all(tokenizer: Tokenizer, texts: Sequence[str]) -> list[list[int]]:
-    # HF tokenizers encode a batch in parallel Rust; the protocol only promises `encode`.
-    encode_batch = getattr(tokenizer, "encode_batch", None)
-    if encode_batch is not None:
-        return [list(ids) for ids in encode_batch(list(texts))]
-    return [tokenizer.encode(t) for t in texts]
-
-
 def _as_str(value: Any, what: str) -> str:
     if isinstance(value, bytes):
         return value.decode("utf-8")
@@ -340,81 +419,76 @@ def _as_str(value: Any, what: str) -> str:
     return value
 
 
-def _prompt_ids(tokenizer: Tokenizer, text_ids: list[int], max_prompt_length: int) -> list[int]:
-    """BOS (if the tokenizer has one) + the last prompt tokens, at most max_prompt_length in all."""
-    bos = [] if tokenizer.bos_id is None else [tokenizer.bos_id]
-    keep = max_prompt_length - len(bos)
-    return bos + (text_ids[max(0, len(text_ids) - keep) :] if keep > 0 else [])
-
-
-def _require_fit(
-    prompts: list[list[int]],
-    responses: list[list[int]],
+def encode_preference_rows(
+    rows: Iterable[Mapping[str, Any]],
     tokenizer: Tokenizer,
-    max_prompt_length: int,
-    max_length: int,
-) -> None:
-    """Refuse (one ConfigError) data that `_pack` would cut: how many rows, the length needed."""
-    bos = 0 if tokenizer.bos_id is None else 1
-    prompt_lengths = np.array([bos + len(p) for p in prompts])
-    over = int((prompt_lengths > max_prompt_length).sum())
-    require(
-        over == 0,
-        "max_prompt_length",
-        f"{over} of {len(prompts)} prompts have more than {max_prompt_length} tokens (the "
-        f"longest {prompt_lengths.max()}, BOS included) and would be cut",
-        f"raise max_prompt_length to {prompt_lengths.max()}",
-    )
-    total = prompt_lengths + np.array([len(r) + 1 for r in responses])  # + eos
-    over = int((total > max_length).sum())
-    require(
-        over == 0,
-        "max_length",
-        f"{over} of {len(prompts)} prompt + response + EOS sequences have more than "
-        f"{max_length} tokens (the longest {total.max()}) and would be cut",
-        f"raise max_length to {total.max()}",
-    )
-
-
-def _pack(
-    prompts: list[list[int]],
-    responses: list[list[int]],
-    tokenizer: Tokenizer,
-    max_prompt_length: int,
-    max_length: int,
-    truncate: bool = True,
-) -> dict[str, np.ndarray]:
-    """Fixed-shape tokens, attention_mask, loss_mask, and left-padded prompt_tokens, prompt_mask."""
-    n = len(prompts)
-    if not truncate:
-        _require_fit(prompts, responses, tokenizer, max_prompt_length, max_length)
-    tokens = np.full((n, max_length), tokenizer.pad_id, np.int32)
-    attention_mask = np.zeros((n, max_length), bool)
-    loss_mask = np.zeros((n, max_length), bool)
-    prompt_tokens = np.full((n, max_prompt_length), tokenizer.pad_id, np.int32)
-    prompt_mask = np.zeros((n, max_prompt_length), bool)
-    for i, (prompt_text_ids, response_ids) in enumerate(zip(prompts, responses, strict=True)):
-        prompt = _prompt_ids(tokenizer, prompt_text_ids, max_prompt_length)
-        budget = max_length - len(prompt)
-        if len(response_ids) + 1 <= budget:
-            response = response_ids + [tokenizer.eos_id]
-        else:  # cut: no eos, see the module docstring
-            response = response_ids[:budget]
-        length = len(prompt) + len(response)
-        tokens[i, :length] = prompt + response
-        attention_mask[i, :length] = True
-        loss_mask[i, len(prompt) : length] = True
-        if prompt:
-            prompt_tokens[i, max_prompt_length - len(prompt) :] = prompt
-            prompt_mask[i, max_prompt_length - len(prompt) :] = True
-    loss_mask[:, 0] = False  # nothing predicts position 0
-    return {
-        "tokens": tokens,
-        "attention_mask": attention_mask,
-        "loss_mask": loss_mask,
-        "prompt_tokens": prompt_tokens,
-        "prompt_mask": prompt_mask,
+    wheres: Sequence[str] | None = None,
+) -> tuple[list[Encoded], list[Encoded]]:
+    """(chosen, rejected): each pair's prompt + response, tokenised, not yet packed. String rows
+    are BOS + prompt + response + EOS; chat rows (message lists, which need the tokenizer's chat
+    template) are rendered by it (`jaxrl.data.chat.encode_chat_responses`). Both sides of a pair
+    start with the same prompt tokens. `wheres` names the rows in errors (file:line); a template
+    refusing a row is a `ChatDataError`."""
+    rows = list(rows)
+    wheres = list(wheres) if wheres is not None else [f"row {i}" for i in range(len(rows))]
+    chat: dict[int, tuple[Encoded, Encoded]] = {}
+    columns: dict[str, list[str]] = {field: [] for field in FIELDS}
+    for index, row in enumerate(rows):
+        for field in FIELDS:
+            if field not in row:
+                raise KeyError(f"row {index}: missing field {field!r}; rows need {FIELDS}")
+        if isinstance(row["prompt"], list):
+            responses = [row["chosen"], row["rejected"]]
+            if not all(isinstance(response, list) for response in responses):
+                raise TypeError(
+                    f"row {index}: the prompt is chat messages, so chosen and rejected must be "
+                    "lists of messages too"
+                )
+            chosen, rejected = encode_chat_responses(
+                tokenizer, row["prompt"], responses, wheres[index]
+            )
+            chat[index] = (chosen, rejected)
+            continue
+        for field in FIELDS:
+            columns[field].append(_as_str(row[field], f"row {index} field {field!r}"))
+    sides = {
+        side: iter(encode_texts(tokenizer, columns["prompt"], columns[side]))
+        for side in ("chosen", "rejected")
     }
+    pairs = [
+        chat[i] if i in chat else (next(sides["chosen"]), next(sides["rejected"]))
+        for i in range(len(rows))
+    ]
+    return [c for c, _ in pairs], [r for _, r in pairs]
+
+
+def pair_lengths(
+    chosen: Sequence[Encoded], rejected: Sequence[Encoded]
+) -> tuple[np.ndarray, np.ndarray]:
+    """(prompt lengths, longer response's lengths) of tokenised pairs, for
+    `jaxrl.data.chat.fit_lengths` / `check_cuts`: a pair is cut where either side is."""
+    prompt, chosen_rest = example_lengths(chosen)
+    _, rejected_rest = example_lengths(rejected)
+    return prompt, np.maximum(chosen_rest, rejected_rest)
+
+
+def pack_pairs(
+    chosen: Sequence[Encoded],
+    rejected: Sequence[Encoded],
+    tokenizer: Tokenizer,
+    max_prompt_length: int,
+    max_length: int,
+) -> dict[str, np.ndarray]:
+    """Tokenised pairs as the arrays `tokenize_preferences` returns."""
+    out: dict[str, np.ndarray] = {}
+    for side, examples in (("chosen", chosen), ("rejected", rejected)):
+        packed = pack(examples, tokenizer, max_prompt_length, max_length)
+        out[f"{side}_tokens"] = packed["tokens"]
+        out[f"{side}_attention_mask"] = packed["attention_mask"]
+        out[f"{side}_loss_mask"] = packed["loss_mask"]
+    out["prompt_tokens"] = packed["prompt_tokens"]  # the same for both sides
+    out["prompt_mask"] = packed["prompt_mask"]
+    return out
 
 
 def tokenize_preferences(
@@ -428,28 +502,35 @@ def tokenize_preferences(
     Returns chosen_tokens / rejected_tokens int32 [N, max_length] (right-padded with pad_id),
     chosen_attention_mask / rejected_attention_mask and chosen_loss_mask / rejected_loss_mask bool
     [N, max_length], and prompt_tokens int32 [N, max_prompt_length] LEFT-padded for generation, with
-    prompt_mask bool. `rows` are mappings with prompt/chosen/rejected strings (extra keys ignored).
+    prompt_mask bool. `rows` are mappings with prompt/chosen/rejected strings or chat-message
+    lists (extra keys ignored).
     """
     _check_lengths(max_prompt_length, max_length)
-    columns: dict[str, list[str]] = {field: [] for field in FIELDS}
-    for index, row in enumerate(rows):
-        for field in FIELDS:
-            if field not in row:
-                raise KeyError(f"row {index}: missing field {field!r}; rows need {FIELDS}")
-            columns[field].append(_as_str(row[field], f"row {index} field {field!r}"))
-    require(len(columns["prompt"]) > 0, "rows", "is empty", "pass at least one preference pair")
-    prompts = _encode_all(tokenizer, columns["prompt"])
-    out: dict[str, np.ndarray] = {}
-    for side in ("chosen", "rejected"):
-        packed = _pack(
-            prompts, _encode_all(tokenizer, columns[side]), tokenizer, max_prompt_length, max_length
-        )
-        out[f"{side}_tokens"] = packed["tokens"]
-        out[f"{side}_attention_mask"] = packed["attention_mask"]
-        out[f"{side}_loss_mask"] = packed["loss_mask"]
-    out["prompt_tokens"] = packed["prompt_tokens"]  # the same for both sides
-    out["prompt_mask"] = packed["prompt_mask"]
-    return out
+    chosen, rejected = encode_preference_rows(rows, tokenizer)
+    require(len(chosen) > 0, "rows", "is empty", "pass at least one preference pair")
+    return pack_pairs(chosen, rejected, tokenizer, max_prompt_length, max_length)
+
+
+def _require_fit(examples: Sequence[Encoded], max_prompt_length: int, max_length: int) -> None:
+    """Refuse (one ConfigError) data that `pack` would cut: how many rows, the length needed."""
+    prompt_lengths, rest = example_lengths(examples)
+    over = int((prompt_lengths > max_prompt_length).sum())
+    require(
+        over == 0,
+        "max_prompt_length",
+        f"{over} of {len(examples)} prompts have more than {max_prompt_length} tokens (the "
+        f"longest {prompt_lengths.max()}, BOS included) and would be cut",
+        f"raise max_prompt_length to {prompt_lengths.max()}",
+    )
+    total = prompt_lengths + rest  # rest: the response and EOS
+    over = int((total > max_length).sum())
+    require(
+        over == 0,
+        "max_length",
+        f"{over} of {len(examples)} prompt + response + EOS sequences have more than "
+        f"{max_length} tokens (the longest {total.max()}) and would be cut",
+        f"raise max_length to {total.max()}",
+    )
 
 
 def tokenize_sft(
@@ -474,15 +555,10 @@ def tokenize_sft(
     require(len(prompts) > 0, "prompts", "is empty", "pass at least one example")
     prompt_texts = [_as_str(p, f"prompts[{i}]") for i, p in enumerate(prompts)]
     completion_texts = [_as_str(c, f"completions[{i}]") for i, c in enumerate(completions)]
-    packed = _pack(
-        _encode_all(tokenizer, prompt_texts),
-        _encode_all(tokenizer, completion_texts),
-        tokenizer,
-        max_prompt_length,
-        max_length,
-        truncate,
-    )
-    return packed
+    examples = encode_texts(tokenizer, prompt_texts, completion_texts)
+    if not truncate:
+        _require_fit(examples, max_prompt_length, max_length)
+    return pack(examples, tokenizer, max_prompt_length, max_length)
 
 
 # ----------------------------------------------------------------------------------------------
