@@ -36,17 +36,21 @@ GRPO as the learner contract's `init` and `update`:
     task = make_task("reverse_digits", num_digits=3).text_task(tokenizer)   # prompts, rewards
     algorithm = grpo.make(config, model, task, params, mesh)
     state = algorithm.init(jax.random.PRNGKey(seed), hparams)
-    state, metrics = algorithm.update(state, reference_params_or_None, hparams)
+    state, metrics = algorithm.update(state, grpo.Inputs(reference_params), hparams)
+
+A user's prompt file becomes a task with `envs.text.prompt_dataset`; its token table travels in
+`Inputs.task_data`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental import io_callback
 
 from envs.text import PromptBatch, RewardTerm, TextTask
@@ -57,6 +61,9 @@ from jaxrl.lm import training
 from jaxrl.lm.model import ModelConfig, Transformer
 from jaxrl.lm.sampler import Completion, SamplingConfig, generate
 from jaxrl.loop import Algorithm
+
+if TYPE_CHECKING:
+    from jaxrl.data.prompts import PromptTable
 
 Array = jax.Array
 
@@ -321,45 +328,62 @@ def host_reward(
     name: str = "host",
     weight: float = 1.0,
     mesh: Any = None,
+    table: PromptTable | None = None,
 ) -> RewardTerm:
-    """A reward computed by ordinary Python on the host, `fn(prompts, completions, answer=...)`
-    with lists of decoded strings (the familiar TRL signature), called from inside the compiled
-    step through `io_callback`. On a mesh every batch shard calls back with its own rows (under
-    `shard_map`), so no device waits on another's host call: a callback pinned to one device
-    inside a loop with collectives can deadlock the multi-device CPU runtime. Even so, a host
-    reward on a multi-device *CPU* mesh hung once in our tests (jaxlib 0.10.2); on one device it
-    is reliable."""
+    """A reward computed by ordinary Python on the host, `fn(prompts, completions, **columns)`
+    (TRL's signature), called from inside the compiled step through `io_callback`.
+
+    On a prompt file's task (`table` given: the `PromptTable` the task samples) `prompts` are the
+    rows' prompts as the file gives them (strings or chat messages), `completions` the decoded
+    completions (as `[{"role": "assistant", "content": ...}]` when the prompts are chat messages)
+    and every other column of the rows arrives as a keyword argument. On a built-in digit task
+    both are decoded text and the one column is `answer`.
+
+    On a mesh every batch shard calls back with its own rows (under `shard_map`), so no device
+    waits on another's host call: a callback pinned to one device inside a loop with collectives
+    can deadlock the multi-device CPU runtime. Even so, a host reward on a multi-device *CPU* mesh
+    hung once in our tests (jaxlib 0.10.2); on one device it is reliable."""
 
     qualified = f"{getattr(fn, '__module__', None)}:{getattr(fn, '__qualname__', None)}"
     function_name = f"reward function {qualified if 'None' not in qualified else repr(fn)}"
 
-    def on_host(prompt_tokens, prompt_mask, tokens, mask, answer_tokens, answer_length):
-        rows = zip(
-            prompt_tokens, prompt_mask, tokens, mask, answer_tokens, answer_length, strict=True
-        )
-        prompts, completions, answers = [], [], []
-        for prompt, prompt_in, completion, completion_in, answer, answer_length_ in rows:
-            prompts.append(tokenizer.decode(prompt[prompt_in]))
-            completions.append(tokenizer.decode(completion[completion_in]))
-            answers.append(tokenizer.decode(answer[:answer_length_]))
+    def decode(tokens: Any, mask: Any) -> list[str]:
+        return [tokenizer.decode(row[row_in]) for row, row_in in zip(tokens, mask, strict=True)]
+
+    def score(prompts: list, completions: list[str], **columns: list) -> np.ndarray:
         # Through jaxrl.host, so a failure (an exception, or NaN rewards) reaches the user as one
         # line naming the function, not as a traceback of callback plumbing.
-        values = host.call(function_name, fn, prompts, completions, answer=answers)
+        values = host.call(function_name, fn, prompts, completions, **columns)
         return host.check_rewards(function_name, values, len(completions))
+
+    def on_host_digits(prompt_tokens, prompt_mask, tokens, mask, answer_tokens, answer_length):
+        answers = [a[:n] for a, n in zip(answer_tokens, answer_length, strict=True)]
+        return score(
+            decode(prompt_tokens, prompt_mask),
+            decode(tokens, mask),
+            answer=[tokenizer.decode(a) for a in answers],
+        )
+
+    def on_host_rows(rows, tokens, mask):
+        picked = [table.rows[i] for i in rows]
+        completions: list = decode(tokens, mask)
+        if table.conversational:
+            completions = [[{"role": "assistant", "content": c}] for c in completions]
+        columns = {name: [row.columns[name] for row in picked] for name in table.column_names()}
+        return score([row.prompt for row in picked], completions, **columns)
+
+    on_host = on_host_digits if table is None else on_host_rows
 
     def call_back(*arrays: Array) -> Array:
         shape = jax.ShapeDtypeStruct(arrays[0].shape[:1], jnp.float32)
         return io_callback(on_host, shape, *arrays, ordered=False)
 
     def reward(prompts: PromptBatch, completion: Completion) -> Array:
-        arrays = (
-            prompts.tokens,
-            prompts.mask,
-            completion.tokens,
-            completion.mask,
-            prompts.answer_tokens,
-            prompts.answer_length,
-        )
+        if table is None:
+            arrays = (prompts.tokens, prompts.mask, completion.tokens, completion.mask)
+            arrays += (prompts.answer_tokens, prompts.answer_length)
+        else:
+            arrays = (prompts.row, completion.tokens, completion.mask)
         if mesh is None:
             return call_back(*arrays)
         rows = jax.sharding.PartitionSpec(sharding.BATCH_AXES)
@@ -384,15 +408,16 @@ def _on_batch_axes(tree: Any, mesh: Any) -> Any:
 
 def make_rollout(
     config: Config, model: ModelConfig, task: TextTask, mesh: Any = None
-) -> Callable[[Any, Array, HParams], tuple[dict[str, Array], dict[str, Array]]]:
-    """rollout(params, key, hparams) -> (the batch the update trains on, rollout metrics)."""
+) -> Callable[..., tuple[dict[str, Array], dict[str, Array]]]:
+    """rollout(params, key, hparams, task_data=None) -> (the batch the update trains on, rollout
+    metrics); `task_data` is the task's `data` (its prompt table) as the program received it."""
     config = static(config)
     sampling = config.sampling(task.eos_id, task.pad_id)
     spec = config.spec
 
-    def rollout(params: Any, key: Array, hp: HParams):
+    def rollout(params: Any, key: Array, hp: HParams, task_data: Any = None):
         prompt_key, sample_key = jax.random.split(key)
-        prompts = task.sample_prompts(prompt_key, config.batch_size)
+        prompts = task.sample_prompts(prompt_key, config.batch_size, task_data)
         grouped = jax.tree.map(lambda x: jnp.repeat(x, config.group_size, axis=0), prompts)
         grouped = _on_batch_axes(grouped, mesh)
         completion = generate(
@@ -495,19 +520,29 @@ def make_loss(model: Transformer, config: Config) -> Callable[..., tuple[Array, 
 # --- GRPO: init and update -------------------------------------------------------------------
 
 
+class Inputs(NamedTuple):
+    """What one update reads besides its state: the KL penalty's reference parameters (None: no
+    penalty) and the task's `data`, the prompt table of a task made from a file (None for the
+    built-in tasks, which draw prompts in JAX)."""
+
+    reference_params: Any = None
+    task_data: Any = None
+
+
 def make(
     config: Config, model: ModelConfig, task: TextTask, params: Any, mesh: Any = None
 ) -> Algorithm:
     """GRPO as pure functions of one run on `task`, starting from `params` (placed on `mesh`, if
-    given): `init(key, hparams)` and `update(state, reference_params, hparams)`, one rollout and
-    num_epochs x num_minibatches optimizer steps on it.
+    given): `init(key, hparams)` and `update(state, inputs, hparams)`, one rollout and
+    num_epochs x num_minibatches optimizer steps on it. `inputs` is an `Inputs` (None: neither
+    a reference model nor task data).
 
     Update i draws its prompts and samples from fold_in(state.key, i): the state's key never
-    changes, so a resumed run repeats exactly what an uninterrupted one does. `reference_params`
-    (None for no KL penalty) are an input rather than part of the state, so checkpoints hold only
-    what training changes. The update's metrics are scalars: the rollout's rewards (`reward`,
-    `reward_<term>`, ...) and the optimizer steps' means (`loss`, `clip_fraction`, `entropy`,
-    `kl`, `grad_norm`). With config.lora_rank > 0 only LoRA adapters train and sampling uses the
+    changes, so a resumed run repeats exactly what an uninterrupted one does. The reference
+    parameters (None for no KL penalty) and the task's prompt table are inputs rather than part
+    of the state, so checkpoints hold only what training changes. The update's metrics are
+    scalars: the rollout's rewards (`reward`, `reward_<term>`, ...) and the optimizer steps'
+    means (`loss`, `clip_fraction`, `entropy`, `kl`, `grad_norm`). With config.lora_rank > 0 only LoRA adapters train and sampling uses the
     merged parameters (the state's `params`).
     """
     rollout = make_rollout(config, model, task, mesh)
@@ -533,12 +568,18 @@ def make(
             batch,
         )
 
-    def update(state: training.TrainState, reference_params: Any, hp: HParams):
+    def update(state: training.TrainState, inputs: Inputs | None, hp: HParams):
+        if inputs is not None and not isinstance(inputs, Inputs):
+            raise TypeError(
+                f"grpo update: inputs are a {type(inputs).__name__}; pass "
+                "grpo.Inputs(reference_params, task_data), or None"
+            )
+        reference_params, task_data = inputs if inputs is not None else Inputs()
         rollout_key, shuffle_key = jax.random.split(jax.random.fold_in(state.key, state.step))
         # With LoRA, `state.params` merges the adapters once here: sampling and the old
         # log-probs run on plain parameters.
         policy = state.params
-        batch, metrics = rollout(policy, rollout_key, hp)
+        batch, metrics = rollout(policy, rollout_key, hp, task_data)
         if config.reuses_samples:
             batch["old_log_probs"] = no_grad_log_probs(policy, batch)
         if reference_params is not None:

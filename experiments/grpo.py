@@ -24,46 +24,264 @@ problems), next to the starting model's `initial_eval_task_accuracy`.
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import os
 import sys
 import time
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
+import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 
 from algos import grpo  # noqa: E402
 from envs.text import TextTask  # noqa: E402
+from envs.text.prompt_dataset import prompt_dataset_task  # noqa: E402
 from experiments import _lm  # noqa: E402
-from jaxrl import distributed, runner  # noqa: E402
+from jaxrl import distributed, evaluation, host, runner, sharding  # noqa: E402
 from jaxrl.config import ConfigError  # noqa: E402
+from jaxrl.data.chat import ChatDataError  # noqa: E402
+from jaxrl.data.prompts import (  # noqa: E402
+    PromptRow,
+    PromptTable,
+    read_prompt_jsonl,
+    split_rows,
+    tokenize_prompts,
+)
+from jaxrl.lm.model import ModelConfig  # noqa: E402
 from jaxrl.logging import RunDirectory  # noqa: E402
 
 FLAGS = runner.define_flags("grpo.py", seeds=False)
 FINAL_WINDOW = 10  # updates averaged into final_mean_reward
+INITIAL_EVAL_FILE = "initial_eval.json"  # the starting model's held-out result, kept for resumes
+
+
+def reward_functions(section: ml_collections.ConfigDict) -> list[tuple[str, Callable, float]]:
+    """(name, function, weight) of each host reward in config.rewards.host ("module:function",
+    comma-separated) with its weight from config.rewards.host_weights ("" weighs each 1)."""
+    specs = [spec.strip() for spec in section.host.split(",") if spec.strip()]
+    weights = [1.0] * len(specs)
+    if section.host_weights:
+        try:
+            weights = [float(w) for w in section.host_weights.split(",")]
+        except ValueError:
+            runner.fail(
+                f"config.rewards.host_weights: {section.host_weights!r} is not comma-separated "
+                "numbers; give one weight per reward function, e.g. '1.0,0.5'"
+            )
+        if len(weights) != len(specs) or not all(np.isfinite(weights)):
+            runner.fail(
+                f"config.rewards.host_weights: {len(weights)} weights for {len(specs)} reward "
+                "functions in config.rewards.host; give one finite weight per function"
+            )
+    functions = []
+    for spec, weight in zip(specs, weights, strict=True):
+        module_name, _, function_name = spec.partition(":")
+        try:
+            function = getattr(importlib.import_module(module_name), function_name)
+        except (ImportError, AttributeError, ValueError) as error:
+            runner.fail(
+                f"config.rewards.host: cannot load {spec!r} ({error}); give "
+                "'module.path:function' importable from the working directory"
+            )
+        if not callable(function):
+            runner.fail(f"config.rewards.host: {spec!r} is not a function; name a function")
+        functions.append((function_name, function, weight))
+    names = [name for name, _, _ in functions]
+    if len(set(names)) != len(names):
+        runner.fail(
+            f"config.rewards.host: two reward functions share a name ({', '.join(names)}), so "
+            "their metrics would too; give each its own function"
+        )
+    return functions
+
+
+def check_columns(spec: str, function: Callable, columns: list[str]) -> None:
+    """A reward function must take the columns it is given (`**kwargs` takes any) and find every
+    column it requires: checked before anything compiles, rather than failing in the first
+    update."""
+    try:
+        parameters = list(inspect.signature(function).parameters.values())
+    except (TypeError, ValueError):
+        return  # a builtin or C function: no signature to check
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in parameters)
+    named = [p for p in parameters[2:] if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    required = [p.name for p in named if p.default is p.empty]
+    missing = [name for name in required if name not in columns]
+    if missing:
+        runner.fail(
+            f"config.rewards.host: {spec} needs column(s) {missing} that the prompt file lacks "
+            f"(its columns: {', '.join(columns) or 'only prompt'}); add them to every row, or "
+            "give the parameters defaults"
+        )
+    unexpected = [c for c in columns if c not in {p.name for p in named}]
+    if unexpected and not takes_any:
+        runner.fail(
+            f"config.rewards.host: {spec} does not take column(s) {unexpected}, and every column "
+            "reaches every reward function; add **kwargs to its parameters"
+        )
+
+
+def try_on_rows(function: Callable, table: PromptTable, count: int = 4) -> None:
+    """Call a reward function on the first `count` rows with empty completions, before anything
+    compiles: one that raises, or returns anything but one finite float per completion, is one
+    error line now rather than after the first compile (a model may well complete with nothing,
+    so a usable reward function takes an empty completion)."""
+    rows = table.rows[:count]
+    completions: list = [""] * len(rows)
+    if table.conversational:
+        completions = [[{"role": "assistant", "content": ""}] for _ in rows]
+    columns = {name: [row.columns[name] for row in rows] for name in table.column_names()}
+    label = f"reward function {function.__module__}:{function.__qualname__}"
+    try:
+        values = host.call(label, function, [row.prompt for row in rows], completions, **columns)
+        host.check_rewards(label, values, len(rows))
+    except Exception:
+        failure = host.take_failure()
+        fix = "" if isinstance(failure.error, host.HostFunctionError) else "; fix the function"
+        runner.fail(
+            f"config.rewards.host: on the first {len(rows)} prompts with empty completions "
+            f"(tried before training), {failure.summary()}{fix}"
+        )
+
+
+class PromptData(NamedTuple):
+    """A user's prompt file as GRPO trains on it."""
+
+    task: TextTask  # the train split's prompts, with the host reward terms
+    train: PromptTable
+    held_out: PromptTable
+    functions: list[tuple[str, Callable, float]]
+
+
+def prompt_data(run: _lm.Setup) -> PromptData:
+    """Read, split and tokenise config.task.train_jsonl (and eval_jsonl), and load the reward
+    functions: every problem one error line, before anything is built."""
+    section, rewards = run.flat.task, run.flat.rewards
+    try:
+        rows = read_prompt_jsonl(section.train_jsonl)
+        if section.eval_jsonl:
+            train, held_out = rows, read_prompt_jsonl(section.eval_jsonl)
+        else:
+            train, held_out = split_rows(rows, section.num_eval, section.data_seed)
+        if held_out[0].columns.keys() != train[0].columns.keys():
+            runner.fail(
+                f"config.task.eval_jsonl: {held_out[0].where} has columns "
+                f"{sorted(held_out[0].columns)}, the training file {sorted(train[0].columns)}; "
+                "give both files the same columns"
+            )
+        cut = dict(
+            length_percentile=section.length_percentile,
+            max_cut_fraction=section.max_cut_fraction,
+        )
+        train_table = tokenize_prompts(
+            train, run.tokenizer, section.max_prompt_length, **cut, field="train_jsonl"
+        )
+        held_out_table = tokenize_prompts(
+            held_out, run.tokenizer, train_table.max_prompt_length, **cut, field="eval_jsonl"
+        )
+    except ChatDataError as error:
+        runner.fail(str(error))
+    except ConfigError as error:
+        runner.fail(f"config.task.{error}")
+    if rewards.format_weight:
+        runner.fail(
+            "config.rewards.format_weight: the format reward is the digit tasks', and a prompt "
+            "file's rewards are its reward functions; set it to 0 and add a format reward to "
+            "config.rewards.host (e.g. envs.text.math_answers:boxed_format_reward)"
+        )
+    functions = reward_functions(rewards)
+    if not functions:
+        runner.fail(
+            "config.rewards.host: a prompt file needs at least one reward function; give "
+            "'module.path:function' (e.g. envs.text.math_answers:math_answer_reward)"
+        )
+    for name, function, _ in functions:
+        check_columns(name, function, train_table.column_names())
+        try_on_rows(function, train_table)
+    task = host_rewarded_task(run, os.path.basename(section.train_jsonl), train_table, functions)
+    for cut_rows, table, field in (
+        (train_table.cut, train, "train"),
+        (held_out_table.cut, held_out, "held-out"),
+    ):
+        if cut_rows:
+            print(
+                f"{cut_rows} of {len(table)} {field} prompts are longer than "
+                f"{train_table.max_prompt_length} tokens and lose their start"
+            )
+    return PromptData(task, train_table, held_out_table, functions)
+
+
+def digit_problems_as_prompts(run: _lm.Setup) -> PromptData | None:
+    """A digit task for a tokenizer without a token per digit (a real model's BPE, where "123"
+    may be one token): its problems become a prompt table, tokenised as whole strings like a
+    user's file, and the task's own score (1 for an exact answer, partial credit below 0.5) is
+    the reward, on the host. None when the task's characters are single tokens: then prompts
+    are drawn and scored in JAX, which needs no host call."""
+    task, section = run.task, run.flat.task
+    try:
+        task.tokens(run.tokenizer)
+        return None
+    except ConfigError:
+        pass
+    # The task's hashed splits, as the JAX sampler keeps them; a small task gives all it has.
+    rng = np.random.default_rng(section.data_seed)
+    held_out = task.sample_problems(rng, section.num_eval, split="eval", allow_fewer=True)
+    train = task.sample_problems(rng, section.num_train, split="train", allow_fewer=True)
+
+    def rows(problems: list[str], split: str) -> list[PromptRow]:
+        return [
+            PromptRow(f"{task.name} {split} problem {problem}", {
+                "prompt": task.prompt(problem), "problem": problem, "answer": task.answer(problem)
+            })
+            for problem in problems
+        ]  # fmt: skip
+
+    def task_score(prompts: list, completions: list, problem: list, **columns) -> list[float]:
+        return [task.score(p, c) for p, c in zip(problem, completions, strict=True)]
+
+    try:
+        train_table = tokenize_prompts(rows(train, "train"), run.tokenizer)
+        held_out_table = tokenize_prompts(
+            rows(held_out, "eval"), run.tokenizer, train_table.max_prompt_length
+        )
+    except ConfigError as error:
+        runner.fail(f"config.task.{error}")
+    functions = [("task", task_score, 1.0), *reward_functions(run.flat.rewards)]
+    return PromptData(
+        host_rewarded_task(run, task.name, train_table, functions),
+        train_table,
+        held_out_table,
+        functions,
+    )
+
+
+def host_rewarded_task(
+    run: _lm.Setup, name: str, table: PromptTable, functions: list[tuple[str, Callable, float]]
+) -> TextTask:
+    """The task of sampling `table`'s prompts, rewarded by the host `functions`."""
+    task = prompt_dataset_task(name, table, run.tokenizer)
+    for function_name, function, weight in functions:
+        term = grpo.host_reward(function, run.tokenizer, function_name, weight, run.mesh, table)
+        task = task.with_reward(term)
+    return task
 
 
 def text_task(run: _lm.Setup) -> TextTask:
-    """The task's prompt sampler and rewards, plus the host reward of config.rewards.host."""
+    """The digit task's prompt sampler and rewards, plus the host rewards of config.rewards.host
+    (each called with the `answer` column)."""
     section = run.flat.rewards
     try:
         task = run.task.text_task(run.tokenizer, section.format_weight)
     except ConfigError as error:
         runner.fail(f"config.task.{error}")
-    if not section.host:
-        return task
-    module_name, _, function_name = section.host.partition(":")
-    try:
-        function = getattr(importlib.import_module(module_name), function_name)
-    except (ImportError, AttributeError, ValueError) as error:
-        runner.fail(
-            f"config.rewards.host: cannot load {section.host!r} ({error}); give "
-            "'module.path:function' importable from the working directory"
-        )
-    host = grpo.host_reward(function, run.tokenizer, "host", section.host_weight, run.mesh)
-    return task.with_reward(host)
+    for name, function, weight in reward_functions(section):
+        task = task.with_reward(grpo.host_reward(function, run.tokenizer, name, weight, run.mesh))
+    return task
 
 
 def last_rows(run_dir: RunDirectory, updates: int, num_steps: int, log_every: int) -> list[dict]:
@@ -74,21 +292,112 @@ def last_rows(run_dir: RunDirectory, updates: int, num_steps: int, log_every: in
     distributed.barrier("metrics written")
     with open(run_dir.metrics_path) as f:
         rows = [json.loads(line) for line in f if line.strip()]
+    rows = [row for row in rows if "loss" in row]  # training rows, not the evaluations
     block = runner.block_length(num_steps, log_every)  # updates per row
     return rows[-max(1, updates // block) :]
 
 
+class HeldOut(NamedTuple):
+    """Greedy completions of the held-out prompts, scored."""
+
+    accuracy: float  # mean of `correct`
+    correct: np.ndarray  # [num_eval]: 1 for a right answer (a prompt file: its first reward)
+    rewards: dict[str, float]  # summary fields: each reward function's mean, or the task score
+    examples: list[dict[str, str]]  # a few prompts with their completions
+
+
+def digit_evaluator(run: _lm.Setup, model: ModelConfig, held_out: Any, problems: list[str]):
+    """evaluate(params) -> HeldOut on the digit task's held-out problems, scored by the task."""
+
+    def evaluate(params: Any) -> HeldOut:
+        _, mean_score, completions = _lm.task_accuracy(
+            model, params, run.task, run.tokenizer, problems, held_out.tokens, held_out.mask,
+            run.config.max_new_tokens, run.mesh, run.flat.eval_batch_size,
+        )  # fmt: skip
+        scores = [run.task.score(p, c) for p, c in zip(problems, completions, strict=True)]
+        correct = np.array([s == 1.0 for s in scores], np.float64)
+        examples = _lm.eval_examples(run.task, problems, completions)
+        return HeldOut(float(correct.mean()), correct, {"eval_task_score": mean_score}, examples)
+
+    return evaluate
+
+
+def file_evaluator(run: _lm.Setup, model: ModelConfig, data: PromptData):
+    """evaluate(params) -> HeldOut on a prompt file's held-out rows: greedy completions scored
+    by the same reward functions as training, the first of which measures accuracy (1 for a
+    right answer). A reward function failing here is one error line, as in training."""
+    table = data.held_out
+    prompts = [row.prompt for row in table.rows]
+    columns = {name: [row.columns[name] for row in table.rows] for name in table.column_names()}
+
+    def evaluate(params: Any) -> HeldOut:
+        texts = _lm.greedy_completions(
+            model, params, run.tokenizer, table.tokens, table.mask, run.config.max_new_tokens,
+            run.mesh, run.flat.eval_batch_size,
+        )  # fmt: skip
+        completions: list = texts
+        if table.conversational:
+            completions = [[{"role": "assistant", "content": text}] for text in texts]
+        means, first = {}, None
+        for name, function, _ in data.functions:
+            label = f"reward function {function.__module__}:{function.__qualname__}"
+            try:
+                values = host.call(label, function, prompts, completions, **columns)
+                values = host.check_rewards(label, values, len(completions))
+            except Exception:
+                runner.report_host_failure(host.take_failure())
+            means[f"eval_reward_{name}"] = float(values.mean())
+            first = values if first is None else first
+        examples = [
+            {"prompt": _lm.shorten(p if isinstance(p, str) else p[-1]["content"]), "completion": t}
+            for p, t in zip(prompts[:5], texts[:5], strict=False)
+        ]
+        correct = (first >= 1.0).astype(np.float64)  # full marks: a right answer
+        return HeldOut(float(correct.mean()), correct, means, examples)
+
+    return evaluate
+
+
+def interval(values: np.ndarray, seed: int = 0) -> list[float]:
+    """The bootstrap 95% interval of the mean of per-problem `values` (problems resampled)."""
+    _, bounds = evaluation.interval_estimates(
+        {"x": values[:, None]}, evaluation.aggregate_mean, reps=10_000, seed=seed
+    )
+    return [float(b) for b in bounds["x"]]
+
+
+def initial_evaluation(run: _lm.Setup, evaluate: Callable, params: Any) -> HeldOut:
+    """The starting model's held-out result, computed once: a resumed run reads it back from
+    the run directory instead of spending another evaluation on it. Evaluated before the run
+    directory is written, so a reward function that fails on it leaves nothing behind."""
+    path = os.path.join(run.workdir, INITIAL_EVAL_FILE)
+    if os.path.isfile(path):
+        saved = _lm.read_json(path)
+        return HeldOut(
+            saved["accuracy"], np.array(saved["correct"]), saved["rewards"], saved["examples"]
+        )
+    return evaluate(params)
+
+
 def main(argv: list[str]) -> None:
     run = _lm.setup(FLAGS, grpo.Config, "grpo")
-    flat, config, mesh, task = run.flat, run.config, run.mesh, run.task
-    rewarded = text_task(run)  # a host reward that cannot be loaded fails before any compile
-    # Held-out problems: the task's eval split, which the in-program sampler never draws.
-    rng = np.random.default_rng(flat.task.data_seed)
-    eval_problems = task.sample_problems(rng, flat.task.num_eval, split="eval", allow_fewer=True)
-    held_out = jax.device_get(
-        task.encode_problems(task.problem_digits(eval_problems), task.tokens(run.tokenizer))
-    )
-    prompt_length = held_out.tokens.shape[1]  # every prompt of a task has one length
+    flat, config, mesh = run.flat, run.config, run.mesh
+    # Everything the user gave (data, reward functions) is checked before any compile.
+    data = prompt_data(run) if flat.task.train_jsonl else digit_problems_as_prompts(run)
+    if data is not None:
+        rewarded, prompt_length = data.task, data.train.max_prompt_length
+        task_name, reward_key, num_eval = data.task.name, "reward", len(data.held_out.rows)
+    else:
+        task = run.task
+        rewarded = text_task(run)
+        # Held-out problems: the task's eval split, which the in-program sampler never draws.
+        rng = np.random.default_rng(flat.task.data_seed)
+        problems = task.sample_problems(rng, flat.task.num_eval, split="eval", allow_fewer=True)
+        held_out = jax.device_get(
+            task.encode_problems(task.problem_digits(problems), task.tokens(run.tokenizer))
+        )
+        prompt_length = held_out.tokens.shape[1]  # every prompt of a task has one length
+        task_name, reward_key, num_eval = task.name, "reward_task", len(problems)
 
     # The model (init_from's architecture included) is known before any parameter is built.
     if prompt_length + config.max_new_tokens > run.model.max_position_embeddings:
@@ -97,67 +406,91 @@ def main(argv: list[str]) -> None:
             f"{config.max_new_tokens} new ones exceed the model's max_position_embeddings="
             f"{run.model.max_position_embeddings}; set max_new_tokens <= "
             f"{run.model.max_position_embeddings - prompt_length}"
+            + (" or a shorter max_prompt_length" if data is not None else "")
         )
     params, model, source = _lm.initial_params(run)
+    if data is not None:
+        evaluate = file_evaluator(run, model, data)
+    else:
+        evaluate = digit_evaluator(run, model, held_out, problems)
+    initial = initial_evaluation(run, evaluate, params)
     run_dir = _lm.open_run(run)
-
-    def accuracy(params):
-        return _lm.task_accuracy(
-            model, params, task, run.tokenizer, eval_problems, held_out.tokens, held_out.mask,
-            config.max_new_tokens, mesh, flat.eval_batch_size,
-        )  # fmt: skip
-
-    initial_accuracy, _, _ = accuracy(params)
+    if run_dir.writes:
+        _lm.write_json(run_dir.file(INITIAL_EVAL_FILE), initial._asdict() | {
+            "correct": initial.correct.tolist()
+        })  # fmt: skip
 
     algorithm = grpo.make(config, model, rewarded, params, mesh)
-    # The starting model is the KL penalty's reference (the update's input).
-    reference_params = params if config.kl_beta > 0 else None
+    # The starting model is the KL penalty's reference; a prompt file's token table is the
+    # prompts' source. Both are the update's inputs, placed on the devices once.
+    task_data = jax.device_put(rewarded.data, sharding.replicated(mesh))
+    inputs = grpo.Inputs(params if config.kl_beta > 0 else None, task_data)
+
+    def after_chunk(state: Any, step: int, index: int) -> dict[str, float] | None:
+        # The last chunk's state is evaluated after training, for the summary.
+        if not flat.eval_every or (index + 1) % flat.eval_every or step >= config.num_steps:
+            return None
+        held = evaluate(state.params)
+        return {"eval_task_accuracy": held.accuracy, **held.rewards}
+
     job = _lm.job(
         run,
         algorithm,
-        f"GRPO ({config.variant}) {task.name}",
-        inputs_for=lambda first, count: reference_params,
+        f"GRPO ({config.variant}) {task_name}",
+        inputs_for=lambda first, count: inputs,
         units_name="completions",
         units_per_step=config.completions_per_update,
+        after_chunk=after_chunk,
     )
     result = runner.train(job, flat.run, run_dir, FLAGS["kill_after_chunk"].value)
     params = result.states.params
     _lm.save_params(run_dir, params)
 
     t0 = time.time()
-    final_accuracy, mean_score, completions = accuracy(params)
+    final = evaluate(params)
     summary = runner.summary_fields(job, result, time.time() - t0)
-    final = last_rows(run_dir, FINAL_WINDOW, config.num_steps, flat.run.log_every)
-    final_reward = float(np.mean([row["reward_task"] for row in final]))
+    rows = last_rows(run_dir, FINAL_WINDOW, config.num_steps, flat.run.log_every)
+    final_reward = float(np.mean([row[reward_key] for row in rows]))
     # Generated tokens as the peers count them: up to and including EOS (the final rows' mean).
-    length = float(np.mean([row["completion_length"] for row in final]))
+    length = float(np.mean([row["completion_length"] for row in rows]))
     generated_per_update = config.completions_per_update * length
     trained_per_update = config.completions_per_update * (prompt_length + config.max_new_tokens)
     summary |= {
         "variant": config.variant,
-        "task": task.name,
-        "num_digits": task.num_digits,
+        "task": task_name,
         "init_from": source,
         "completions": config.num_steps * config.completions_per_update,
         "tokens": round(config.num_steps * generated_per_update),  # generated tokens
         "tokens_per_second": round(summary["steps_per_second"] * generated_per_update),
         "trained_tokens_per_second": round(summary["steps_per_second"] * trained_per_update),
         "final_mean_reward": final_reward,
-        "eval_task_accuracy": final_accuracy,
-        "eval_task_score": mean_score,
-        "initial_eval_task_accuracy": initial_accuracy,
-        "num_eval": len(eval_problems),
-        "eval_examples": _lm.eval_examples(task, eval_problems, completions),
+        "eval_task_accuracy": final.accuracy,
+        "eval_task_accuracy_ci95": interval(final.correct),
+        "initial_eval_task_accuracy": initial.accuracy,
+        # Paired by problem: the change each held-out problem saw, and its interval.
+        "eval_accuracy_change": final.accuracy - initial.accuracy,
+        "eval_accuracy_change_ci95": interval(final.correct - initial.correct),
+        **final.rewards,
+        "num_eval": num_eval,
+        "eval_examples": final.examples,
         "mesh_shape": list(config.mesh_shape),
     }
+    if data is None:
+        summary["num_digits"] = run.task.num_digits
+    else:
+        summary |= {"num_train": len(data.train.rows), "prompt_length": prompt_length}
+        summary |= {"cut_prompts": data.train.cut + data.held_out.cut}
     run_dir.write_summary(summary)
-    title = f"GRPO ({config.variant}) {task.name}"
+    title = f"GRPO ({config.variant}) {task_name}"
+    what = "answer reward" if data is None else "reward"
     run_dir.write_learning_curve(
-        x="step", y="reward_task", title=f"{title}: answer reward of sampled completions"
+        x="step", y=reward_key, title=f"{title}: {what} of sampled completions"
     )
+    change = summary["eval_accuracy_change_ci95"]
     print(
         f"{title}: final_mean_reward {final_reward:.3f}, eval_task_accuracy "
-        f"{final_accuracy:.3f} (start: {initial_accuracy:.3f}) after {config.num_steps} updates "
+        f"{final.accuracy:.3f} (start: {initial.accuracy:.3f}; change 95% CI "
+        f"[{change[0]:+.3f}, {change[1]:+.3f}]) after {config.num_steps} updates "
         f"in {summary['wall_seconds']:.0f}s (compile {summary['compile_seconds']:.0f}s). "
         f"Run directory: {run_dir.path}"
     )

@@ -62,6 +62,12 @@ def _raise(error: BaseException) -> None:
 def check_rewards(function_name: str, values: Any, count: int) -> np.ndarray:
     """`values` as float32 [count], or a recorded failure naming what is wrong with them: a reward
     must be one finite float per completion (a NaN would silently poison every parameter)."""
+    texts = (str, bytes)
+    if isinstance(values, texts) or (
+        isinstance(values, (list, tuple)) and any(isinstance(v, texts) for v in values)
+    ):
+        # np.asarray would read "1.0" as a number and fail on "yes" only now and then.
+        fail(function_name, "returned strings; return a list of floats, one per completion")
     try:
         rewards = np.asarray(values, np.float32)
     except (TypeError, ValueError) as error:

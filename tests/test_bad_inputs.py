@@ -21,6 +21,14 @@ from tests.script_runs import tree_digest
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAINERS = ("ppo.py", "sac.py", "cql.py", "sft.py", "dpo.py", "grpo.py")
 
+PROMPTS = "--config.task.train_jsonl=tests/fixtures/prompts/"
+REWARD = "--config.rewards.host=tests.fixtures.host_reward:"
+SAY_DIGIT = f"{PROMPTS}say_digit.jsonl --config.task.num_eval=8"
+TRIED = (
+    "config.rewards.host: on the first 4 prompts with empty completions (tried before training), "
+    "reward function tests.fixtures.host_reward:"
+)
+
 # (script, arguments, the start of the error line after "error: ")
 CASES = [
     # --- flags and config files, the same path for every trainer
@@ -152,8 +160,86 @@ CASES = [
     (
         "grpo.py",
         "--config.init_from=tests/fixtures/hf/tiny_llama "
-        "--config.task.tokenizer=tests/fixtures/hf/tokenizer",
-        "config.task.tokenizer: '0' is 2 tokens",
+        "--config.task.tokenizer=tests/fixtures/hf/tokenizer --config.max_new_tokens=200",
+        "config.max_new_tokens: prompts of 8 tokens + 200 new ones exceed",
+    ),
+    # --- GRPO on a prompt file: the file, its split, its lengths and the reward functions
+    ("grpo.py", f"{PROMPTS}nope.jsonl", "tests/fixtures/prompts/nope.jsonl: no such file"),
+    ("grpo.py", f"{PROMPTS}malformed.jsonl", "tests/fixtures/prompts/malformed.jsonl:2: invalid"),
+    ("grpo.py", f"{PROMPTS}no_prompt.jsonl", "tests/fixtures/prompts/no_prompt.jsonl:2: no 'pro"),
+    ("grpo.py", f"{PROMPTS}empty.jsonl", "tests/fixtures/prompts/empty.jsonl: no rows"),
+    ("grpo.py", f"{PROMPTS}number_prompt.jsonl", "tests/fixtures/prompts/number_prompt.jsonl:1:"),
+    ("grpo.py", f"{PROMPTS}missing_column.jsonl", "tests/fixtures/prompts/missing_column.jsonl:2"),
+    ("grpo.py", f"{PROMPTS}mixed_kinds.jsonl", "tests/fixtures/prompts/mixed_kinds.jsonl:2: mix"),
+    (
+        "grpo.py",
+        f"{PROMPTS}bad_role.jsonl",
+        "tests/fixtures/prompts/bad_role.jsonl:1: 'prompt' message 0",
+    ),
+    (
+        "grpo.py",
+        f"{PROMPTS}say_digit_chat.jsonl --config.task.num_eval=8 {REWARD}says_answer",
+        "config.task.train_jsonl: tests/fixtures/prompts/say_digit_chat.jsonl:",
+    ),
+    ("grpo.py", f"{PROMPTS}say_digit.jsonl --config.task.num_eval=40", "config.task.num_eval: 40"),
+    ("grpo.py", f"{SAY_DIGIT}", "config.rewards.host: a prompt file needs at least one reward"),
+    (
+        "grpo.py",
+        f"{SAY_DIGIT} {REWARD}needs_solution",
+        "config.rewards.host: needs_solution needs column(s) ['solution']",
+    ),
+    (
+        "grpo.py",
+        f"{SAY_DIGIT} {REWARD}no_keyword_arguments",
+        "config.rewards.host: no_keyword_arguments does not take column(s) ['level']",
+    ),
+    (
+        "grpo.py",
+        f"{SAY_DIGIT} {REWARD}returns_nan",
+        f"{TRIED}returns_nan: returned nan for completion 0",
+    ),
+    (
+        "grpo.py",
+        f"{SAY_DIGIT} {REWARD}returns_one_too_few",
+        f"{TRIED}returns_one_too_few: returned shape (3,)",
+    ),
+    ("grpo.py", f"{SAY_DIGIT} {REWARD}returns_strings", f"{TRIED}returns_strings: returned str"),
+    (
+        "grpo.py",
+        f"{SAY_DIGIT} {REWARD}raises_on_empty",
+        f"{TRIED}raises_on_empty: raised ZeroDivisionError",
+    ),
+    (
+        "grpo.py",
+        f"{PROMPTS}long_prompt.jsonl --config.task.num_eval=1 {REWARD}says_answer "
+        "--config.max_new_tokens=40",
+        "config.max_new_tokens: prompts of ",
+    ),
+    (
+        "grpo.py",
+        f"{SAY_DIGIT} {REWARD}says_answer --config.task.max_prompt_length=4",
+        "config.task.max_prompt_length: 32 of 32 prompts have more than 4 tokens",
+    ),
+    (
+        "grpo.py",
+        f"{SAY_DIGIT} {REWARD}says_answer --config.rewards.host_weights=1,2",
+        "config.rewards.host_weights: 2 weights for 1 reward functions",
+    ),
+    (
+        "grpo.py",
+        f"{SAY_DIGIT} {REWARD}says_answer --config.rewards.format_weight=0.5",
+        "config.rewards.format_weight: the format reward is the digit tasks'",
+    ),
+    (
+        "grpo.py",
+        f"{SAY_DIGIT} {REWARD}says_answer "
+        "--config.task.eval_jsonl=tests/fixtures/prompts/other_columns.jsonl",
+        "config.task.eval_jsonl: tests/fixtures/prompts/other_columns.jsonl:1 has columns",
+    ),
+    (
+        "grpo.py",
+        f"{SAY_DIGIT} {REWARD}says_answer --config.task.length_percentile=0",
+        "config.task.length_percentile: got 0",
     ),
     ("generate.py", "--prompt=hi", "--model: missing"),
     ("generate.py", "--model=tests/fixtures/hf/tiny_llama --prompt=hi", "--model=tests/fixtures"),

@@ -174,7 +174,7 @@ def _run_update(config, mesh, params, terms=None, reference=None):
     hp = hparams.hparams(config)
     state = algorithm.init(jax.random.PRNGKey(3), hp)
     chunk = loop.make_chunk(algorithm.update, 2, runs_axis=False)
-    state, metrics = jax.jit(chunk)(state, reference, hp)
+    state, metrics = jax.jit(chunk)(state, grpo.Inputs(reference), hp)
     return jax.device_get(state.params), jax.device_get(metrics)
 
 
@@ -236,7 +236,7 @@ def test_sweep_over_learning_rate_and_kl_beta_equals_separate_runs():
     )
     task = TASK.text_task(TOKENIZER, format_weight=1.0)
     algorithm = grpo.make(config, TINY, task, init_params(TINY, jax.random.key(0)))
-    reference = init_params(TINY, jax.random.key(1))
+    reference = grpo.Inputs(init_params(TINY, jax.random.key(1)))
     hps = hparams.sweep(config, learning_rate=[1e-3, 1e-2], kl_beta=[0.0, 0.5])
     keys = jnp.stack([jax.random.PRNGKey(5)] * 4)
     swept, swept_metrics = jax.jit(loop.make_chunk(algorithm.update, 2))(
@@ -283,7 +283,8 @@ def test_host_reward_runs_through_io_callback_on_a_mesh():
     [
         ([1.0], "returned shape (1,); return one float per completion (4)"),
         ([0.0, 1.0, float("nan"), 0.5], "returned nan for completion 2 of 4 (1 non-finite"),
-        ("high", "returned str (could not convert string to float: 'high')"),
+        ("high", "returned strings; return a list of floats"),
+        (["1.0", "0.0", "1.0", "0.0"], "returned strings; return a list of floats"),
     ],
 )
 def test_unusable_host_rewards_are_recorded_as_one_line_failures(rewards, problem):

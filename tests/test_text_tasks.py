@@ -137,7 +137,7 @@ def test_text_task_bundles_the_prompt_sampler_and_the_rewards():
     assert [t.name for t in plain.reward_terms] == ["task"]
     assert [(t.name, t.weight) for t in shaped.reward_terms] == [("task", 1.0), ("format", 0.5)]
     assert (shaped.eos_id, shaped.pad_id) == (TOKENIZER.eos_id, TOKENIZER.pad_id)
-    prompts = shaped.sample_prompts(jax.random.key(3), 6)
+    prompts = shaped.sample_prompts(jax.random.key(3), 6, shaped.data)
     want = task.sample_prompts(jax.random.key(3), 6, tokens)
     for got, expected in zip(prompts, want, strict=True):
         np.testing.assert_array_equal(got, expected)

@@ -39,5 +39,8 @@ def make_task(name: str, **kwargs) -> DigitTask:
     if name not in TASKS:
         from jaxrl.config import ConfigError
 
-        raise ConfigError(f"task: unknown task {name!r}; choose one of {sorted(TASKS)}")
+        raise ConfigError(
+            f"task: unknown task {name!r}; choose one of {sorted(TASKS)}, or train on your own "
+            "prompts with task.train_jsonl=<file.jsonl>"
+        )
     return TASKS[name](**kwargs)

@@ -321,7 +321,7 @@ class DigitTask:
             terms.append(RewardTerm("format", format_weight, format_fn))
         return TextTask(
             self.name,
-            lambda key, count: self.sample_prompts(key, count, tokens),
+            lambda key, count, data: self.sample_prompts(key, count, tokens),
             tuple(terms),
             tokens.eos_id,
             tokens.pad_id,

@@ -2,8 +2,12 @@
 compiled program, and reward terms that score the sampled completions as token arrays.
 
     task = make_task("reverse_digits", num_digits=3).text_task(tokenizer, format_weight=0.5)
-    prompts = task.sample_prompts(key, 128)                      # a PromptBatch, pure JAX
+    prompts = task.sample_prompts(key, 128, task.data)           # a PromptBatch, pure JAX
     reward = sum(t.weight * t.fn(prompts, completion) for t in task.reward_terms)
+
+A task made from a user's prompt file (`envs.text.prompt_dataset`) samples rows of a token table,
+`task.data`; the algorithm passes that table into its compiled update as an input rather than
+baking it into the program as a constant, so a large dataset costs no compile time.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ class PromptBatch(NamedTuple):
     mask: Array  # [n, P] True on real tokens
     answer_tokens: Array  # [n, A] pad after the answer
     answer_length: Array  # [n]
+    row: Array | None = None  # [n] the dataset row each prompt is, for tasks made from a file
 
 
 class RewardTerm(NamedTuple):
@@ -40,10 +45,12 @@ class TextTask(NamedTuple):
     weighted sum), with the tokenizer ids the sampler needs to end and pad completions."""
 
     name: str
-    sample_prompts: Callable[[Array, int], PromptBatch]  # (key, count) -> prompts, pure JAX
+    # (key, count, data) -> prompts, pure JAX; `data` is `TextTask.data` as the program got it
+    sample_prompts: Callable[[Array, int, Any], PromptBatch]
     reward_terms: tuple[RewardTerm, ...]
     eos_id: int
     pad_id: int
+    data: Any = None  # arrays the prompts are drawn from (a prompt table), or None
 
     def with_reward(self, term: RewardTerm) -> TextTask:
         """This task with one more reward term (a host Python reward, say)."""

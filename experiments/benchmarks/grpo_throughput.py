@@ -32,7 +32,7 @@ PROMPT_WIDTH = MAX_DIGITS + 2  # rev d1 .. d4 =
 MEAN_PROMPT_TOKENS = (MIN_DIGITS + MAX_DIGITS) / 2 + 2  # of the nominal sequence FLOPs count
 
 
-def sample_prompts(key: Any, n: int) -> Any:
+def sample_prompts(key: Any, n: int, data: Any = None) -> Any:
     """n prompts `rev d1 d2 d3 [d4] =` as an `envs.text.PromptBatch`: 3 or 4 uniform digits
     (equally likely), left-padded to PROMPT_WIDTH tokens; the answer is the digits reversed."""
     import jax

@@ -3,6 +3,9 @@
 - reverse_digits: reverse 3 digits, from random initialisation (no init_from).
 - addition: two-digit addition, from an SFT model (`--config.init_from=<sft run>`, made by
   `experiments/sft.py --config=experiments/configs/sft.py:addition`).
+- word_problems: SmolLM2-135M-Instruct (init_from "smollm2") on arithmetic word problems from
+  data/word_problems.jsonl (`python -m envs.text.word_problems --out=data/word_problems.jsonl
+  --num=2000 --difficulty=1 --chat`), rewarded by envs.text.math_answers:math_answer_reward.
 """
 
 import ml_collections
@@ -26,6 +29,22 @@ PRESETS = {
         max_new_tokens=5,
         task=dict(name="addition", num_digits=2),
     ),
+    # SmolLM2-135M-Instruct on arithmetic word problems (envs/text/word_problems.py), rewarded
+    # by the final number; make the file first (README: "GRPO on a real model").
+    "word_problems": dict(
+        num_steps=30,
+        batch_size=4,
+        group_size=8,
+        learning_rate=1e-5,
+        max_new_tokens=64,
+        task=dict(train_jsonl="data/word_problems.jsonl", num_eval=200),
+    ),
+}
+# Settings of a preset outside the algorithm's Config: where it starts and how it is rewarded.
+PRESET_SETTINGS = {
+    "word_problems": dict(
+        init_from="smollm2", host="envs.text.math_answers:math_answer_reward", eval_batch_size=40
+    ),
 }
 
 
@@ -37,20 +56,27 @@ def get_config(preset: str = "reverse_digits") -> ml_collections.ConfigDict:
 
     rewards = ml_collections.ConfigDict(
         dict(
-            # weight of the format reward (digits, then EOS) next to the task's answer reward
+            # weight of the digit tasks' format reward (digits, then EOS) next to their answer
+            # reward; a prompt file's rewards are its functions in `host`
             format_weight=0.0,
-            # optional host Python reward "module.path:function", called as
-            # f(prompts, completions, answer=[...]) -> list[float] through io_callback
+            # host Python rewards, "module.path:function" (comma-separated for several), each
+            # called as f(prompts, completions, **columns) -> list[float] through io_callback;
+            # on a prompt file the first one also measures held-out accuracy
             host="",
-            host_weight=1.0,
+            host_weights="",  # comma-separated, one per function; "" weighs each 1
         )
     )
-    # 25 updates per compiled chunk.
+    # 25 updates per compiled chunk (a real model: 5).
     chosen = runner.preset_of(PRESETS, preset)
-    return lm_config(
+    settings = PRESET_SETTINGS.get(preset, {})
+    rewards.host = settings.get("host", "")
+    config = lm_config(
         grpo.Config(),
         chosen,
-        num_chunks=chosen["num_steps"] // 25,
+        num_chunks=max(1, chosen["num_steps"] // (5 if "init_from" in settings else 25)),
         rewards=rewards,
-        eval_batch_size=256,
+        eval_batch_size=settings.get("eval_batch_size", 256),
+        eval_every=0,  # held-out evaluation every N chunks (0: at the start and the end only)
     )
+    config.init_from = settings.get("init_from", "")
+    return config
