@@ -43,7 +43,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -201,43 +201,53 @@ def _sft_row(row: Any, where: str) -> SftRow:
     )
 
 
-def read_sft_jsonl(path: str | os.PathLike) -> list[SftRow]:
-    """Every non-blank line of `path` as an `SftRow`, checked: valid UTF-8 and JSON, an object
-    with string or message-list 'prompt' and 'completion', or a 'messages' conversation with an
-    assistant turn; known roles; every row in the first row's format. Raises `ChatDataError`
-    naming the file and line (or the file, when it is missing or has no rows)."""
+def jsonl_objects(
+    path: str | os.PathLike, error: type[ChatDataError] = ChatDataError
+) -> Iterator[tuple[str, Any]]:
+    """("file:line", parsed JSON) per non-blank line of `path`, for the readers of SFT rows,
+    preference pairs and prompt files, which check the rows themselves. Raises `error` naming
+    the file (missing, a directory) or the line (invalid UTF-8 or JSON)."""
     path = os.fspath(path)
     if not os.path.isfile(path):
         problem = "is a directory" if os.path.isdir(path) else "no such file"
-        raise ChatDataError(f"{path}: {problem}; pass the path of a JSONL file")
-    rows: list[SftRow] = []
+        raise error(f"{path}: {problem}; pass the path of a JSONL file")
     with open(path, "rb") as f:
         for line_number, raw in enumerate(f, start=1):
             where = f"{path}:{line_number}"
             try:
                 line = raw.decode("utf-8")
-            except UnicodeDecodeError as error:
-                raise ChatDataError(
-                    f"{where}: not valid UTF-8 ({error.reason} at byte {error.start}); re-encode "
-                    "the file as UTF-8"
+            except UnicodeDecodeError as e:
+                raise error(
+                    f"{where}: not valid UTF-8 ({e.reason} at byte {e.start}); re-encode the file "
+                    "as UTF-8"
                 ) from None
             if not line.strip():
                 continue  # blank lines (a trailing newline) carry no row
             try:
                 parsed = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ChatDataError(
-                    f"{where}: invalid JSON ({error.msg} at column {error.colno}); each line "
-                    "must be one JSON object"
+            except json.JSONDecodeError as e:
+                raise error(
+                    f"{where}: invalid JSON ({e.msg} at column {e.colno}); each line must be one "
+                    "JSON object"
                 ) from None
-            row = _sft_row(parsed, where)
-            # One format a file: the loss and the lengths mean one thing for all its rows.
-            if rows and row.kind != rows[0].kind:
-                raise ChatDataError(
-                    f"{where}: a {row.kind} row in a file whose first row ({rows[0].where}) is "
-                    f"{rows[0].kind}; use one format in a file"
-                )
-            rows.append(row)
+            yield where, parsed
+
+
+def read_sft_jsonl(path: str | os.PathLike) -> list[SftRow]:
+    """Every non-blank line of `path` as an `SftRow`, checked: valid UTF-8 and JSON, an object
+    with string or message-list 'prompt' and 'completion', or a 'messages' conversation with an
+    assistant turn; known roles; every row in the first row's format. Raises `ChatDataError`
+    naming the file and line (or the file, when it is missing or has no rows)."""
+    rows: list[SftRow] = []
+    for where, parsed in jsonl_objects(path):
+        row = _sft_row(parsed, where)
+        # One format a file: the loss and the lengths mean one thing for all its rows.
+        if rows and row.kind != rows[0].kind:
+            raise ChatDataError(
+                f"{where}: a {row.kind} row in a file whose first row ({rows[0].where}) is "
+                f"{rows[0].kind}; use one format in a file"
+            )
+        rows.append(row)
     if not rows:
         raise ChatDataError(f"{path}: no rows (the file is empty); write one JSON object a line")
     return rows
@@ -642,14 +652,8 @@ def _prompt_end(prompt: list[int], max_prompt_length: int, bos_id: int | None) -
     return bos + (prompt[len(prompt) - keep :] if keep > 0 else [])
 
 
-def pack(
-    examples: Sequence[Encoded], tokenizer: Tokenizer, max_prompt_length: int, max_length: int
-) -> dict[str, np.ndarray]:
-    """Fixed-shape arrays in the layout of `jaxrl.data.preferences`: tokens int32 [N, max_length]
-    right-padded, attention_mask and loss_mask bool; prompt_tokens [N, max_prompt_length]
-    left-padded with prompt_mask, for generation. A prompt longer than max_prompt_length keeps
-    its last tokens (BOS first); what then exceeds max_length is cut on the right, so a cut
-    response loses its EOS (the text did not end there)."""
+def check_pack_lengths(max_prompt_length: int, max_length: int) -> None:
+    """A ConfigError unless 0 < max_prompt_length < max_length (room for a response)."""
     require(
         max_prompt_length > 0,
         "max_prompt_length",
@@ -662,6 +666,17 @@ def pack(
         f"({max_length}) must exceed max_prompt_length ({max_prompt_length}) so a response fits",
         "raise max_length or lower max_prompt_length",
     )
+
+
+def pack(
+    examples: Sequence[Encoded], tokenizer: Tokenizer, max_prompt_length: int, max_length: int
+) -> dict[str, np.ndarray]:
+    """Fixed-shape arrays in the layout of `jaxrl.data.preferences`: tokens int32 [N, max_length]
+    right-padded, attention_mask and loss_mask bool; prompt_tokens [N, max_prompt_length]
+    left-padded with prompt_mask, for generation. A prompt longer than max_prompt_length keeps
+    its last tokens (BOS first); what then exceeds max_length is cut on the right, so a cut
+    response loses its EOS (the text did not end there)."""
+    check_pack_lengths(max_prompt_length, max_length)
     n = len(examples)
     tokens = np.full((n, max_length), tokenizer.pad_id, np.int32)
     attention_mask = np.zeros((n, max_length), bool)

@@ -54,9 +54,11 @@ from jaxrl.data.chat import (
     ChatDataError,
     Encoded,
     check_messages,
+    check_pack_lengths,
     encode_chat_responses,
     encode_texts,
     example_lengths,
+    jsonl_objects,
     pack,
 )
 from jaxrl.lm.tokenizer import Tokenizer
@@ -155,38 +157,19 @@ def _preference_row(row: Any, where: str) -> PreferenceRow:
 
 def numbered_preference_rows(path: str | os.PathLike) -> Iterator[tuple[str, PreferenceRow]]:
     """Yields ("file:line", row) per non-blank line of `path`, as `read_preference_jsonl`."""
-    path = os.fspath(path)
     first: tuple[str, bool] | None = None  # where the first row is, and whether it is chat
-    with open(path, "rb") as f:
-        for line_number, raw in enumerate(f, start=1):
-            where = f"{path}:{line_number}"
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise PreferenceDataError(
-                    f"{where}: not valid UTF-8 ({e.reason} at byte {e.start}); re-encode the file"
-                    " as UTF-8"
-                ) from None
-            if not line.strip():
-                continue  # blank lines (e.g. a trailing newline) carry no row
-            try:
-                parsed = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise PreferenceDataError(
-                    f"{where}: invalid JSON ({e.msg} at column {e.colno}); each line must be one "
-                    "JSON object"
-                ) from None
-            row = _preference_row(parsed, where)
-            # One format a file: its pairs are tokenised, and their lengths chosen, alike.
-            if first is None:
-                first = (where, _is_chat(row))
-            elif _is_chat(row) != first[1]:
-                kind = {True: "chat-message", False: "string"}
-                raise PreferenceDataError(
-                    f"{where}: a {kind[_is_chat(row)]} row in a file whose first row ({first[0]}) "
-                    f"is a {kind[first[1]]} row; use one format in a file"
-                )
-            yield where, row
+    for where, parsed in jsonl_objects(path, PreferenceDataError):
+        row = _preference_row(parsed, where)
+        # One format a file: its pairs are tokenised, and their lengths chosen, alike.
+        if first is None:
+            first = (where, _is_chat(row))
+        elif _is_chat(row) != first[1]:
+            kind = {True: "chat-message", False: "string"}
+            raise PreferenceDataError(
+                f"{where}: a {kind[_is_chat(row)]} row in a file whose first row ({first[0]}) "
+                f"is a {kind[first[1]]} row; use one format in a file"
+            )
+        yield where, row
 
 
 def read_preference_jsonl(path: str | os.PathLike) -> Iterator[PreferenceRow]:
@@ -396,21 +379,6 @@ def load_preference_split(data_dir: str | os.PathLike, split: str) -> Preference
 # Tokenisation to fixed shapes
 
 
-def _check_lengths(max_prompt_length: int, max_length: int) -> None:
-    require(
-        max_prompt_length > 0,
-        "max_prompt_length",
-        f"must be positive, got {max_prompt_length}",
-        "set max_prompt_length > 0",
-    )
-    require(
-        max_length > max_prompt_length,
-        "max_length",
-        f"({max_length}) must exceed max_prompt_length ({max_prompt_length}) so a response fits",
-        "raise max_length or lower max_prompt_length",
-    )
-
-
 def _as_str(value: Any, what: str) -> str:
     if isinstance(value, bytes):
         return value.decode("utf-8")
@@ -505,7 +473,7 @@ def tokenize_preferences(
     prompt_mask bool. `rows` are mappings with prompt/chosen/rejected strings or chat-message
     lists (extra keys ignored).
     """
-    _check_lengths(max_prompt_length, max_length)
+    check_pack_lengths(max_prompt_length, max_length)
     chosen, rejected = encode_preference_rows(rows, tokenizer)
     require(len(chosen) > 0, "rows", "is empty", "pass at least one preference pair")
     return pack_pairs(chosen, rejected, tokenizer, max_prompt_length, max_length)
@@ -545,7 +513,7 @@ def tokenize_sft(
     tokens int32 [N, max_length] right-padded; attention_mask, loss_mask (completion + eos) bool;
     prompt_tokens [N, max_prompt_length] left-padded with prompt_mask, for generation. With
     `truncate=False`, data that does not fit is a ConfigError instead of being cut."""
-    _check_lengths(max_prompt_length, max_length)
+    check_pack_lengths(max_prompt_length, max_length)
     require(
         len(prompts) == len(completions),
         "completions",

@@ -19,7 +19,6 @@ whole strings: any tokenizer works, not just one with a token per character.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -27,7 +26,13 @@ from typing import Any
 import numpy as np
 
 from jaxrl.config import ConfigError
-from jaxrl.data.chat import ChatDataError, check_messages, choose_length, hold_out
+from jaxrl.data.chat import (
+    ChatDataError,
+    check_messages,
+    choose_length,
+    hold_out,
+    jsonl_objects,
+)
 from jaxrl.lm.tokenizer import Tokenizer
 
 __all__ = [
@@ -69,63 +74,43 @@ def read_prompt_jsonl(path: str | os.PathLike) -> list[PromptRow]:
     reward function must find its column in every row) and the same kind of prompt (all strings,
     or all conversations). Raises `PromptDataError` naming the file and line."""
     path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise PromptDataError(f"{path}: no such file; pass the path of a JSONL file of prompts")
     rows: list[PromptRow] = []
-    with open(path, "rb") as f:
-        for line_number, raw in enumerate(f, start=1):
-            where = f"{path}:{line_number}"
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as error:
+    for where, columns in jsonl_objects(path, PromptDataError):
+        if not isinstance(columns, dict):
+            raise PromptDataError(
+                f"{where}: a line is a JSON {type(columns).__name__}; write one JSON object "
+                'per line, e.g. {"prompt": "...", "answer": "..."}'
+            )
+        if "prompt" not in columns:
+            raise PromptDataError(
+                f"{where}: no 'prompt' column (columns: {', '.join(sorted(columns)) or 'none'})"
+                "; give every row a 'prompt', a string or a list of chat messages"
+            )
+        prompt = columns["prompt"]
+        if isinstance(prompt, list):
+            check_messages(prompt, where, "prompt")
+        elif not isinstance(prompt, str) or not prompt.strip():
+            raise PromptDataError(
+                f"{where}: 'prompt' is {'empty' if prompt == '' else type(prompt).__name__}; "
+                "give a non-empty string or a list of chat messages"
+            )
+        row = PromptRow(where, columns)
+        if rows:
+            first = rows[0]
+            if set(columns) != set(first.columns):
+                missing = sorted(set(first.columns) - set(columns))
+                extra = sorted(set(columns) - set(first.columns))
+                problem = f"lacks column(s) {missing}" if missing else f"adds {extra}"
                 raise PromptDataError(
-                    f"{where}: not valid UTF-8 ({error.reason}); re-encode the file as UTF-8"
-                ) from None
-            if not line.strip():
-                continue
-            try:
-                columns = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise PromptDataError(
-                    f"{where}: invalid JSON ({error.msg} at column {error.colno}); write one "
-                    "JSON object per line"
-                ) from None
-            if not isinstance(columns, dict):
-                raise PromptDataError(
-                    f"{where}: a line is a JSON {type(columns).__name__}; write one JSON object "
-                    'per line, e.g. {"prompt": "...", "answer": "..."}'
+                    f"{where}: {problem} that {first.where} has; give every row the same columns"
                 )
-            if "prompt" not in columns:
+            if row.conversational != first.conversational:
                 raise PromptDataError(
-                    f"{where}: no 'prompt' column (columns: {', '.join(sorted(columns)) or 'none'})"
-                    "; give every row a 'prompt', a string or a list of chat messages"
+                    f"{where}: mixes a {'chat' if row.conversational else 'string'} prompt "
+                    f"with {first.where}'s {'chat' if first.conversational else 'string'} "
+                    "one; use one kind in a file"
                 )
-            prompt = columns["prompt"]
-            if isinstance(prompt, list):
-                check_messages(prompt, where, "prompt")
-            elif not isinstance(prompt, str) or not prompt.strip():
-                raise PromptDataError(
-                    f"{where}: 'prompt' is {'empty' if prompt == '' else type(prompt).__name__}; "
-                    "give a non-empty string or a list of chat messages"
-                )
-            row = PromptRow(where, columns)
-            if rows:
-                first = rows[0]
-                if set(columns) != set(first.columns):
-                    missing = sorted(set(first.columns) - set(columns))
-                    extra = sorted(set(columns) - set(first.columns))
-                    problem = f"lacks column(s) {missing}" if missing else f"adds {extra}"
-                    raise PromptDataError(
-                        f"{where}: {problem} that {first.where} has; give every row the same "
-                        "columns"
-                    )
-                if row.conversational != first.conversational:
-                    raise PromptDataError(
-                        f"{where}: mixes a {'chat' if row.conversational else 'string'} prompt "
-                        f"with {first.where}'s {'chat' if first.conversational else 'string'} "
-                        "one; use one kind in a file"
-                    )
-            rows.append(row)
+        rows.append(row)
     if not rows:
         raise PromptDataError(f"{path}: no rows (the file is empty); write one JSON object a line")
     return rows
