@@ -542,8 +542,8 @@ def make(
     parameters (None for no KL penalty) and the task's prompt table are inputs rather than part
     of the state, so checkpoints hold only what training changes. The update's metrics are
     scalars: the rollout's rewards (`reward`, `reward_<term>`, ...) and the optimizer steps'
-    means (`loss`, `clip_fraction`, `entropy`, `kl`, `grad_norm`). With config.lora_rank > 0 only LoRA adapters train and sampling uses the
-    merged parameters (the state's `params`).
+    means (`loss`, `clip_fraction`, `entropy`, `kl`, `grad_norm`). With config.lora_rank > 0
+    only LoRA adapters train and sampling uses the merged parameters (the state's `params`).
     """
     rollout = make_rollout(config, model, task, mesh)
     transformer = Transformer(model, mesh=mesh)
