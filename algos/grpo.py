@@ -470,9 +470,16 @@ def completion_log_probs(
     """Log-probs of the completion tokens under the policy at the sampling temperature, and the
     per-position entropy of that distribution; both [B, N]."""
     completion_length = batch["completion_mask"].shape[1]
-    logits, _ = model.apply({"params": params}, batch["tokens"], None, batch["attention_mask"])
-    # Position t predicts token t + 1: the logits before each completion token.
-    logits = logits[:, -completion_length - 1 : -1] / temperature
+    # Position t predicts token t + 1: the logits before each completion token, and only those
+    # (the head over the prompt positions would be most of the memory, for nothing).
+    logits, _ = model.apply(
+        {"params": params},
+        batch["tokens"],
+        None,
+        batch["attention_mask"],
+        logits_for_last=completion_length + 1,
+    )
+    logits = logits[:, :-1] / temperature
     log_softmax = jax.nn.log_softmax(logits, axis=-1)
     tokens = batch["tokens"][:, -completion_length:]
     log_probs = jnp.take_along_axis(log_softmax, tokens[..., None], axis=-1)[..., 0]

@@ -366,6 +366,33 @@ def interval(values: np.ndarray, seed: int = 0) -> list[float]:
     return [float(b) for b in bounds["x"]]
 
 
+def plot_held_out_accuracy(
+    run_dir: Any, initial: HeldOut, final: HeldOut, num_steps: int, title: str
+) -> None:
+    """`held_out_accuracy.png`: greedy held-out accuracy at the start, at every `eval_every`
+    evaluation (metrics.jsonl) and at the end, each with its bootstrap 95% interval."""
+    if not run_dir.writes:
+        return
+    with open(run_dir.metrics_path) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    middle = [r for r in rows if "eval_task_accuracy_low" in r and r["step"] < num_steps]
+    steps = [0, *(r["step"] for r in middle), num_steps]
+    points = [initial.accuracy, *(r["eval_task_accuracy"] for r in middle), final.accuracy]
+    lows = [interval(initial.correct)[0], *(r["eval_task_accuracy_low"] for r in middle)]
+    highs = [interval(initial.correct)[1], *(r["eval_task_accuracy_high"] for r in middle)]
+    final_low, final_high = interval(final.correct)
+    name = f"greedy, {len(final.correct)} problems"
+    evaluation.plot_sample_efficiency_curves(
+        {name: steps},
+        {name: np.array(points)},
+        {name: np.array([[*lows, final_low], [*highs, final_high]])},
+        run_dir.file("held_out_accuracy.png"),
+        xlabel="update",
+        ylabel="held-out accuracy (95% CI)",
+        title=title,
+    )
+
+
 def initial_evaluation(run: _lm.Setup, evaluate: Callable, params: Any) -> HeldOut:
     """The starting model's held-out result, computed once: a resumed run reads it back from
     the run directory instead of spending another evaluation on it. Evaluated before the run
@@ -431,7 +458,13 @@ def main(argv: list[str]) -> None:
         if not flat.eval_every or (index + 1) % flat.eval_every or step >= config.num_steps:
             return None
         held = evaluate(state.params)
-        return {"eval_task_accuracy": held.accuracy, **held.rewards}
+        low, high = interval(held.correct)
+        return {
+            "eval_task_accuracy": held.accuracy,
+            "eval_task_accuracy_low": low,
+            "eval_task_accuracy_high": high,
+            **held.rewards,
+        }
 
     job = _lm.job(
         run,
@@ -486,6 +519,7 @@ def main(argv: list[str]) -> None:
     run_dir.write_learning_curve(
         x="step", y=reward_key, title=f"{title}: {what} of sampled completions"
     )
+    plot_held_out_accuracy(run_dir, initial, final, config.num_steps, f"{title}: held-out")
     change = summary["eval_accuracy_change_ci95"]
     print(
         f"{title}: final_mean_reward {final_reward:.3f}, eval_task_accuracy "

@@ -19,7 +19,8 @@ would. The run directory ends with `params/` (the trained parameters, which
 `experiments/dpo.py --config.init_from=<this workdir>` starts from) and `summary.json`, whose
 `eval_task_accuracy` is the exact-match accuracy of greedy generations on held-out problems (a
 task's), and `eval_loss` / `eval_token_accuracy` the held-out rows' mean NLL and next-token
-accuracy over their loss tokens (a file's).
+accuracy over their loss tokens (a file's), with `initial_eval_loss` the same loss before
+training.
 """
 
 from __future__ import annotations
@@ -221,6 +222,9 @@ def main(argv: list[str]) -> None:
         f"{data.cut_rows['eval']} held-out"
     )
     params, model, source = _lm.initial_params(run)
+    # The starting point of the held-out loss (a forward pass; recomputed on a resume, from the
+    # same starting parameters).
+    initial_loss = held_out_loss(model, params, data.held_out, mesh) if from_file else None
     run_dir = _lm.open_run(run)
 
     algorithm = sft.make(config, model, params, mesh)
@@ -260,6 +264,7 @@ def main(argv: list[str]) -> None:
         "eval_task_accuracy": accuracy,
         "eval_task_score": mean_score,
         **losses,
+        "initial_eval_loss": initial_loss and initial_loss["eval_loss"],
         "eval_examples": _lm.eval_examples(task, data.eval_problems, completions),
         "max_prompt_length": data.max_prompt_length,
         "max_length": data.max_length,
@@ -271,7 +276,7 @@ def main(argv: list[str]) -> None:
     if not from_file:
         headline = f"eval_task_accuracy {accuracy:.3f} (mean score {mean_score:.3f})"
     else:
-        headline = f"eval_loss {losses['eval_loss']:.4f}"
+        headline = f"eval_loss {initial_loss['eval_loss']:.4f} -> {losses['eval_loss']:.4f}"
     print(
         f"SFT {data.name}: {headline} after {config.num_steps} steps in "
         f"{summary['wall_seconds']:.0f}s (compile {summary['compile_seconds']:.0f}s). "

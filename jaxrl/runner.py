@@ -101,6 +101,20 @@ def flag_error_message(error: BaseException) -> str:
             f"--config.{typed}",
         )
         return f"{flag}: not a setting of this config; did you mean {flag[: -len(typed)]}{wanted}?"
+    # A name with no close match reaches us as the bare KeyError: "'workdir'".
+    missing = re.fullmatch(r"\"?'([\w-]+)'\"?", text)
+    if missing:
+        name = missing.group(1)
+        flag = next(
+            (a.split("=")[0] for a in sys.argv[1:] if a.split("=")[0].endswith(f".{name}")),
+            f"--config.{name}",
+        )
+        hint = (
+            f"it is a flag of its own: --{name}=..."
+            if name in ("workdir", "kill_after_chunk")
+            else "check its spelling against the config file"
+        )
+        return f"{flag}: not a setting of this config; {hint}"
     unknown = re.search(r"Unknown command line flag '([^']+)'", text)
     if unknown:
         return f"--{unknown.group(1)}: unknown flag; see --helpfull for the flags this script takes"

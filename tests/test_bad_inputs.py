@@ -52,6 +52,9 @@ CASES = [
     ("dpo.py", "--config.bta=1", "--config.bta: not a setting"),
     ("grpo.py", "--config.group_sise=4", "--config.group_sise: not a setting"),
     ("grpo.py", "--config=experiments/configs/grpo.py:nope", "--config: unknown preset"),
+    # no close name at all: the bare KeyError, still named by its flag
+    ("sft.py", "--config.run.workdir=/tmp/x", "--config.run.workdir: not a setting"),
+    ("grpo.py", "--config.zzz=1", "--config.zzz: not a setting"),
     # --- PPO settings: type, range, finiteness, cross-field
     ("ppo.py", "--config.learning_rate=inf", "config.learning_rate: must be a finite number"),
     ("ppo.py", "--config.learning_rate=nan", "config.learning_rate: must be a finite number"),

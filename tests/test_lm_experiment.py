@@ -259,6 +259,7 @@ def test_sft_on_chat_messages_learns_the_assistant_turns(chat_data, chat_sft):
     assert summary["eval_task_accuracy"] is None
     # From a random model's ln(259) = 5.6 nats a token to what the digits leave uncertain.
     assert summary["eval_loss"] < 2.5 and summary["eval_token_accuracy"] > 0.3
+    assert summary["initial_eval_loss"] > 5.0  # about ln(259) before training
     # Lengths from the data (length_percentile=100: the longest row), nothing cut.
     tokenizer = load_tokenizer(chat_data["tokenizer"])
     prompt, rest = example_lengths(encode_sft_rows(read_sft_jsonl(chat_data["sft"]), tokenizer))

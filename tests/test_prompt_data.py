@@ -174,13 +174,22 @@ def test_grpo_learns_from_a_prompt_file_with_a_host_reward(tmp_path):
             f.write("\n")
     summary = grpo_script(
         tmp_path / "run", f"--config.task.train_jsonl={path}", "--config.task.num_eval=50",
-        "--config.num_steps=150", "--config.run.num_chunks=1", "--config.batch_size=32",
-        "--config.group_size=8", "--config.max_new_tokens=2", "--config.learning_rate=2e-3",
+        "--config.num_steps=150", "--config.run.num_chunks=3", "--config.eval_every=1",
+        "--config.batch_size=32", "--config.group_size=8", "--config.max_new_tokens=2",
+        "--config.learning_rate=2e-3",
     )  # fmt: skip
     assert summary["num_train"] == 250 and summary["num_eval"] == 50
     assert summary["eval_task_accuracy"] >= 0.6, summary
     assert summary["eval_accuracy_change_ci95"][0] > 0, summary
     assert summary["eval_reward_says_answer"] == pytest.approx(summary["eval_task_accuracy"])
+    # The held-out curve: evaluations after chunks 1 and 2 with their intervals, plotted with
+    # the first and the last.
+    with open(tmp_path / "run" / "metrics.jsonl") as f:
+        evals = [row for row in map(json.loads, f) if "eval_task_accuracy" in row]
+    assert [row["step"] for row in evals] == [50, 100]
+    assert all(r["eval_task_accuracy_low"] <= r["eval_task_accuracy"] for r in evals)
+    assert all(r["eval_task_accuracy"] <= r["eval_task_accuracy_high"] for r in evals)
+    assert (tmp_path / "run" / "held_out_accuracy.png").stat().st_size > 10_000
 
 
 def test_grpo_on_chat_prompts_with_the_checkpoint_template(tmp_path):

@@ -13,6 +13,7 @@ from envs.text.word_problems import (
     evaluate,
     generate_problems,
     make_word_problems,
+    worked_answer,
     write_jsonl,
 )
 from jaxrl.config import ConfigError
@@ -55,6 +56,43 @@ def test_seeded_sets_are_repeatable_distinct_and_varied():
     assert all(row["difficulty"] == 2 and row["answer"].isdigit() for row in first)
     bare = make_word_problems(3, 1, seed=0, instruction="")
     assert all("\n" not in row["prompt"] for row in bare)
+
+
+@pytest.mark.parametrize("difficulty", [1, 2, 3])
+def test_worked_answers_do_each_operation_and_end_on_the_answer(difficulty):
+    for problem in generate_problems(100, difficulty, seed=3):
+        steps = worked_answer(problem).split(", ")
+        assert len(steps) == len(problem.operations)
+        value = problem.numbers[0]
+        for step, operation, number in zip(
+            steps, problem.operations, problem.numbers[1:], strict=True
+        ):
+            value = evaluate((value, number), (operation,))
+            left, result = step.split(" = ")
+            assert left.split(f" {operation} ")[1] == str(number) and int(result) == value
+        assert steps[-1].endswith(f"= {problem.answer}")
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_few_shot_prompts_show_worked_examples_from_outside_the_set(chat):
+    rows = make_word_problems(200, 1, seed=4, shots=2, chat=chat)
+    texts = [p.text for p in generate_problems(200, 1, seed=4)]
+    first = rows[0]["prompt"]
+    if chat:
+        assert [m["role"] for m in first] == ["user", "assistant", "user", "assistant", "user"]
+        examples = [m["content"] for m in first[:-1:2]]
+        answers = [m["content"] for m in first[1::2]]
+        assert all(row["prompt"][-1]["content"] == t for row, t in zip(rows, texts, strict=True))
+    else:
+        assert first.endswith(f"Question: {texts[0]}\nAnswer:") and first.count("Question:") == 3
+        examples = re.findall(r"Question: (.*)\n", first)[:2]
+        answers = re.findall(r"Answer: (.*)\n", first)
+    assert not set(examples) & set(texts)  # no example is one of the problems
+    # one addition and one subtraction: two examples of one kind would teach "always add"
+    assert {a.split()[1] for a in answers} == {"+", "-"}
+    assert all(row["prompt"][: len(first) // 2] == first[: len(first) // 2] for row in rows)
+    with pytest.raises(ConfigError, match="instruction"):
+        make_word_problems(3, 1, seed=0, instruction="Answer:", shots=2)
 
 
 def test_bad_arguments_name_the_setting():
@@ -114,6 +152,8 @@ def test_command_line_writes_the_file(tmp_path, capsys):
         (["--out=x.jsonl", "--bogus=1"], "error: --bogus: unknown flag; the flags are --out,"),
         (["--out=x.jsonl", "extra"], "error: unexpected argument 'extra'; settings are flags"),
         (["--out=x.jsonl", "--dif=2"], "error: --dif: unknown flag"),  # no abbreviations
+        (["--out=x.jsonl", "--shots=2", "--instruction=Go"], "error: --instruction: worked ex"),
+        (["--out=x.jsonl", "--shots=-1"], "error: --shots: must be a whole number >= 0"),
     ],
 )
 def test_command_line_bad_flags(tmp_path, monkeypatch, capsys, args, line):

@@ -23,7 +23,15 @@ arithmetic does, and a set holds no repeated problem text while the difficulty's
     python -m envs.text.word_problems --out=train.jsonl --num=1000 --difficulty=2 --seed=0 --chat
 
 Each prompt is the problem followed by an instruction (`DEFAULT_INSTRUCTION`) asking for the
-number after "Answer:", a form `extract_answer` reads and a small instruct model can follow.
+number after "Answer:", a form `extract_answer` reads. A 135M-parameter model follows it poorly
+(it rambles past any token budget), so `shots=N` (`--shots=N`) puts N worked examples before
+every problem instead, as a completion prompt (or chat turns) that shows the answer's form:
+
+    Question: Jonas keeps 19 muffins in a tin. Then he eats 5 muffins. How many muffins are left?
+    Answer: 19 - 5 = 14
+
+    Question: <the problem>
+    Answer:
 """
 
 from __future__ import annotations
@@ -49,6 +57,7 @@ __all__ = [
     "generate_problems",
     "main",
     "make_word_problems",
+    "worked_answer",
     "write_jsonl",
 ]
 
@@ -409,14 +418,74 @@ def generate_problems(count: int, difficulty: int, seed: int) -> list[WordProble
     return problems
 
 
+def worked_answer(problem: WordProblem) -> str:
+    """The problem's arithmetic, one operation at a time, ending on the answer:
+    "13 - 4 = 9", or "4 * 6 = 24, 24 - 3 = 21, 21 / 3 = 7"."""
+    steps, value = [], problem.numbers[0]
+    for operation, number in zip(problem.operations, problem.numbers[1:], strict=True):
+        result = evaluate((value, number), (operation,))
+        steps.append(f"{value} {operation} {number} = {result}")
+        value = result
+    return ", ".join(steps)
+
+
+def _few_shot_prompt(examples: Sequence[WordProblem], problem: WordProblem, chat: bool) -> Any:
+    """Worked examples, then the problem: "Question: ...\nAnswer: 13 - 4 = 9\n\n" per example
+    and "Question: ...\nAnswer:" to complete; as chat, alternating user and assistant turns."""
+    if chat:
+        turns: list[dict[str, str]] = []
+        for example in examples:
+            turns.append({"role": "user", "content": example.text})
+            turns.append({"role": "assistant", "content": worked_answer(example)})
+        return [*turns, {"role": "user", "content": problem.text}]
+    shown = "".join(f"Question: {e.text}\nAnswer: {worked_answer(e)}\n\n" for e in examples)
+    return f"{shown}Question: {problem.text}\nAnswer:"
+
+
+# Worked examples come from their own stream of problems, never one of the set's.
+_SHOT_SEED_OFFSET = 1_000_003
+
+
 def make_word_problems(
-    count: int, difficulty: int, seed: int, instruction: str = DEFAULT_INSTRUCTION
+    count: int,
+    difficulty: int,
+    seed: int,
+    instruction: str | None = None,
+    shots: int = 0,
+    chat: bool = False,
 ) -> list[dict[str, Any]]:
-    """`generate_problems` as prompt-file rows: {"prompt": problem + newline + instruction (no
-    newline when the instruction is empty), "answer": the integer as a string, "difficulty"}."""
+    """`generate_problems` as prompt-file rows {"prompt", "answer": the integer as a string,
+    "difficulty"}. The prompt is the problem, a newline and `instruction` (default
+    `DEFAULT_INSTRUCTION`; "" for none); or, with `shots` > 0, the same `shots` worked examples
+    (`worked_answer`) before every problem, which show the answer's form instead of an
+    instruction, as a completion prompt ending in "Answer:" or, with `chat`, as chat turns. A
+    plain prompt with `chat` is one user message."""
+    require(shots >= 0, "shots", f"got {shots}", "use 0 (no examples) or more")
+    require(
+        not (shots and instruction),
+        "instruction",
+        "worked examples (shots) show the answer's form, so an instruction would be ignored",
+        "drop the instruction or set shots=0",
+    )
+    problems = generate_problems(count, difficulty, seed)
+    examples: list[WordProblem] = []
+    if shots:
+        texts = {p.text for p in problems}
+        candidates = generate_problems(shots + 50, difficulty, seed + _SHOT_SEED_OFFSET)
+        candidates = [p for p in candidates if p.text not in texts]
+        # Examples of different operations first: two additions would teach "always add".
+        fresh = list({p.operations: p for p in reversed(candidates)}.values())[::-1]
+        examples = (fresh + [p for p in candidates if p not in fresh])[:shots]
+    if instruction is None:
+        instruction = "" if shots else DEFAULT_INSTRUCTION
     rows = []
-    for problem in generate_problems(count, difficulty, seed):
-        prompt = f"{problem.text}\n{instruction}" if instruction else problem.text
+    for problem in problems:
+        if shots:
+            prompt: Any = _few_shot_prompt(examples, problem, chat)
+        else:
+            prompt = f"{problem.text}\n{instruction}" if instruction else problem.text
+            if chat:
+                prompt = [{"role": "user", "content": prompt}]
         rows.append({"prompt": prompt, "answer": str(problem.answer), "difficulty": difficulty})
     return rows
 
@@ -518,8 +587,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--instruction",
-        default=DEFAULT_INSTRUCTION,
-        help="Text after each problem ('' for none).",
+        default=None,
+        help="Text after each problem ('' for none); default: ask for the number after "
+        "'Answer:' (no instruction with --shots).",
+    )
+    parser.add_argument(
+        "--shots",
+        type=_integer("--shots", 0, None, "2"),
+        default=0,
+        help="Worked examples before each problem (a completion prompt ending in 'Answer:').",
     )
     return parser
 
@@ -531,9 +607,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     if os.path.isdir(args.out):
         print(f"error: --out={args.out}: is a directory; pass a file path", file=sys.stderr)
         sys.exit(2)
-    rows = make_word_problems(args.num, args.difficulty, args.seed, args.instruction)
+    if args.shots and args.instruction:
+        print(
+            "error: --instruction: worked examples (--shots) show the answer's form, so the "
+            "instruction would be ignored; drop --instruction or --shots",
+            file=sys.stderr,
+        )
+        sys.exit(2)
+    rows = make_word_problems(
+        args.num, args.difficulty, args.seed, args.instruction, args.shots, args.chat
+    )
     try:
-        write_jsonl(rows, args.out, chat=args.chat)
+        write_jsonl(rows, args.out)
     except OSError as error:
         print(f"error: --out={args.out}: {error.strerror}; pass a writable path", file=sys.stderr)
         sys.exit(2)

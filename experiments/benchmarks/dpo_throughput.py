@@ -1,5 +1,6 @@
 """DPO training throughput on CPU: our `algos.dpo` against TRL's `DPOTrainer` and Tunix's, on the
-peers' tiny random Llama (README.md)."""
+peers' tiny random Llama, or (--model smollm2) against TRL on the project's real model,
+SmolLM2-135M-Instruct, both sides loading the same checkpoint (README.md)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any
 # The repository root, for `algos`, `jaxrl` and the harness.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from experiments.benchmarks import harness  # noqa: E402
+from experiments.benchmarks import harness, smollm2  # noqa: E402
 
 MODEL_SHAPE = harness.MODEL_SHAPE
 BATCH_PAIRS = 8
@@ -27,6 +28,40 @@ LEARNING_RATE = 1e-5
 # Token ids as in the peer tokenizer: 0-3 are <pad> <eos> <bos> <unk>; words are drawn from 4-511.
 EOS_ID = 1
 FIRST_WORD_ID = 4
+# --model smollm2: sizes for a 135M model on a 2-core CPU (flags override them); the pairs are
+# windows of real text (smollm2.TEXT) in SmolLM2's tokenisation, answers of completion_len - 1
+# tokens + EOS.
+SMOLLM2_SIZES = dict(batch_pairs=4, prompt_len=32, completion_len=32, rows=64)
+
+
+def sizes(params: dict[str, Any]) -> dict[str, int]:
+    """A worker's batch and lengths: the tiny model's constants, or the smollm2 row's own."""
+    if params.get("model", "tiny") == "tiny":
+        return dict(
+            batch_pairs=BATCH_PAIRS,
+            prompt_len=PROMPT_LEN,
+            completion_len=COMPLETION_LEN,
+            rows=DATASET_ROWS,
+        )
+    return {key: params[key] for key in SMOLLM2_SIZES}
+
+
+def pair_arrays(prompts: Any, chosen: Any, rejected: Any, eos_id: int) -> dict[str, Any]:
+    """Pairs [R, P] prompt ids and [R, C - 1] answer ids, in the layout `dpo.score_pairs` reads:
+    prompt + answer + EOS, attention on every position, the loss on the answer's C tokens."""
+    import numpy as np
+
+    rows, prompt_len = prompts.shape
+    eos = np.full((rows, 1), eos_id)
+    arrays = {}
+    for side, words in (("chosen", chosen), ("rejected", rejected)):
+        tokens = np.concatenate([prompts, words, eos], axis=1).astype(np.int32)
+        loss_mask = np.zeros(tokens.shape, bool)
+        loss_mask[:, prompt_len:] = True
+        arrays[f"{side}_tokens"] = tokens
+        arrays[f"{side}_attention_mask"] = np.ones(tokens.shape, bool)
+        arrays[f"{side}_loss_mask"] = loss_mask
+    return arrays
 
 
 def make_dataset(seed: int) -> dict[str, Any]:
@@ -37,34 +72,44 @@ def make_dataset(seed: int) -> dict[str, Any]:
     rng = np.random.default_rng(seed)
     vocab = MODEL_SHAPE["vocab_size"]
     prompts = rng.integers(FIRST_WORD_ID, vocab, (DATASET_ROWS, PROMPT_LEN))
-    eos = np.full((DATASET_ROWS, 1), EOS_ID)
-    loss_mask = np.zeros((DATASET_ROWS, SEQ_LEN), bool)
-    loss_mask[:, PROMPT_LEN:] = True
-    arrays = {}
-    for side in ("chosen", "rejected"):
-        words = rng.integers(FIRST_WORD_ID, vocab, (DATASET_ROWS, COMPLETION_LEN - 1))
-        arrays[f"{side}_tokens"] = np.concatenate([prompts, words, eos], axis=1).astype(np.int32)
-        arrays[f"{side}_attention_mask"] = np.ones((DATASET_ROWS, SEQ_LEN), bool)
-        arrays[f"{side}_loss_mask"] = loss_mask.copy()
-    return arrays
+    chosen = rng.integers(FIRST_WORD_ID, vocab, (DATASET_ROWS, COMPLETION_LEN - 1))
+    rejected = rng.integers(FIRST_WORD_ID, vocab, (DATASET_ROWS, COMPLETION_LEN - 1))
+    return pair_arrays(prompts, chosen, rejected, EOS_ID)
 
 
-def batch_drawer(arrays: dict[str, Any], seed: int) -> Callable[[int], dict[str, Any]]:
-    """`draw(k)`: the next k batches of BATCH_PAIRS rows stacked [k, 1, BATCH_PAIRS, ...], each
-    epoch a fresh permutation (as a shuffling data loader would)."""
+def smollm2_arrays(path: str) -> dict[str, Any]:
+    """The driver's SmolLM2 pairs (smollm2.write_dpo_data), the token ids TRL's tokenisation of
+    the same texts gives (its worker checks), as arrays."""
     import numpy as np
 
+    data = smollm2.read_data(path)
+    ids = {
+        key: np.array([row[key] for row in data["rows"]])
+        for key in data["rows"][0]
+        if key.endswith("_ids")
+    }
+    return pair_arrays(ids["prompt_ids"], ids["chosen_ids"], ids["rejected_ids"], data["eos_id"])
+
+
+def batch_drawer(
+    arrays: dict[str, Any], seed: int, batch: int = BATCH_PAIRS
+) -> Callable[[int], dict[str, Any]]:
+    """`draw(k)`: the next k batches of `batch` rows stacked [k, 1, batch, ...], each epoch a
+    fresh permutation (as a shuffling data loader would)."""
+    import numpy as np
+
+    rows = len(arrays["chosen_tokens"])
     rng = np.random.default_rng(seed + 1)
-    left = rng.permutation(DATASET_ROWS)  # this epoch's rows not drawn yet
+    left = rng.permutation(rows)  # this epoch's rows not drawn yet
 
     def draw(steps: int) -> dict[str, Any]:
         nonlocal left
         index = []
         for _ in range(steps):
-            if len(left) < BATCH_PAIRS:
-                left = rng.permutation(DATASET_ROWS)
-            index.append(left[:BATCH_PAIRS])
-            left = left[BATCH_PAIRS:]
+            if len(left) < batch:
+                left = rng.permutation(rows)
+            index.append(left[:batch])
+            left = left[batch:]
         return {key: value[np.stack(index)][:, None] for key, value in arrays.items()}
 
     return draw
@@ -84,21 +129,30 @@ def build_step(params: dict[str, Any]) -> harness.Step:
     from jaxrl.lm.model import ModelConfig, init_params
 
     reference, k, seed = params["reference"], params["K"], params["seed"]
-    model = ModelConfig(**MODEL_SHAPE)
+    size = sizes(params)
+    info: dict[str, Any] = {"batch_pairs": size["batch_pairs"]}
+    if params.get("model", "tiny") == "tiny":
+        model = ModelConfig(**MODEL_SHAPE)
+        weights = init_params(model, jax.random.key(seed))
+        arrays = make_dataset(seed)
+    else:  # the checkpoint TRL loads, in fp32, and the pairs its worker trains on
+        start = time.perf_counter()
+        model, weights = smollm2.load_model(params["hf_dir"])
+        info["load_s"] = time.perf_counter() - start
+        arrays = smollm2_arrays(params["data"])
     config = dpo.Config(
         learning_rate=LEARNING_RATE,
-        batch_size=BATCH_PAIRS,
+        batch_size=size["batch_pairs"],
         grad_accum_steps=1,
         num_steps=params["steps"],
         loss_type="sigmoid",
         beta=BETA,
         reference=reference,
     )
-    weights = init_params(model, jax.random.key(seed))
-    info: dict[str, Any] = {"params": sum(int(x.size) for x in jax.tree.leaves(weights))}
+    info["params"] = sum(int(x.size) for x in jax.tree.leaves(weights))
     algorithm, hp = dpo.make(config, model, weights), hparams.hparams(config)
     state = algorithm.init(jax.random.key(seed), hp)  # its own copy: `weights` stay the reference
-    arrays, in_step = make_dataset(seed), weights
+    in_step = weights
     if reference == "precomputed":  # one pass of the reference over the dataset, timed apart
         sample = {key: value[: params["ref_batch_size"]] for key, value in arrays.items()}
         score = jax.jit(dpo.make_score(model))
@@ -109,43 +163,91 @@ def build_step(params: dict[str, Any]) -> harness.Step:
         info["ref_pass_s"] = time.perf_counter() - start
 
     chunk = jax.jit(training.make_batch_chunk(algorithm.update, k), donate_argnums=0)
-    example = (jax.device_put(batch_drawer(arrays, seed)(k)), in_step)
+    batch = size["batch_pairs"]
+    example = (jax.device_put(batch_drawer(arrays, seed, batch)(k)), in_step)
     compiled, compile_s = harness.compile_timed(chunk, state, example, hp)
     del example
-    draw, losses = batch_drawer(arrays, seed), []  # timing starts from the first batch again
+    draw, losses = batch_drawer(arrays, seed, batch), []  # timing starts from the first batch again
+    pair_tokens = size["prompt_len"] + 2 * size["completion_len"]  # the prompt once, as the peers
 
     def call(state: Any, index: int) -> tuple[Any, dict[str, float]]:
         state, metrics = compiled(state, (jax.device_put(draw(k)), in_step), hp)
         jax.block_until_ready((state, metrics))
         losses.extend(float(x) for x in np.asarray(jax.device_get(metrics["loss"])))
-        return state, {"pairs": k * BATCH_PAIRS, "tokens": k * BATCH_PAIRS * TOKENS_PER_PAIR}
+        return state, {"pairs": k * batch, "tokens": k * batch * pair_tokens}
 
     after = lambda state, result: {"loss_first": losses[0], "loss_last": losses[-1]}
     return harness.Step(call, state, k, compile_s, info, after)
 
 
-def model_flops(in_step_reference: bool) -> float:
-    """Model FLOPs of one step: forward FLOPs per token at the mean causal context of a 64-token
-    sequence, over 2 x 8 x 64 tokens, times 4 with the reference in the step (policy forward +
-    backward = 3 forwards, reference 1), times 3 with it precomputed."""
+def model_flops(
+    in_step_reference: bool,
+    model: Any = None,
+    batch: int = BATCH_PAIRS,
+    seq_len: int = SEQ_LEN,
+) -> float:
+    """Model FLOPs of one step: forward FLOPs per token at the mean causal context of a
+    `seq_len`-token sequence, over 2 x batch x seq_len tokens, times 4 with the reference in the
+    step (policy forward + backward = 3 forwards, reference 1), times 3 with it precomputed.
+    `model`: a ModelConfig (default the tiny one)."""
     from jaxrl.lm.model import ModelConfig
 
-    per_token = ModelConfig(**MODEL_SHAPE).flops_per_token((SEQ_LEN + 1) / 2)
-    return per_token * 2 * BATCH_PAIRS * SEQ_LEN * (4 if in_step_reference else 3)
+    model = ModelConfig(**MODEL_SHAPE) if model is None else model
+    per_token = model.flops_per_token((seq_len + 1) / 2)
+    return per_token * 2 * batch * seq_len * (4 if in_step_reference else 3)
+
+
+def smollm2_setup(args: argparse.Namespace) -> dict[str, Any]:
+    """--model smollm2: the sizes, the Hugging Face directory both sides load, the pairs written
+    for both (a file in a directory removed at exit), our ModelConfig and its parameter count."""
+    size = {key: getattr(args, key) or default for key, default in SMOLLM2_SIZES.items()}
+    directory = smollm2.hf_dir(args)
+    data = str(Path(smollm2.scratch_dir()) / "dpo_pairs.json")
+    smollm2.write_dpo_data(
+        directory, data, size["rows"], size["prompt_len"], size["completion_len"], args.seed
+    )
+    model = smollm2.model_config(directory)
+    return dict(size, hf_dir=directory, data=data, config=model, params=smollm2.param_count(model))
 
 
 def variants(args: argparse.Namespace) -> list[harness.Variant]:
-    """TRL (and a TRL row with --trl_extra) and Tunix, then ours per reference mode and K."""
-    flags = ["--batch_size", str(BATCH_PAIRS), "--prompt_len", str(PROMPT_LEN)]
-    flags += ["--completion_len", str(COMPLETION_LEN)]
-    rows = harness.lm_peer_rows(args, "dpo", {"trl": flags, "tunix": flags}, model_flops(True))
+    """TRL (and a TRL row with --trl_extra) and Tunix, then ours per reference mode and K; with
+    --model smollm2, our TRL worker on the real model, then ours on it."""
+    given = [key for key in SMOLLM2_SIZES if getattr(args, key) is not None]
+    if args.model == "tiny" and given:
+        raise SystemExit(f"--{', --'.join(given)}: only with --model smollm2")
+    if args.model == "tiny":
+        flags = ["--batch_size", str(BATCH_PAIRS), "--prompt_len", str(PROMPT_LEN)]
+        flags += ["--completion_len", str(COMPLETION_LEN)]
+        rows = harness.lm_peer_rows(args, "dpo", {"trl": flags, "tunix": flags}, model_flops(True))
+        extra: dict[str, Any] = {}
+        flops = {mode: model_flops(mode == "in_step") for mode in ("in_step", "precomputed")}
+        expect: dict[str, Any] = {}
+    else:
+        setup = smollm2_setup(args)
+        seq_len = setup["prompt_len"] + setup["completion_len"]
+        flops = {
+            mode: model_flops(mode == "in_step", setup["config"], setup["batch_pairs"], seq_len)
+            for mode in ("in_step", "precomputed")
+        }
+        expect = {"params": setup["params"], "batch_pairs": setup["batch_pairs"]}
+        flags = ["--model_dir", setup["hf_dir"], "--data", setup["data"]]
+        flags += ["--batch_size", str(setup["batch_pairs"]), "--beta", str(BETA)]
+        flags += ["--lr", str(LEARNING_RATE)]
+        trl_expect = {**expect, "ids_match_fraction": 1.0}  # TRL tokenised the texts to our ids
+        rows = smollm2.trl_rows(args, "dpo", flags, flops["in_step"], trl_expect)
+        extra = {key: setup[key] for key in ("hf_dir", "data", *SMOLLM2_SIZES)}
+        extra["model"] = "smollm2"
     for reference in args.reference:
         for k in args.steps_per_call:
-            params = dict(reference=reference, K=k, seed=args.seed)
-            params["ref_batch_size"] = args.ref_batch_size
-            flops = model_flops(reference == "in_step")
+            params = dict(reference=reference, K=k, seed=args.seed, **extra)
+            # The reference pass's logits are [2 x batch, 64, vocab] fp32: 400 MB for SmolLM2 at 16.
+            params["ref_batch_size"] = args.ref_batch_size or (64 if args.model == "tiny" else 16)
+            label, flops_per_step = f"ours {reference} K={k}", flops[reference]
             rows.append(
-                harness.Variant("", f"ours {reference} K={k}", "ours", params, flops_per_step=flops)
+                harness.Variant(
+                    "", label, "ours", params, flops_per_step=flops_per_step, expect=expect
+                )
             )
     return rows
 
@@ -159,13 +261,40 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
         default="in_step,precomputed",
         help="ours: reference modes, a row each (empty: peers only)",
     )
-    add("--ref_batch_size", type=harness.positive(int), default=64, help="ours: reference pass")
+    add(
+        "--ref_batch_size",
+        type=harness.positive(int),
+        default=None,
+        help="ours: pairs per batch of the reference pass (default 64; smollm2 16)",
+    )
+    smollm2.add_model_flags(parser)
+    for key, default in SMOLLM2_SIZES.items():
+        add(
+            f"--{key}",
+            type=harness.positive(int),
+            default=None,
+            help=f"smollm2 only; unset: {default}",
+        )
 
 
 def note(args: argparse.Namespace) -> str:
-    return (
-        f"Model GFLOP/step {model_flops(True) / 1e9:.2f} with the reference in the step, "
-        f"{model_flops(False) / 1e9:.2f} with it precomputed (its pass: ref_pass_s in the JSON)."
+    if args.model == "tiny":
+        in_step, precomputed = model_flops(True), model_flops(False)
+        what = ""
+    else:
+        model = smollm2.model_config(smollm2.hf_dir(args))
+        size = {key: getattr(args, key) or default for key, default in SMOLLM2_SIZES.items()}
+        seq_len = size["prompt_len"] + size["completion_len"]
+        in_step = model_flops(True, model, size["batch_pairs"], seq_len)
+        precomputed = model_flops(False, model, size["batch_pairs"], seq_len)
+        what = (
+            f"SmolLM2-135M-Instruct (fp32, both sides from the same checkpoint), "
+            f"{size['batch_pairs']} pairs/step of {size['prompt_len']}-token prompts and "
+            f"{size['completion_len']}-token answers (EOS included). "
+        )
+    return what + (
+        f"Model GFLOP/step {in_step / 1e9:.2f} with the reference in the step, "
+        f"{precomputed / 1e9:.2f} with it precomputed (its pass: ref_pass_s in the JSON)."
     )
 
 

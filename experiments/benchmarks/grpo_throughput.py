@@ -1,5 +1,6 @@
 """GRPO training throughput on CPU: our `algos.grpo` against TRL's `GRPOTrainer` and Tunix's, on
-the peers' tiny random Llama and digit-reversal task (README.md)."""
+the peers' tiny random Llama and digit-reversal task, or (--model smollm2) against TRL on the
+project's real model, SmolLM2-135M-Instruct, both sides loading the same checkpoint (README.md)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any
 # The repository root, for `algos`, `envs`, `jaxrl` and the harness.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from experiments.benchmarks import harness  # noqa: E402
+from experiments.benchmarks import harness, smollm2  # noqa: E402
 
 MODEL_SHAPE = dict(harness.MODEL_SHAPE, head_dim=64)
 PROMPTS_PER_UPDATE = 4
@@ -30,6 +31,11 @@ DIGIT_0_ID, REV_ID, EQUALS_ID = 4, 14, 15
 MIN_DIGITS, MAX_DIGITS = 3, 4
 PROMPT_WIDTH = MAX_DIGITS + 2  # rev d1 .. d4 =
 MEAN_PROMPT_TOKENS = (MIN_DIGITS + MAX_DIGITS) / 2 + 2  # of the nominal sequence FLOPs count
+# --model smollm2: sizes for a 135M model on a 2-core CPU (flags override them). Prompts are
+# windows of real text (smollm2.TEXT) of exactly prompt_len tokens in SmolLM2's tokenisation,
+# drawn from `rows` of them; the reward is the fraction of even token ids in a completion (a
+# function of the ids both sides compute the same way); no EOS ends a completion early.
+SMOLLM2_SIZES = dict(prompts_per_update=2, group_size=8, prompt_len=32, max_new_tokens=16, rows=64)
 
 
 def sample_prompts(key: Any, n: int, data: Any = None) -> Any:
@@ -83,6 +89,34 @@ def prompt_token_count(prompts: Any, completion: Any) -> Any:
     return prompts.mask.sum(axis=1).astype("float32")
 
 
+def table_prompts(table: Any) -> Any:
+    """A prompt sampler over a fixed [R, P] table of token ids (every prompt P real tokens):
+    n distinct rows per update, uniformly, as TRL's shuffling sampler draws its dataset rows."""
+    import jax
+    import jax.numpy as jnp
+
+    from envs.text import PromptBatch
+
+    table = jnp.asarray(table, jnp.int32)
+
+    def sample(key: Any, n: int, data: Any = None) -> Any:
+        rows = jax.random.choice(key, table.shape[0], (n,), replace=False)
+        tokens = table[rows]
+        no_answer = jnp.zeros((n, 1), jnp.int32)  # the reward reads no answer
+        return PromptBatch(tokens, jnp.ones(tokens.shape, bool), no_answer, jnp.ones(n, jnp.int32))
+
+    return sample
+
+
+def even_token_reward(prompts: Any, completion: Any) -> Any:
+    """The fraction of a completion's tokens whose id is even (TRL's worker: the same over its
+    returned completion ids)."""
+    import jax.numpy as jnp
+
+    even = completion.mask & (completion.tokens % 2 == 0)
+    return even.sum(axis=1) / jnp.maximum(completion.mask.sum(axis=1), 1)
+
+
 def build_step(params: dict[str, Any]) -> harness.Step:
     """Our side: one call is K updates (prompt sampling, KV-cache generation, reward, advantages,
     optimizer step) in one program, the metrics fetched after. Afterwards the rollout alone is
@@ -98,24 +132,37 @@ def build_step(params: dict[str, Any]) -> harness.Step:
 
     k, seed = params["K"], params["seed"]
     calls = sum(harness.call_counts(params["steps"], params["warmup"], k))
-    model = ModelConfig(**MODEL_SHAPE)
+    size = sizes(params)
+    completions_per_update = size["prompts_per_update"] * size["group_size"]
+    info: dict[str, Any] = {"completions_per_step": completions_per_update}
+    if params.get("model", "tiny") == "tiny":
+        model = ModelConfig(**MODEL_SHAPE)
+        weights = init_params(model, jax.random.key(seed))
+        terms = (RewardTerm("reverse", 1.0, reverse_reward),)
+        task = TextTask("reverse_digits", sample_prompts, terms, EOS_ID, PAD_ID)
+    else:  # the checkpoint TRL loads, in fp32, and the prompts its worker samples
+        start = time.perf_counter()
+        model, weights = smollm2.load_model(params["hf_dir"])
+        info["load_s"] = time.perf_counter() - start
+        data = smollm2.read_data(params["data"])
+        table = [row["prompt_ids"] for row in data["rows"]]
+        terms = (RewardTerm("even_tokens", 1.0, even_token_reward),)
+        # EOS id -1, a token no sample is: every completion runs max_new_tokens (TRL's worker
+        # sets min_new_tokens to the same), so both sides generate and train on the same count.
+        task = TextTask("text_windows", table_prompts(table), terms, -1, data["pad_id"])
+    # Each sequence's real prompt tokens, reported through a reward term of weight 0.
+    task = task.with_reward(RewardTerm("prompt_tokens", 0.0, prompt_token_count))
     config = grpo.Config(
-        batch_size=PROMPTS_PER_UPDATE,
-        group_size=GROUP_SIZE,
-        max_new_tokens=MAX_NEW_TOKENS,
+        batch_size=size["prompts_per_update"],
+        group_size=size["group_size"],
+        max_new_tokens=size["max_new_tokens"],
         temperature=TEMPERATURE,
         learning_rate=LEARNING_RATE,
         kl_beta=KL_BETA,
         num_steps=calls * k,
         variant=params["variant"],
     )
-    terms = (
-        RewardTerm("reverse", 1.0, reverse_reward),
-        RewardTerm("prompt_tokens", 0.0, prompt_token_count),
-    )
-    task = TextTask("reverse_digits", sample_prompts, terms, EOS_ID, PAD_ID)
-    weights = init_params(model, jax.random.key(seed))
-    info = {"params": sum(int(x.size) for x in jax.tree.leaves(weights))}
+    info["params"] = sum(int(x.size) for x in jax.tree.leaves(weights))
     algorithm, hp = grpo.make(config, model, task, weights), hparams.hparams(config)
     state = algorithm.init(jax.random.key(seed), hp)
     chunk = loop.make_chunk(algorithm.update, k, runs_axis=False)  # no reference model: None
@@ -127,10 +174,10 @@ def build_step(params: dict[str, Any]) -> harness.Step:
         metrics = jax.device_get(jax.block_until_ready((state, metrics))[1])
         steps = [{name: float(np.asarray(v)[i]) for name, v in metrics.items()} for i in range(k)]
         history.extend(steps)
-        # Per-update means over the 32 sequences, back to exact token counts.
-        generated = sum(round(s["completion_length"] * COMPLETIONS_PER_UPDATE) for s in steps)
-        prompt = sum(round(s["reward_prompt_tokens"] * COMPLETIONS_PER_UPDATE) for s in steps)
-        counts = {"completions": k * COMPLETIONS_PER_UPDATE, "gen_tokens": generated}
+        # Per-update means over the update's sequences, back to exact token counts.
+        generated = sum(round(s["completion_length"] * completions_per_update) for s in steps)
+        prompt = sum(round(s["reward_prompt_tokens"] * completions_per_update) for s in steps)
+        counts = {"completions": k * completions_per_update, "gen_tokens": generated}
         return state, {**counts, "prompt_tokens": prompt, "total_tokens": generated + prompt}
 
     def after(state: Any, result: dict[str, Any]) -> dict[str, Any]:
@@ -158,33 +205,88 @@ def build_step(params: dict[str, Any]) -> harness.Step:
     return harness.Step(call, state, k, compile_s, info, after)
 
 
-def model_flops() -> dict[str, float]:
-    """Model FLOPs of one update (README.md): KV-cache generation of a nominal 5.5-token prompt
-    and 16 tokens, then forward + backward over both, for every completion."""
+def sizes(params: dict[str, Any]) -> dict[str, int]:
+    """A worker's (or the driver's, from its flags) batch and lengths: the tiny model's
+    constants, or the smollm2 ones."""
+    if params.get("model", "tiny") == "tiny":
+        return dict(
+            prompts_per_update=PROMPTS_PER_UPDATE,
+            group_size=GROUP_SIZE,
+            max_new_tokens=MAX_NEW_TOKENS,
+        )
+    return {key: params.get(key) or default for key, default in SMOLLM2_SIZES.items()}
+
+
+def model_flops(
+    model: Any = None,
+    prompt_tokens: float = MEAN_PROMPT_TOKENS,
+    new_tokens: int = MAX_NEW_TOKENS,
+    completions: int = COMPLETIONS_PER_UPDATE,
+) -> dict[str, float]:
+    """Model FLOPs of one update (README.md): KV-cache generation of a (nominal) prompt of
+    `prompt_tokens` and `new_tokens` tokens, then forward + backward over both, for every
+    completion. `model`: a ModelConfig (default the tiny one)."""
     from jaxrl.lm.model import ModelConfig
 
-    f = ModelConfig(**MODEL_SHAPE).flops_per_token
-    p, n = MEAN_PROMPT_TOKENS, MAX_NEW_TOKENS
-    generation = (p * f((p + 1) / 2) + (n - 1) * f(p + n / 2)) * COMPLETIONS_PER_UPDATE
-    training = 3 * (p + n) * f((p + n + 1) / 2) * COMPLETIONS_PER_UPDATE
+    f = (ModelConfig(**MODEL_SHAPE) if model is None else model).flops_per_token
+    p, n = prompt_tokens, new_tokens
+    generation = (p * f((p + 1) / 2) + (n - 1) * f(p + n / 2)) * completions
+    training = 3 * (p + n) * f((p + n + 1) / 2) * completions
     return {"generation": generation, "training": training, "total": generation + training}
 
 
+def smollm2_flops(args: argparse.Namespace) -> dict[str, float]:
+    """model_flops for --model smollm2 at the driver's sizes: every prompt is prompt_len tokens."""
+    size = sizes(vars(args))
+    model = smollm2.model_config(smollm2.hf_dir(args))
+    completions = size["prompts_per_update"] * size["group_size"]
+    return model_flops(model, size["prompt_len"], size["max_new_tokens"], completions)
+
+
+# TRL's loss_type for our variant: the same aggregation (TRL has no RLOO loss; its default then).
+TRL_LOSS_TYPES = {"grpo": "grpo", "dr_grpo": "dr_grpo", "dapo": "dapo", "rloo": "dapo"}
+
+
 def variants(args: argparse.Namespace) -> list[harness.Variant]:
-    """TRL (and a TRL row with --trl_extra) and Tunix, then ours per K."""
-    shared = ["--num_generations", str(GROUP_SIZE), "--max_completion_length", str(MAX_NEW_TOKENS)]
-    shared += ["--beta", str(KL_BETA), "--lr", str(LEARNING_RATE)]
-    flags = {
-        "trl": ["--batch_size", str(COMPLETIONS_PER_UPDATE), *shared],
-        "tunix": ["--prompts_per_step", str(PROMPTS_PER_UPDATE), *shared],
-    }
-    flops = model_flops()["total"]
-    rows = harness.lm_peer_rows(args, "grpo", flags, flops)
+    """TRL (and a TRL row with --trl_extra) and Tunix, then ours per K; with --model smollm2,
+    our TRL worker on the real model, then ours on it."""
+    given = [key for key in SMOLLM2_SIZES if getattr(args, key) is not None]
+    if args.model == "tiny" and given:
+        raise SystemExit(f"--{', --'.join(given)}: only with --model smollm2")
+    if args.model == "tiny":
+        shared = ["--num_generations", str(GROUP_SIZE)]
+        shared += ["--max_completion_length", str(MAX_NEW_TOKENS)]
+        shared += ["--beta", str(KL_BETA), "--lr", str(LEARNING_RATE)]
+        flags = {
+            "trl": ["--batch_size", str(COMPLETIONS_PER_UPDATE), *shared],
+            "tunix": ["--prompts_per_step", str(PROMPTS_PER_UPDATE), *shared],
+        }
+        flops = model_flops()["total"]
+        rows = harness.lm_peer_rows(args, "grpo", flags, flops)
+        extra: dict[str, Any] = {}
+        expect: dict[str, Any] = {}
+    else:
+        size = sizes(vars(args))
+        directory = smollm2.hf_dir(args)
+        data = str(Path(smollm2.scratch_dir()) / "grpo_prompts.json")
+        smollm2.write_grpo_data(directory, data, size["rows"], size["prompt_len"])
+        flops = smollm2_flops(args)["total"]
+        completions = size["prompts_per_update"] * size["group_size"]
+        expect = {"params": smollm2.param_count(smollm2.model_config(directory))}
+        expect["completions_per_step"] = completions
+        flags = ["--model_dir", directory, "--data", data, "--batch_size", str(completions)]
+        flags += ["--num_generations", str(size["group_size"])]
+        flags += ["--max_completion_length", str(size["max_new_tokens"])]
+        flags += ["--temperature", str(TEMPERATURE), "--beta", str(KL_BETA)]
+        flags += ["--lr", str(LEARNING_RATE), "--loss_type", TRL_LOSS_TYPES[args.variant]]
+        trl_expect = {**expect, "ids_match_fraction": 1.0}  # TRL tokenised the texts to our ids
+        rows = smollm2.trl_rows(args, "grpo", flags, flops, trl_expect)
+        extra = dict(size, model="smollm2", hf_dir=directory, data=data)
     for k in args.steps_per_call:
-        params = dict(K=k, seed=args.seed, variant=args.variant)
+        params = dict(K=k, seed=args.seed, variant=args.variant, **extra)
         params["rollout_trials"] = args.rollout_trials
         label = f"ours {args.variant} K={k}"
-        rows.append(harness.Variant("", label, "ours", params, flops_per_step=flops))
+        rows.append(harness.Variant("", label, "ours", params, flops_per_step=flops, expect=expect))
     return rows
 
 
@@ -198,13 +300,31 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
         help="ours: algos.grpo variant (TRL's default loss_type is dapo; same compute)",
     )
     add("--rollout_trials", type=int, default=5, help="ours: timed rollout calls (0: skip)")
+    smollm2.add_model_flags(parser)
+    for key, default in SMOLLM2_SIZES.items():
+        add(
+            f"--{key}",
+            type=harness.positive(int),
+            default=None,
+            help=f"smollm2 only; unset: {default}",
+        )
 
 
 def note(args: argparse.Namespace) -> str:
-    flops = {key: value / 1e9 for key, value in model_flops().items()}
-    return (
-        f"A step is an update of {COMPLETIONS_PER_UPDATE} completions ({PROMPTS_PER_UPDATE} "
-        f"prompts x {GROUP_SIZE}) of at most {MAX_NEW_TOKENS} tokens; model GFLOP/update "
+    size = sizes(vars(args))
+    prompts, group, new = size["prompts_per_update"], size["group_size"], size["max_new_tokens"]
+    if args.model == "tiny":
+        flops = {key: value / 1e9 for key, value in model_flops().items()}
+        what = ""
+    else:
+        flops = {key: value / 1e9 for key, value in smollm2_flops(args).items()}
+        what = (
+            f"SmolLM2-135M-Instruct (fp32, both sides from the same checkpoint), prompts of "
+            f"{size['prompt_len']} tokens, every completion exactly {new} tokens (no EOS). "
+        )
+    return what + (
+        f"A step is an update of {prompts * group} completions ({prompts} "
+        f"prompts x {group}) of at most {new} tokens; model GFLOP/update "
         f"{flops['total']:.2f} (generation {flops['generation']:.2f}, training "
         f"{flops['training']:.2f}). rollout %: share of an update spent generating (TRL: its "
         f"timed _generate; ours: the rollout jitted alone, median of {args.rollout_trials})."

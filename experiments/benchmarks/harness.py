@@ -69,6 +69,8 @@ class Variant:
     args: list[str] = field(default_factory=list)  # the peer script's flags
     env: dict[str, str] = field(default_factory=dict)  # environment overrides for the worker
     flops_per_step: float | None = None  # model FLOPs per step, for MFU
+    # Result values every run of this row should have, over the workload's `expect`.
+    expect: dict[str, Any] = field(default_factory=dict)
     runs: list[dict[str, Any]] = field(default_factory=list)
     median: dict[str, float | None] = field(default_factory=dict)
 
@@ -481,7 +483,7 @@ def run_benchmark(workload: Workload, args: argparse.Namespace) -> None:
             columns = workload.columns + COMMON_COLUMNS
             name = f"{v.group} {v.label}".strip()
             log(f"[{repeat + 1}/{args.repeats}] {name}: {describe(result, columns)}")
-            for key, value in workload.expect.items():
+            for key, value in {**workload.expect, **v.expect}.items():
                 if result["status"] == "ok" and result.get(key) != value:
                     log(f"  warning: {key} is {result.get(key)}, not {value}")
         if with_mfu:

@@ -490,7 +490,12 @@ class Transformer(nn.Module):
         positions: Array | None = None,
         token_mask: Array | None = None,
         cache: Cache | None = None,
+        logits_for_last: int = 0,
     ) -> tuple[Array, Cache | None]:
+        """Logits [B, T, vocab] (or [B, logits_for_last, vocab]: the head applied to the last
+        positions only, which is all a sampler's prefill or a completion's log-probs read; the
+        head over a long prompt is [B, T, vocab] fp32, gigabytes for a real vocabulary) and the
+        cache updated with this call's keys and values."""
         cfg = self.config
         dtype, param_dtype = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
         if token_mask is None:
@@ -525,6 +530,8 @@ class Transformer(nn.Module):
             )
             new_layers.append(layer_cache)
 
+        if logits_for_last:
+            x = x[:, -logits_for_last:]
         x = RMSNorm(cfg.rms_norm_eps, param_dtype, name="final_norm")(x)
         if cfg.tie_embeddings:
             logits = x @ embedding.astype(dtype).T

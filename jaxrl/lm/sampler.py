@@ -102,7 +102,9 @@ def generate(
     prompt_mask = prompt_mask.astype(bool)
 
     positions = positions_from_mask(prompt_mask)
-    logits, cache = model.apply({"params": params}, prompt_tokens, positions, prompt_mask, cache)
+    logits, cache = model.apply(
+        {"params": params}, prompt_tokens, positions, prompt_mask, cache, logits_for_last=1
+    )
     first = {
         "step": jnp.zeros((), jnp.int32),
         "cache": cache,
