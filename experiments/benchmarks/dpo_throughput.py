@@ -267,14 +267,7 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="ours: pairs per batch of the reference pass (default 64; smollm2 16)",
     )
-    smollm2.add_model_flags(parser)
-    for key, default in SMOLLM2_SIZES.items():
-        add(
-            f"--{key}",
-            type=harness.positive(int),
-            default=None,
-            help=f"smollm2 only; unset: {default}",
-        )
+    smollm2.add_model_flags(parser, SMOLLM2_SIZES)
 
 
 def note(args: argparse.Namespace) -> str:

@@ -300,14 +300,7 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
         help="ours: algos.grpo variant (TRL's default loss_type is dapo; same compute)",
     )
     add("--rollout_trials", type=int, default=5, help="ours: timed rollout calls (0: skip)")
-    smollm2.add_model_flags(parser)
-    for key, default in SMOLLM2_SIZES.items():
-        add(
-            f"--{key}",
-            type=harness.positive(int),
-            default=None,
-            help=f"smollm2 only; unset: {default}",
-        )
+    smollm2.add_model_flags(parser, SMOLLM2_SIZES)
 
 
 def note(args: argparse.Namespace) -> str:

@@ -86,9 +86,17 @@ TEXT = "\n\n".join(" ".join(paragraph.split()) for paragraph in _PARAGRAPHS.spli
 # Parent side: flags, the Hugging Face directory, the data both sides read
 
 
-def add_model_flags(parser: argparse.ArgumentParser) -> None:
-    """--model and --smollm2_dir, shared by both LM drivers."""
+def add_model_flags(parser: argparse.ArgumentParser, sizes: dict[str, int]) -> None:
+    """--model and --smollm2_dir, shared by both LM drivers, and a flag per entry of the
+    driver's SmolLM2 `sizes` (unset: that default)."""
     add = parser.add_argument
+    for key, default in sizes.items():
+        add(
+            f"--{key}",
+            type=harness.positive(int),
+            default=None,
+            help=f"smollm2 only; unset: {default}",
+        )
     add(
         "--model",
         choices=MODELS,
