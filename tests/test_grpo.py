@@ -190,18 +190,21 @@ def test_sharded_update_equals_single_device(mesh_shape):
     mesh = sharding.make_mesh(*mesh_shape)
     reference = jax.device_put(params, param_shardings(TINY, mesh))
     got_params, got = _run_update(config, mesh, params, reference=reference)
-    for name in ("reward", "completion_length", "loss", "kl", "entropy", "clip_fraction"):
+    for name in ("reward", "completion_length", "loss", "entropy", "clip_fraction"):
         np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-6, err_msg=name)
+    # The KL to the reference is measured after the update's first optimizer steps (2 epochs x
+    # 2 minibatches), so it inherits the Adam-amplified rounding differences bounded for the
+    # params below: about 0.1% of a KL of 1e-3 (seen when the LM head's matmul changed shape).
+    np.testing.assert_allclose(got["kl"], want["kl"], rtol=5e-3, atol=1e-6, err_msg="kl")
     # Metrics of both updates (each a full rollout by the params the previous one produced)
-    # agree to float rounding. Params get a looser bound: over 8 Adam steps, rounding
-    # differences in gradients near zero become steps of a sizeable fraction of the lr (1e-3).
-    jax.tree.map(
-        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=5e-4), got_params,
-        want_params,
-    )  # fmt: skip
-    differences = jax.tree.leaves(jax.tree.map(lambda a, b: np.abs(a - b).mean(), got_params,
-                                               want_params))  # fmt: skip
-    assert max(differences) < 2e-5
+    # agree to float rounding. Params get a looser bound: Adam moves a parameter whose gradient
+    # is about zero (an embedding row of a byte the prompts never hold) by up to the lr per step
+    # in the direction of that gradient's sign, which rounding can flip; so elementwise at most
+    # 8 steps x lr (1e-3), beyond 5e-4 on a handful of elements, and 2e-5 on average.
+    differences = jax.tree.leaves(jax.tree.map(lambda a, b: np.abs(a - b), got_params, want_params))
+    assert max(d.max() for d in differences) <= 8 * config.learning_rate
+    assert sum((d > 5e-4).sum() for d in differences) <= 0.001 * sum(d.size for d in differences)
+    assert max(d.mean() for d in differences) < 2e-5
 
 
 def test_generation_and_update_are_one_compiled_program():
