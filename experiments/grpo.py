@@ -378,14 +378,16 @@ def plot_held_out_accuracy(
     middle = [r for r in rows if "eval_task_accuracy_low" in r and r["step"] < num_steps]
     steps = [0, *(r["step"] for r in middle), num_steps]
     points = [initial.accuracy, *(r["eval_task_accuracy"] for r in middle), final.accuracy]
-    lows = [interval(initial.correct)[0], *(r["eval_task_accuracy_low"] for r in middle)]
-    highs = [interval(initial.correct)[1], *(r["eval_task_accuracy_high"] for r in middle)]
-    final_low, final_high = interval(final.correct)
+    bounds = [
+        interval(initial.correct),
+        *([r["eval_task_accuracy_low"], r["eval_task_accuracy_high"]] for r in middle),
+        interval(final.correct),
+    ]
     name = f"greedy, {len(final.correct)} problems"
     evaluation.plot_sample_efficiency_curves(
         {name: steps},
         {name: np.array(points)},
-        {name: np.array([[*lows, final_low], [*highs, final_high]])},
+        {name: np.array(bounds).T},
         run_dir.file("held_out_accuracy.png"),
         xlabel="update",
         ylabel="held-out accuracy (95% CI)",
