@@ -592,7 +592,7 @@ def greedy_completions(
     )
     run = _greedy_generator(model, sampling, mesh)
     n = len(prompt_tokens)
-    batch_size = batch_for_mesh(batch_size, mesh)
+    batch_size = batch_for_mesh(min(batch_size, n), mesh)  # no batch of mostly repeats
     completions: list[str] = []
     for start in range(0, n, batch_size):
         index = np.arange(start, start + batch_size) % n

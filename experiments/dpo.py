@@ -250,7 +250,13 @@ def main(argv: list[str]) -> None:
     # The reference model's log-probs: once over the data here, or inside each step.
     # Replicated outputs: every process of a multi-host run reads all the scores.
     score = jax.jit(dpo.make_score(model, mesh), out_shardings=sharding.replicated(mesh))
-    eval_batch = _lm.batch_for_mesh(flat.eval_batch_size, mesh)
+    # No bigger than the largest split scored: a 32-pair split in batches of 256 would score
+    # 224 padding pairs (on SmolLM2, minutes of the reference pass).
+    scored = [arrays["eval"]]
+    if config.uses_reference and config.reference == "precomputed":
+        scored.append(arrays["train"])
+    largest = max(len(split["chosen_tokens"]) for split in scored)
+    eval_batch = _lm.batch_for_mesh(min(flat.eval_batch_size, largest), mesh)
     place = lambda batch: sharding.shard_batch(batch, mesh)  # noqa: E731
     t0 = time.time()
     eval_reference = dpo.reference_log_probs(score, params, arrays["eval"], eval_batch, place)

@@ -23,6 +23,7 @@ problems), next to the starting model's `initial_eval_task_accuracy`.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import json
@@ -49,6 +50,7 @@ from jaxrl.data.prompts import (  # noqa: E402
     PromptRow,
     PromptTable,
     read_prompt_jsonl,
+    read_prompt_tfds,
     split_rows,
     tokenize_prompts,
 )
@@ -158,22 +160,60 @@ class PromptData(NamedTuple):
     functions: list[tuple[str, Callable, float]]
 
 
+def read_prompts(section: Any) -> tuple[list[PromptRow], list[PromptRow], str, str]:
+    """(train rows, held-out rows, the data's name, the field naming its held-out split) from
+    config.task.train_jsonl (and eval_jsonl) or a built TFDS dataset's splits (train_tfds,
+    train_split and eval_split), with num_eval rows held out of the training rows where no
+    held-out file or split is given. Raises ChatDataError / ConfigError."""
+    tfds_only = dict(tfds_data_dir="", train_split="train", eval_split="")
+    if section.train_tfds:
+        if section.train_jsonl or section.eval_jsonl:
+            field = "train_jsonl" if section.train_jsonl else "eval_jsonl"
+            raise ConfigError(
+                f"{field}: set together with train_tfds; give the prompts as one of the two "
+                "(a JSONL file, or a built TFDS dataset)"
+            )
+        read = functools.partial(
+            read_prompt_tfds,
+            section.train_tfds,
+            data_dir=section.tfds_data_dir or None,
+            prompt_column=section.prompt_column,
+        )
+        name, held_out_field = f"{section.train_tfds}[{section.train_split}]", "eval_split"
+        try:
+            rows = read(section.train_split)
+            held_out = read(section.eval_split) if section.eval_split else None
+        except ChatDataError as error:  # the dataset's path and row follow the field
+            raise ConfigError(f"train_tfds: {error}") from None
+    else:
+        for field, default in tfds_only.items():
+            if section[field] != default:
+                raise ConfigError(
+                    f"{field}: {section[field]!r} is read only with a TFDS dataset "
+                    "(train_tfds), which is not set; set train_tfds, or leave this at "
+                    f"{default!r}"
+                )
+        read = functools.partial(read_prompt_jsonl, prompt_column=section.prompt_column)
+        name, held_out_field = os.path.basename(section.train_jsonl), "eval_jsonl"
+        rows = read(section.train_jsonl)
+        held_out = read(section.eval_jsonl) if section.eval_jsonl else None
+    if held_out is None:
+        return *split_rows(rows, section.num_eval, section.data_seed), name, held_out_field
+    if held_out[0].columns.keys() != rows[0].columns.keys():
+        raise ConfigError(
+            f"{held_out_field}: {held_out[0].where} has columns {sorted(held_out[0].columns)}, "
+            f"the training rows {sorted(rows[0].columns)}; give both the same columns"
+        )
+    return rows, held_out, name, held_out_field
+
+
 def prompt_data(run: _lm.Setup) -> PromptData:
-    """Read, split and tokenise config.task.train_jsonl (and eval_jsonl), and load the reward
-    functions: every problem one error line, before anything is built."""
+    """Read, split and tokenise the user's prompts (config.task.train_jsonl and eval_jsonl, or
+    train_tfds), and load the reward functions: every problem one error line, before anything is
+    built."""
     section, rewards = run.flat.task, run.flat.rewards
     try:
-        rows = read_prompt_jsonl(section.train_jsonl)
-        if section.eval_jsonl:
-            train, held_out = rows, read_prompt_jsonl(section.eval_jsonl)
-        else:
-            train, held_out = split_rows(rows, section.num_eval, section.data_seed)
-        if held_out[0].columns.keys() != train[0].columns.keys():
-            runner.fail(
-                f"config.task.eval_jsonl: {held_out[0].where} has columns "
-                f"{sorted(held_out[0].columns)}, the training file {sorted(train[0].columns)}; "
-                "give both files the same columns"
-            )
+        train, held_out, data_name, held_out_field = read_prompts(section)
         cut = dict(
             length_percentile=section.length_percentile,
             max_cut_fraction=section.max_cut_fraction,
@@ -182,7 +222,7 @@ def prompt_data(run: _lm.Setup) -> PromptData:
             train, run.tokenizer, section.max_prompt_length, **cut, field="train_jsonl"
         )
         held_out_table = tokenize_prompts(
-            held_out, run.tokenizer, train_table.max_prompt_length, **cut, field="eval_jsonl"
+            held_out, run.tokenizer, train_table.max_prompt_length, **cut, field=held_out_field
         )
     except ChatDataError as error:
         runner.fail(str(error))
@@ -203,7 +243,7 @@ def prompt_data(run: _lm.Setup) -> PromptData:
     for name, function, _ in functions:
         check_columns(name, function, train_table.column_names())
         try_on_rows(function, train_table)
-    task = host_rewarded_task(run, os.path.basename(section.train_jsonl), train_table, functions)
+    task = host_rewarded_task(run, data_name, train_table, functions)
     for cut_rows, table, field in (
         (train_table.cut, train, "train"),
         (held_out_table.cut, held_out, "held-out"),
@@ -412,7 +452,8 @@ def main(argv: list[str]) -> None:
     run = _lm.setup(FLAGS, grpo.Config, "grpo")
     flat, config, mesh = run.flat, run.config, run.mesh
     # Everything the user gave (data, reward functions) is checked before any compile.
-    data = prompt_data(run) if flat.task.train_jsonl else digit_problems_as_prompts(run)
+    from_prompts = flat.task.train_jsonl or flat.task.train_tfds
+    data = prompt_data(run) if from_prompts else digit_problems_as_prompts(run)
     if data is not None:
         rewarded, prompt_length = data.task, data.train.max_prompt_length
         task_name, reward_key, num_eval = data.task.name, "reward", len(data.held_out.rows)

@@ -244,6 +244,27 @@ CASES = [
         f"{SAY_DIGIT} {REWARD}says_answer --config.task.length_percentile=0",
         "config.task.length_percentile: got 0",
     ),
+    # --- GRPO on a built TFDS dataset instead of a file
+    (
+        "grpo.py",
+        "--config.task.train_tfds=nope --config.task.tfds_data_dir=tests/fixtures",
+        "config.task.train_tfds: ",
+    ),
+    (
+        "grpo.py",
+        f"{SAY_DIGIT} --config.task.train_tfds=nope",
+        "config.task.train_jsonl: set together with train_tfds",
+    ),
+    (
+        "grpo.py",
+        f"{SAY_DIGIT} {REWARD}says_answer --config.task.eval_split=test",
+        "config.task.eval_split: 'test' is read only with a TFDS dataset",
+    ),
+    (
+        "grpo.py",
+        f"{SAY_DIGIT} {REWARD}says_answer --config.task.prompt_column=question",
+        "tests/fixtures/prompts/say_digit.jsonl:1: no 'question' column (prompt_column",
+    ),
     ("generate.py", "--prompt=hi", "--model: missing"),
     ("generate.py", "--model=tests/fixtures/hf/tiny_llama --prompt=hi", "--model=tests/fixtures"),
     ("export.py", "--out=/nonexistent/export", "--run: missing"),

@@ -10,6 +10,7 @@ import sys
 import jax
 import numpy as np
 import pytest
+import tensorflow_datasets as tfds
 
 from algos import grpo
 from envs.text.prompt_dataset import prompt_dataset_task
@@ -19,6 +20,7 @@ from jaxrl.data.prompts import (
     PromptDataError,
     choose_length,
     read_prompt_jsonl,
+    read_prompt_tfds,
     split_rows,
     tokenize_prompts,
 )
@@ -103,6 +105,62 @@ def test_a_malformed_file_names_its_line(tmp_path):
     path.write_text('{"prompt": "a", "x": 1}\n\n{"prompt": "b"}\n')
     with pytest.raises(PromptDataError, match=r"p.jsonl:3: lacks column\(s\) \['x'\]"):
         read_prompt_jsonl(path)
+
+
+def build_prompt_tfds(data_dir, splits, chat=False):
+    """A TFDS dataset in array_record format, as `tfds build` would prepare one, of the say-digit
+    rows: a "question" Text feature (chat: a Sequence of {"role", "content"} messages), an
+    "answer" and an integer "level"; `splits` maps split names to rows of the fixture file."""
+
+    class SayDigit(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+        name = "say_digit_chat" if chat else "say_digit"
+        code_path = None  # nothing to download (see jaxrl.data.preferences.PreferencePairs)
+        VERSION = tfds.core.Version("1.0.0")
+
+        def _info(self):
+            message = tfds.features.Sequence(
+                {"role": tfds.features.Text(), "content": tfds.features.Text()}
+            )
+            question = message if chat else tfds.features.Text()
+            features = {"question": question, "answer": tfds.features.Text()}
+            features["level"] = tfds.features.Scalar(dtype=np.int32)
+            features = tfds.features.FeaturesDict(features)
+            return tfds.core.DatasetInfo(builder=self, features=features, disable_shuffling=True)
+
+        def _split_generators(self, dl_manager):
+            return {split: self._generate_examples(rows) for split, rows in splits.items()}
+
+        def _generate_examples(self, rows):
+            for index, row in enumerate(rows):
+                columns = dict(row.columns)
+                question = columns.pop("prompt")
+                if chat:
+                    question = {k: [m[k] for m in question] for k in ("role", "content")}
+                yield index, {"question": question, **columns}
+
+    builder = SayDigit(data_dir=str(data_dir), file_format="array_record")
+    builder.download_and_prepare(download_dir=str(data_dir / "downloads"))
+    return str(builder.data_dir)
+
+
+@pytest.mark.parametrize("chat", [False, True], ids=["strings", "chat"])
+def test_a_tfds_dataset_gives_the_rows_a_jsonl_file_gives(tmp_path, chat):
+    """A built TFDS dataset (array_record, read with as_data_source) gives the same rows as the
+    JSONL file it was made from, its `question` feature read as the prompt (`prompt_column`),
+    Text as strings and a Sequence of messages as chat messages; by path or by name."""
+    rows = read_prompt_jsonl(SAY_DIGIT_CHAT if chat else SAY_DIGIT)
+    path = build_prompt_tfds(tmp_path, {"train": rows[:30], "test": rows[30:]}, chat)
+    train = read_prompt_tfds(path, "train", prompt_column="question")
+    name = "say_digit_chat" if chat else "say_digit"
+    test = read_prompt_tfds(f"{name}:1.0.0", "test", tmp_path, prompt_column="question")
+    assert [r.columns for r in train + test] == [r.columns for r in rows]
+    assert train[0].where == f"{path}[train][0]" and train[0].conversational == chat
+    with pytest.raises(PromptDataError, match=r"no split 'eval'; choose one of test, train"):
+        read_prompt_tfds(path, "eval", prompt_column="question")
+    with pytest.raises(PromptDataError, match=r"no feature 'prompt' to read prompts from"):
+        read_prompt_tfds(path, "train")
+    with pytest.raises(PromptDataError, match=r"no built dataset 'nope'.*tfds build NAME"):
+        read_prompt_tfds("nope", "train", tmp_path)
 
 
 # --- every column reaches the host rewards, inside the compiled update --------------------------
@@ -209,6 +267,23 @@ def test_grpo_on_chat_prompts_with_the_checkpoint_template(tmp_path):
         rows = [json.loads(line) for line in f]
     assert any("eval_task_accuracy" in row for row in rows)  # the mid-run evaluation
     assert all("reward_says_answer" in row for row in rows if "reward" in row)
+
+
+def test_grpo_on_a_tfds_dataset_with_a_held_out_split(tmp_path):
+    """The prompts from a built TFDS dataset instead of a file: its "question" feature is the
+    prompt, its "test" split the held-out one; every column reaches the reward as from JSONL. A
+    few updates check the pipeline."""
+    rows = read_prompt_jsonl(SAY_DIGIT)
+    path = build_prompt_tfds(tmp_path / "tfds", {"train": rows[:30], "test": rows[30:]})
+    summary = grpo_script(
+        tmp_path / "run", f"--config.task.train_tfds={path}", "--config.task.eval_split=test",
+        "--config.task.prompt_column=question", "--config.num_steps=4",
+        "--config.run.num_chunks=1", "--config.batch_size=4", "--config.group_size=2",
+        "--config.max_new_tokens=2",
+    )  # fmt: skip
+    assert summary["num_train"] == 30 and summary["num_eval"] == 10, summary
+    assert summary["eval_examples"][0]["prompt"].startswith("say ")
+    assert 0 <= summary["eval_task_accuracy"] <= 1
 
 
 def test_a_digit_task_runs_on_a_tokenizer_without_digit_tokens(tmp_path):

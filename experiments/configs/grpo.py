@@ -82,6 +82,15 @@ def get_config(preset: str = "reverse_digits") -> ml_collections.ConfigDict:
         eval_batch_size=settings.get("eval_batch_size", 256),
         eval_every=0,  # held-out evaluation every N chunks (0: at the start and the end only)
     )
+    # Prompts from a built TFDS dataset (array_record) instead of train_jsonl: a name
+    # NAME[/CONFIG][:X.Y.Z] under tfds_data_dir ("" is TFDS's default) or a directory; its
+    # eval_split is held out ("" holds out num_eval rows of train_split). prompt_column names
+    # the column (or feature) holding the prompt in either source, e.g. gsm8k's "question".
+    config.task.train_tfds = ""
+    config.task.tfds_data_dir = ""
+    config.task.train_split = "train"
+    config.task.eval_split = ""
+    config.task.prompt_column = "prompt"
     config.init_from = settings.get("init_from", "")
     if config.init_from:
         # A real model's update takes a minute or more: log each one (the learning curve) and

@@ -25,6 +25,7 @@ import tensorflow_datasets as tfds
 __all__ = [
     "CorruptDatasetError",
     "DatasetNotFoundError",
+    "HOW_TO_CREATE",
     "VERSION_PATTERN",
     "dataset_path",
     "default_data_dir",
@@ -39,7 +40,7 @@ _NAME = re.compile(
     r"^(?P<name>[a-zA-Z]\w*)(/(?P<config>[\w+\-.]+))?(:(?P<version>\d+\.\d+\.\d+))?$"
 )
 VERSION_PATTERN = re.compile(r"^\d+\.\d+\.\d+$")  # a version directory's name, X.Y.Z
-_HOW_TO_CREATE = (
+HOW_TO_CREATE = (
     "create it with `python experiments/collect.py --env=<ENV> --policy=random "
     "--data_dir=<DATA_DIR> --name=<NAME>` (or jaxrl.data.build_episode_dataset)"
 )
@@ -176,7 +177,7 @@ def dataset_path(path_or_name: str | os.PathLike, data_dir: str | os.PathLike | 
                     f"names with data_dir={path!r}, or its full path"
                 )
             raise DatasetNotFoundError(
-                f"{path}: no built RLDS dataset in this directory; {_HOW_TO_CREATE}"
+                f"{path}: no built RLDS dataset in this directory; {HOW_TO_CREATE}"
             )
         return found
     root = os.path.abspath(os.path.expanduser(os.fspath(data_dir or default_data_dir())))
@@ -185,14 +186,14 @@ def dataset_path(path_or_name: str | os.PathLike, data_dir: str | os.PathLike | 
     except ValueError:
         raise DatasetNotFoundError(
             f"{path}: no such dataset directory (and {given!r} is not a dataset name to look up "
-            f"under {root}); {_HOW_TO_CREATE}"
+            f"under {root}); {HOW_TO_CREATE}"
         ) from None
     where = os.path.join(root, base_name, *([config_name] if config_name else []))
     candidate = os.path.join(where, version) if version else where
     found = _resolve_dir(candidate) if os.path.isdir(candidate) else None
     if found is None:
         raise DatasetNotFoundError(
-            f"{candidate}: no built dataset {given!r} in data_dir {root}; {_HOW_TO_CREATE}. A "
+            f"{candidate}: no built dataset {given!r} in data_dir {root}; {HOW_TO_CREATE}. A "
             "TFDS catalog dataset must already be prepared in data_dir (e.g. `tfds build NAME "
             f"--data_dir={root}`): nothing is downloaded here"
         )

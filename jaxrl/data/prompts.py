@@ -1,11 +1,13 @@
 """Prompt datasets for reinforcement learning on a language model (GRPO and its relatives), in the
 format TRL users already have: one JSON object per line with a `prompt` column, either a string or
 a list of chat messages, plus any other columns (an `answer`, a difficulty, test cases...) that
-the reward functions read.
+the reward functions read; or one split of a built TFDS dataset (array_record, read with
+`as_data_source()`, e.g. gsm8k prepared by `tfds build gsm8k`) whose prompt feature is named.
 
     rows = read_prompt_jsonl("train.jsonl")                 # [PromptRow(line, {"prompt": ...})]
     train, held_out = split_rows(rows, num_held_out=200, seed=0)
     table = tokenize_prompts(train, tokenizer, max_prompt_length=0)   # 0: the longest prompt
+    rows = read_prompt_tfds("gsm8k", "train", prompt_column="question")   # the same rows
 
 A `PromptTable` holds every prompt tokenised ONCE into a fixed shape, left-padded so that each
 prompt ends where generation starts, with its rows kept beside it: the token arrays go to the
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -33,6 +35,14 @@ from jaxrl.data.chat import (
     hold_out,
     jsonl_objects,
 )
+from jaxrl.data.locate import (
+    HOW_TO_CREATE,
+    CorruptDatasetError,
+    DatasetNotFoundError,
+    dataset_path,
+    file_format,
+    open_builder,
+)
 from jaxrl.lm.tokenizer import Tokenizer
 
 __all__ = [
@@ -41,6 +51,7 @@ __all__ = [
     "PromptTable",
     "choose_length",  # from jaxrl.data.chat, shared with SFT and DPO
     "read_prompt_jsonl",
+    "read_prompt_tfds",
     "split_rows",
     "tokenize_prompts",
 ]
@@ -68,14 +79,13 @@ class PromptRow:
         return isinstance(self.prompt, list)
 
 
-def read_prompt_jsonl(path: str | os.PathLike) -> list[PromptRow]:
-    """Every non-blank line of `path` as a `PromptRow`, checked: a JSON object whose `prompt` is
-    a non-empty string or a list of chat messages, with the same columns as the first row (a
-    reward function must find its column in every row) and the same kind of prompt (all strings,
-    or all conversations). Raises `PromptDataError` naming the file and line."""
-    path = os.fspath(path)
+def _checked_rows(objects: Iterable[tuple[str, Any]], source: str) -> list[PromptRow]:
+    """("where", columns) pairs as `PromptRow`s, checked: a mapping whose `prompt` is a non-empty
+    string or a list of chat messages, with the same columns as the first row (a reward function
+    must find its column in every row) and the same kind of prompt (all strings, or all
+    conversations). Raises `PromptDataError` naming the row; no rows at all name `source`."""
     rows: list[PromptRow] = []
-    for where, columns in jsonl_objects(path, PromptDataError):
+    for where, columns in objects:
         if not isinstance(columns, dict):
             raise PromptDataError(
                 f"{where}: a line is a JSON {type(columns).__name__}; write one JSON object "
@@ -112,8 +122,112 @@ def read_prompt_jsonl(path: str | os.PathLike) -> list[PromptRow]:
                 )
         rows.append(row)
     if not rows:
-        raise PromptDataError(f"{path}: no rows (the file is empty); write one JSON object a line")
+        raise PromptDataError(f"{source}: no rows (it is empty); give at least one prompt")
     return rows
+
+
+def _renamed(objects: Iterable[tuple[str, Any]], prompt_column: str) -> Iterator[tuple[str, Any]]:
+    """The rows with their `prompt_column` renamed `prompt` (rows lacking it are left for
+    `_checked_rows` to report; a row with both columns is an error, one would be lost)."""
+    for where, columns in objects:
+        if prompt_column != "prompt" and isinstance(columns, dict):
+            if prompt_column not in columns:
+                raise PromptDataError(
+                    f"{where}: no {prompt_column!r} column (prompt_column; columns: "
+                    f"{', '.join(sorted(columns)) or 'none'}); set prompt_column to the column "
+                    "holding the prompt"
+                )
+            if "prompt" in columns:
+                raise PromptDataError(
+                    f"{where}: has a 'prompt' column besides prompt_column {prompt_column!r}, "
+                    "which would replace it; set prompt_column to 'prompt'"
+                )
+            columns = dict(columns)
+            columns["prompt"] = columns.pop(prompt_column)
+        yield where, columns
+
+
+def read_prompt_jsonl(path: str | os.PathLike, prompt_column: str = "prompt") -> list[PromptRow]:
+    """Every non-blank line of `path` as a `PromptRow`, checked (`_checked_rows`), its
+    `prompt_column` renamed `prompt`. Raises `PromptDataError` naming the file and line."""
+    path = os.fspath(path)
+    return _checked_rows(_renamed(jsonl_objects(path, PromptDataError), prompt_column), path)
+
+
+def _tfds_value(value: Any) -> Any:
+    """A feature value as `as_data_source()` returns it, as JSON would hold it: Text features
+    (UTF-8 bytes) as str, arrays as lists, a Sequence of {"role", "content"} (a dict of arrays)
+    as a list of chat messages."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    if isinstance(value, np.ndarray):
+        return [_tfds_value(item) for item in value] if value.ndim else value.item()
+    if isinstance(value, list | tuple):
+        return [_tfds_value(item) for item in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, Mapping):
+        columns = {key: _tfds_value(item) for key, item in value.items()}
+        lists = [item for item in columns.values() if isinstance(item, list)]
+        if {"role", "content"} <= columns.keys() and len(lists) == len(columns):  # messages
+            turns = zip(*lists, strict=True)
+            return [dict(zip(columns, turn, strict=True)) for turn in turns]
+        return columns
+    return value
+
+
+_HOW_TO_PREPARE = (
+    "prepare it with `tfds build NAME --data_dir=DATA_DIR --file_format=array_record` (or your "
+    "own builder's download_and_prepare), or pass its directory"
+)
+
+
+def read_prompt_tfds(
+    name_or_path: str | os.PathLike,
+    split: str,
+    data_dir: str | os.PathLike | None = None,
+    prompt_column: str = "prompt",
+) -> list[PromptRow]:
+    """The rows of one split of a built TFDS dataset in array_record format (a catalog dataset
+    prepared with `tfds build NAME`, or your own builder's), read with `as_data_source()` (no
+    TensorFlow), checked as a JSONL file's rows are. `name_or_path` is `NAME[/CONFIG][:X.Y.Z]`
+    under `data_dir` (TFDS's default) or a dataset directory; `prompt_column` is the feature
+    that holds the prompt (e.g. gsm8k's "question"), renamed `prompt`. Text features arrive as
+    strings, and a Sequence of {"role", "content"} as chat messages. Raises `PromptDataError`."""
+    given = os.fspath(name_or_path)
+    try:
+        path = dataset_path(given, data_dir)
+        builder = open_builder(path)
+    except (DatasetNotFoundError, CorruptDatasetError) as error:
+        # locate's advice is for episode datasets (collect.py); prompts come from `tfds build`.
+        message = str(error).replace(HOW_TO_CREATE, _HOW_TO_PREPARE)
+        message = message.replace("no built RLDS dataset", "no built dataset")
+        raise PromptDataError(message) from None
+    fmt = file_format(builder.info)
+    if fmt != "array_record":
+        raise PromptDataError(
+            f"{path}: stored as {fmt}, which only TensorFlow reads; rebuild it as array_record "
+            f"(`tfds build {builder.info.name} --file_format=array_record`)"
+        )
+    splits = builder.info.splits
+    if split not in splits:
+        raise PromptDataError(
+            f"{path}: no split {split!r}; choose one of {', '.join(sorted(splits))}"
+        )
+    source = builder.as_data_source(split=split)
+    features = list(builder.info.features.keys())
+    if prompt_column not in features:
+        raise PromptDataError(
+            f"{path}: no feature {prompt_column!r} to read prompts from (features: "
+            f"{', '.join(features)}); set prompt_column to one of them"
+        )
+
+    def objects() -> Iterator[tuple[str, Any]]:
+        for index in range(len(source)):
+            columns = {key: _tfds_value(value) for key, value in source[index].items()}
+            yield f"{given}[{split}][{index}]", columns
+
+    return _checked_rows(_renamed(objects(), prompt_column), f"{given}[{split}]")
 
 
 def split_rows(
