@@ -322,8 +322,8 @@ def find_checkpoint(path: str) -> Checkpoint:
     )
 
 
-def _overridden_model_fields() -> list[str]:
-    """The model fields set on the command line (--config.model.X=...)."""
+def overridden_fields(section: str) -> list[str]:
+    """The fields of a config section set on the command line (--config.<section>.X=...)."""
     from absl import flags
     from ml_collections import config_flags
 
@@ -331,7 +331,7 @@ def _overridden_model_fields() -> list[str]:
         overrides = config_flags.get_override_values(flags.FLAGS["config"])
     except (KeyError, TypeError):  # no --config flag defined (a caller outside the scripts)
         return []
-    return [key.split(".", 1)[1] for key in overrides if key.startswith("model.")]
+    return [key.split(".", 1)[1] for key in overrides if key.startswith(f"{section}.")]
 
 
 def start_checkpoint(flat: ml_collections.ConfigDict) -> Checkpoint:
@@ -341,7 +341,7 @@ def start_checkpoint(flat: ml_collections.ConfigDict) -> Checkpoint:
     if not flat.init_from:
         model = model_config(flat.model)
         return Checkpoint("random", "", model, BYTE, "random init")
-    ignored = [f for f in _overridden_model_fields() if f not in RUNTIME_FIELDS]
+    ignored = [f for f in overridden_fields("model") if f not in RUNTIME_FIELDS]
     if ignored:
         fail(
             f"config.model.{ignored[0]}: the architecture comes from --config.init_from="

@@ -58,6 +58,8 @@ from jaxrl.lm.model import ModelConfig  # noqa: E402
 from jaxrl.logging import RunDirectory  # noqa: E402
 
 FLAGS = runner.define_flags("grpo.py", seeds=False)
+# Task settings that only the built-in digit tasks read (a prompt file brings its own prompts).
+DIGIT_TASK_FIELDS = ("name", "num_digits", "num_train", "held_out")
 FINAL_WINDOW = 10  # updates averaged into final_mean_reward
 INITIAL_EVAL_FILE = "initial_eval.json"  # the starting model's held-out result, kept for resumes
 
@@ -212,6 +214,12 @@ def prompt_data(run: _lm.Setup) -> PromptData:
     train_tfds), and load the reward functions: every problem one error line, before anything is
     built."""
     section, rewards = run.flat.task, run.flat.rewards
+    ignored = [f for f in _lm.overridden_fields("task") if f in DIGIT_TASK_FIELDS]
+    if ignored:
+        runner.fail(
+            f"config.task.{ignored[0]}: a setting of the built-in digit tasks, which prompts "
+            "from a file or dataset replace, so this flag would be ignored; drop it"
+        )
     try:
         train, held_out, data_name, held_out_field = read_prompts(section)
         cut = dict(

@@ -244,6 +244,11 @@ CASES = [
         f"{SAY_DIGIT} {REWARD}says_answer --config.task.length_percentile=0",
         "config.task.length_percentile: got 0",
     ),
+    (
+        "grpo.py",
+        f"{SAY_DIGIT} {REWARD}says_answer --config.task.num_digits=4",
+        "config.task.num_digits: a setting of the built-in digit tasks",
+    ),
     # --- GRPO on a built TFDS dataset instead of a file
     (
         "grpo.py",
