@@ -226,8 +226,9 @@ def prompt_data(run: _lm.Setup) -> PromptData:
             length_percentile=section.length_percentile,
             max_cut_fraction=section.max_cut_fraction,
         )
+        train_field = "train_tfds" if section.train_tfds else "train_jsonl"
         train_table = tokenize_prompts(
-            train, run.tokenizer, section.max_prompt_length, **cut, field="train_jsonl"
+            train, run.tokenizer, section.max_prompt_length, **cut, field=train_field
         )
         held_out_table = tokenize_prompts(
             held_out, run.tokenizer, train_table.max_prompt_length, **cut, field=held_out_field

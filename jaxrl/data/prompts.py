@@ -127,8 +127,8 @@ def _checked_rows(objects: Iterable[tuple[str, Any]], source: str) -> list[Promp
 
 
 def _renamed(objects: Iterable[tuple[str, Any]], prompt_column: str) -> Iterator[tuple[str, Any]]:
-    """The rows with their `prompt_column` renamed `prompt` (rows lacking it are left for
-    `_checked_rows` to report; a row with both columns is an error, one would be lost)."""
+    """The rows with their `prompt_column` renamed `prompt`. A row lacking that column, or having
+    a `prompt` column too (one of the two would be lost), is a `PromptDataError`."""
     for where, columns in objects:
         if prompt_column != "prompt" and isinstance(columns, dict):
             if prompt_column not in columns:
