@@ -25,7 +25,6 @@ import tensorflow_datasets as tfds
 __all__ = [
     "CorruptDatasetError",
     "DatasetNotFoundError",
-    "HOW_TO_CREATE",
     "VERSION_PATTERN",
     "dataset_path",
     "default_data_dir",
@@ -40,7 +39,7 @@ _NAME = re.compile(
     r"^(?P<name>[a-zA-Z]\w*)(/(?P<config>[\w+\-.]+))?(:(?P<version>\d+\.\d+\.\d+))?$"
 )
 VERSION_PATTERN = re.compile(r"^\d+\.\d+\.\d+$")  # a version directory's name, X.Y.Z
-HOW_TO_CREATE = (
+_HOW_TO_CREATE = (
     "create it with `python experiments/collect.py --env=<ENV> --policy=random "
     "--data_dir=<DATA_DIR> --name=<NAME>` (or jaxrl.data.build_episode_dataset)"
 )
@@ -157,12 +156,19 @@ def _list_datasets(root: str) -> list[str]:
     return list(dict.fromkeys(names))  # one entry per NAME with several versions
 
 
-def dataset_path(path_or_name: str | os.PathLike, data_dir: str | os.PathLike | None = None) -> str:
+def dataset_path(
+    path_or_name: str | os.PathLike,
+    data_dir: str | os.PathLike | None = None,
+    *,
+    kind: str = "RLDS dataset",
+    how_to_create: str = _HOW_TO_CREATE,
+) -> str:
     """The directory of a built dataset, given either a path (a dataset's version directory, or a
     directory above it holding one dataset) or a name `NAME[/CONFIG][:X.Y.Z]` under `data_dir`
     (default `default_data_dir()`), newest version first.
 
-    Raises `DatasetNotFoundError` (what was looked for, and how to create it) or
+    Raises `DatasetNotFoundError` (what was looked for, and `how_to_create` it: by default an
+    episode dataset's collect.py command; `kind` names what was looked for) or
     `CorruptDatasetError` (a dataset directory without its dataset_info.json).
     """
     given = os.fspath(path_or_name)
@@ -177,7 +183,7 @@ def dataset_path(path_or_name: str | os.PathLike, data_dir: str | os.PathLike | 
                     f"names with data_dir={path!r}, or its full path"
                 )
             raise DatasetNotFoundError(
-                f"{path}: no built RLDS dataset in this directory; {HOW_TO_CREATE}"
+                f"{path}: no built {kind} in this directory; {how_to_create}"
             )
         return found
     root = os.path.abspath(os.path.expanduser(os.fspath(data_dir or default_data_dir())))
@@ -186,14 +192,14 @@ def dataset_path(path_or_name: str | os.PathLike, data_dir: str | os.PathLike | 
     except ValueError:
         raise DatasetNotFoundError(
             f"{path}: no such dataset directory (and {given!r} is not a dataset name to look up "
-            f"under {root}); {HOW_TO_CREATE}"
+            f"under {root}); {how_to_create}"
         ) from None
     where = os.path.join(root, base_name, *([config_name] if config_name else []))
     candidate = os.path.join(where, version) if version else where
     found = _resolve_dir(candidate) if os.path.isdir(candidate) else None
     if found is None:
         raise DatasetNotFoundError(
-            f"{candidate}: no built dataset {given!r} in data_dir {root}; {HOW_TO_CREATE}. A "
+            f"{candidate}: no built dataset {given!r} in data_dir {root}; {how_to_create}. A "
             "TFDS catalog dataset must already be prepared in data_dir (e.g. `tfds build NAME "
             f"--data_dir={root}`): nothing is downloaded here"
         )

@@ -36,7 +36,6 @@ from jaxrl.data.chat import (
     jsonl_objects,
 )
 from jaxrl.data.locate import (
-    HOW_TO_CREATE,
     CorruptDatasetError,
     DatasetNotFoundError,
     dataset_path,
@@ -196,13 +195,11 @@ def read_prompt_tfds(
     strings, and a Sequence of {"role", "content"} as chat messages. Raises `PromptDataError`."""
     given = os.fspath(name_or_path)
     try:
-        path = dataset_path(given, data_dir)
+        # Prompts come from `tfds build`, not from collect.py as episode datasets do.
+        path = dataset_path(given, data_dir, kind="dataset", how_to_create=_HOW_TO_PREPARE)
         builder = open_builder(path)
     except (DatasetNotFoundError, CorruptDatasetError) as error:
-        # locate's advice is for episode datasets (collect.py); prompts come from `tfds build`.
-        message = str(error).replace(HOW_TO_CREATE, _HOW_TO_PREPARE)
-        message = message.replace("no built RLDS dataset", "no built dataset")
-        raise PromptDataError(message) from None
+        raise PromptDataError(str(error)) from None
     fmt = file_format(builder.info)
     if fmt != "array_record":
         raise PromptDataError(
