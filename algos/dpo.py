@@ -135,12 +135,20 @@ def preference_loss(
 # --- 3. scoring pairs --------------------------------------------------------------------------
 
 
-def score_pairs(model: Transformer, params: Any, batch: dict[str, Array]) -> dict[str, Array]:
+def score_pairs(
+    model: Transformer, params: Any, batch: dict[str, Array], scored_length: int | None = None
+) -> dict[str, Array]:
     """Summed answer log-probs and lengths for chosen and rejected, from ONE forward pass over
-    the two sets of sequences stacked along the batch axis."""
+    the two sets of sequences stacked along the batch axis. `scored_length`
+    (`training.scored_length` of the data's loss masks) runs the head on the answers only."""
     stack = lambda name: jnp.concatenate([batch[f"chosen_{name}"], batch[f"rejected_{name}"]])
     log_probs, lengths = training.sequence_log_probs(
-        model, params, stack("tokens"), stack("attention_mask"), stack("loss_mask")
+        model,
+        params,
+        stack("tokens"),
+        stack("attention_mask"),
+        stack("loss_mask"),
+        scored_length,
     )
     chosen_lp, rejected_lp = jnp.split(log_probs, 2)
     chosen_len, rejected_len = jnp.split(lengths, 2)
@@ -155,7 +163,9 @@ def score_pairs(model: Transformer, params: Any, batch: dict[str, Array]) -> dic
 # --- 4. training -------------------------------------------------------------------------------
 
 
-def make_loss(model: Transformer, config: Config) -> Callable[..., tuple[Array, dict]]:
+def make_loss(
+    model: Transformer, config: Config, scored_length: int | None = None
+) -> Callable[..., tuple[Array, dict]]:
     """`loss_fn(params, batch, hp, reference_params) -> (mean loss over pairs, metrics)`. The
     reference log-probs come from the batch ("reference_chosen"/"reference_rejected",
     precomputed) or, with reference="in_step", from a forward pass of `reference_params` on the
@@ -163,11 +173,13 @@ def make_loss(model: Transformer, config: Config) -> Callable[..., tuple[Array, 
     config = static(config)
 
     def loss_fn(params: Any, batch: dict[str, Array], hp: HParams, reference_params: Any):
-        policy = score_pairs(model, params, batch)
+        policy = score_pairs(model, params, batch, scored_length)
         if not config.uses_reference:
             reference_chosen = reference_rejected = jnp.zeros_like(policy["chosen"])
         elif config.reference == "in_step":
-            reference = score_pairs(model, jax.lax.stop_gradient(reference_params), batch)
+            reference = score_pairs(
+                model, jax.lax.stop_gradient(reference_params), batch, scored_length
+            )
             reference_chosen, reference_rejected = reference["chosen"], reference["rejected"]
         else:
             reference_chosen, reference_rejected = (
@@ -199,7 +211,13 @@ def make_loss(model: Transformer, config: Config) -> Callable[..., tuple[Array, 
     return loss_fn
 
 
-def make(config: Config, model: ModelConfig, params: Any, mesh: Any = None) -> Algorithm:
+def make(
+    config: Config,
+    model: ModelConfig,
+    params: Any,
+    mesh: Any = None,
+    scored_length: int | None = None,
+) -> Algorithm:
     """DPO as pure functions of one run, starting from `params` (the SFT model, placed on `mesh`
     if given): `init(key, hparams)` and `update(state, (batch, reference_params), hparams)`, one
     optimizer step on a batch of pairs shaped [grad_accum_steps, micro_batch, ...].
@@ -207,8 +225,9 @@ def make(config: Config, model: ModelConfig, params: Any, mesh: Any = None) -> A
     `reference_params` are used only with reference="in_step" (None otherwise); they are an input
     rather than part of the state, so checkpoints hold only what training changes. With
     config.lora_rank > 0 only LoRA adapters train (the reference stays the base model); the
-    state's `params` are then the merged parameters."""
-    loss_fn = make_loss(Transformer(model, mesh=mesh), config)
+    state's `params` are then the merged parameters. `scored_length` (`training.scored_length`
+    of every loss mask the run reads) restricts the head to the answers."""
+    loss_fn = make_loss(Transformer(model, mesh=mesh), config, scored_length)
     config = static(config)
 
     def update(state: training.TrainState, inputs: Any, hp: HParams):
@@ -229,11 +248,11 @@ def make(config: Config, model: ModelConfig, params: Any, mesh: Any = None) -> A
 
 
 def make_score(
-    model_config: ModelConfig, mesh: Any = None
+    model_config: ModelConfig, mesh: Any = None, scored_length: int | None = None
 ) -> Callable[[Any, dict[str, Array]], dict]:
     """score(params, batch) -> summed answer log-probs and lengths (jit it)."""
     model = Transformer(model_config, mesh=mesh)
-    return lambda params, batch: score_pairs(model, params, batch)
+    return lambda params, batch: score_pairs(model, params, batch, scored_length)
 
 
 def score_dataset(

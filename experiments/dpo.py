@@ -247,9 +247,19 @@ def main(argv: list[str]) -> None:
     run_dir = _lm.open_run(run)
     built = record_dataset(pairs, flat, run_dir)
 
+    # The head runs on each row's answer window only: the widest one in the data.
+    answer_window = training.scored_length(
+        *(
+            split[f"{side}_loss_mask"]
+            for split in arrays.values()
+            for side in ("chosen", "rejected")
+        )
+    )
     # The reference model's log-probs: once over the data here, or inside each step.
     # Replicated outputs: every process of a multi-host run reads all the scores.
-    score = jax.jit(dpo.make_score(model, mesh), out_shardings=sharding.replicated(mesh))
+    score = jax.jit(
+        dpo.make_score(model, mesh, answer_window), out_shardings=sharding.replicated(mesh)
+    )
     # No bigger than the largest split scored: a 32-pair split in batches of 256 would score
     # 224 padding pairs (on SmolLM2, minutes of the reference pass).
     scored = [arrays["eval"]]
@@ -278,7 +288,7 @@ def main(argv: list[str]) -> None:
 
     sft_accuracy, _, _ = task_accuracy(params)
 
-    algorithm = dpo.make(config, model, params, mesh)
+    algorithm = dpo.make(config, model, params, mesh, answer_window)
     batches_for = dataset_batches(train, config, flat.seed, mesh)
     in_step_reference = params if config.reference == "in_step" else None
     job = _lm.job(

@@ -90,6 +90,37 @@ def test_sequence_scores_equal_numpy_log_softmax():
         np.testing.assert_array_equal(scores[f"{side}_length"], batch[f"{side}_loss_mask"].sum(-1))
 
 
+def test_answer_window_scores_and_gradients_equal_the_full_head():
+    """The head on each row's answer window (training.scored_length) gives the full head's sums
+    and gradients: answers starting at different positions, one running to the last position,
+    and a row with nothing scored."""
+    params = init_params(MODEL, jax.random.key(1))
+    batch = random_pairs(6, seed=3)
+    batch["chosen_loss_mask"][0] = False
+    batch["rejected_attention_mask"][1] = True
+    batch["rejected_loss_mask"][1] = np.arange(batch["rejected_loss_mask"].shape[1]) >= 9
+    masks = [batch["chosen_loss_mask"], batch["rejected_loss_mask"]]
+    window = training.scored_length(*masks)
+    assert 0 < window < batch["chosen_tokens"].shape[1] - 1
+    spans = [np.flatnonzero(row) for mask in masks for row in mask if row.any()]
+    assert window == max(span[-1] - span[0] + 1 for span in spans)
+
+    def total(params, scored_length):
+        scores = dpo.score_pairs(Transformer(MODEL), params, batch, scored_length)
+        return scores["chosen"].sum() - 2 * scores["rejected"].sum(), scores
+
+    (_, full), full_grads = jax.value_and_grad(total, has_aux=True)(params, None)
+    (_, windowed), window_grads = jax.value_and_grad(total, has_aux=True)(params, window)
+    for key in full:
+        np.testing.assert_allclose(windowed[key], full[key], rtol=1e-5, atol=1e-5)
+    assert full["chosen"][0] == 0
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
+        window_grads,
+        full_grads,
+    )
+
+
 def run_steps(config, batch, reference_params=None, params=None):
     """One DPO update on `batch` (pairs [B, L], split into config.grad_accum_steps micro-batches)
     from `params` (default: random); returns (state, metrics)."""

@@ -150,12 +150,15 @@ def build_step(params: dict[str, Any]) -> harness.Step:
         reference=reference,
     )
     info["params"] = sum(int(x.size) for x in jax.tree.leaves(weights))
-    algorithm, hp = dpo.make(config, model, weights), hparams.hparams(config)
+    # The head on the answers only, as experiments/dpo.py runs it (TRL's fused head skips the
+    # prompt's positions too).
+    window = training.scored_length(arrays["chosen_loss_mask"], arrays["rejected_loss_mask"])
+    algorithm, hp = dpo.make(config, model, weights, scored_length=window), hparams.hparams(config)
     state = algorithm.init(jax.random.key(seed), hp)  # its own copy: `weights` stay the reference
     in_step = weights
     if reference == "precomputed":  # one pass of the reference over the dataset, timed apart
         sample = {key: value[: params["ref_batch_size"]] for key, value in arrays.items()}
-        score = jax.jit(dpo.make_score(model))
+        score = jax.jit(dpo.make_score(model, scored_length=window))
         score, info["ref_compile_s"] = harness.compile_timed(score, weights, sample)
         start = time.perf_counter()
         table = dpo.reference_log_probs(score, weights, arrays, params["ref_batch_size"])

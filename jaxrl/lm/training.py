@@ -235,13 +235,53 @@ DROPOUT_STREAM = 0x10A1
 
 
 def sequence_log_probs(
-    model: Transformer, params: Any, tokens: Array, attention_mask: Array, loss_mask: Array
+    model: Transformer,
+    params: Any,
+    tokens: Array,
+    attention_mask: Array,
+    loss_mask: Array,
+    scored_length: int | None = None,
 ) -> tuple[Array, Array]:
     """Summed log-prob of the `loss_mask` tokens of each sequence, and how many there are.
-    tokens/masks: [B, L] right-padded; returns ([B], [B])."""
-    logits, _ = model.apply({"params": params}, tokens, None, attention_mask)
-    per_token = token_log_probs(logits, tokens) * loss_mask
-    return per_token.sum(axis=-1), loss_mask.sum(axis=-1).astype(jnp.float32)
+    tokens/masks: [B, L] right-padded; returns ([B], [B]).
+
+    With `scored_length` (from `scored_length(loss_masks)`: every row's scored tokens lie within
+    that many positions of its first one), the head and log-softmax run on each row's window
+    only, not on all L positions: the same sums, a cheaper step when answers are short."""
+    length = tokens.shape[1]
+    if scored_length is None or scored_length >= length - 1:
+        logits, _ = model.apply({"params": params}, tokens, None, attention_mask)
+        per_token = token_log_probs(logits, tokens) * loss_mask
+        return per_token.sum(axis=-1), loss_mask.sum(axis=-1).astype(jnp.float32)
+    # Window j of a row predicts token first + j from the logits at first + j - 1. A row with
+    # nothing scored (argmax 0) reads a window whose mask is all False.
+    first = jnp.argmax(loss_mask, axis=-1)
+    window = jnp.maximum(first - 1, 0)[:, None] + jnp.arange(scored_length)
+    inside = window < length - 1  # a window running past the end predicts nothing there
+    window = jnp.minimum(window, length - 2)
+    logits, _ = model.apply(
+        {"params": params}, tokens, None, attention_mask, logit_positions=window
+    )
+    targets = jnp.take_along_axis(tokens, window + 1, axis=1)
+    mask = jnp.take_along_axis(loss_mask, window + 1, axis=1) & inside
+    log_probs = jax.nn.log_softmax(logits, axis=-1)
+    picked = jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+    return (picked * mask).sum(axis=-1), loss_mask.sum(axis=-1).astype(jnp.float32)
+
+
+def scored_length(*loss_masks: np.ndarray) -> int:
+    """The widest span, first to last scored token, of any row of these [N, L] loss masks: the
+    static window `sequence_log_probs` can restrict the head to (0 when nothing is scored)."""
+    widest = 0
+    for mask in loss_masks:
+        mask = np.asarray(mask, bool)
+        if not mask.any():
+            continue
+        columns = np.arange(mask.shape[1])
+        last = np.where(mask, columns, -1).max(axis=1)
+        first = np.where(mask, columns, mask.shape[1]).min(axis=1)
+        widest = max(widest, int((last - first + 1).max()))
+    return widest
 
 
 def optimizer_step(
