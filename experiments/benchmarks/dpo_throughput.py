@@ -5,6 +5,7 @@ SmolLM2-135M-Instruct, both sides loading the same checkpoint (README.md)."""
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import time
 from collections.abc import Callable
@@ -238,7 +239,15 @@ def variants(args: argparse.Namespace) -> list[harness.Variant]:
         flags += ["--batch_size", str(setup["batch_pairs"]), "--beta", str(BETA)]
         flags += ["--lr", str(LEARNING_RATE)]
         trl_expect = {**expect, "ids_match_fraction": 1.0}  # TRL tokenised the texts to our ids
-        rows = smollm2.trl_rows(args, "dpo", flags, flops["in_step"], trl_expect)
+        precomputing = "--precompute_ref" in shlex.split(args.trl_extra or "")
+        rows = smollm2.trl_rows(
+            args,
+            "dpo",
+            flags,
+            flops["in_step"],
+            trl_expect,
+            extra_flops=flops["precomputed"] if precomputing else None,
+        )
         extra = {key: setup[key] for key in ("hf_dir", "data", *SMOLLM2_SIZES)}
         extra["model"] = "smollm2"
     for reference in args.reference:

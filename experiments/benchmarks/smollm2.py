@@ -225,9 +225,12 @@ def trl_rows(
     flags: list[str],
     flops: float,
     expect: dict[str, Any],
+    extra_flops: float | None = None,
 ) -> list[harness.Variant]:
     """Our TRL worker's rows (`trl_worker.py <algorithm>`) with --trl_python: TRL fp32, plus a
-    row with --trl_extra. Tunix cannot load a checkpoint in its peer script: no Tunix row."""
+    row with --trl_extra, whose FLOPs per step are `extra_flops` where its flags change the work
+    (DPO's --precompute_ref takes the reference's forward out of the step). Tunix cannot load a
+    checkpoint in its peer script: no Tunix row."""
     if getattr(args, "tunix_python", None):
         harness.log(
             "tunix: its peer script builds a random model only; no row with --model smollm2"
@@ -244,7 +247,7 @@ def trl_rows(
             python=args.trl_python,
             script=TRL_WORKER,
             args=[algorithm, *common, *flags, *extra],
-            flops_per_step=flops,
+            flops_per_step=flops if not extra or extra_flops is None else extra_flops,
             expect=expect,
         )
         for extra in extras
