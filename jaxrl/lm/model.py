@@ -502,8 +502,11 @@ class Transformer(nn.Module):
         cache: Cache | None = None,
         logits_for_last: int = 0,
         logit_positions: Array | None = None,
+        hidden_only: bool = False,
     ) -> tuple[Array, Cache | None]:
-        """Logits [B, T, vocab] and the cache updated with this call's keys and values.
+        """Logits [B, T, vocab] and the cache updated with this call's keys and values. With
+        `hidden_only`, the final-normalised hidden states [B, T, hidden_size] instead of logits,
+        and no cache: what a reward or value head reads from whole sequences.
 
         The head can run on fewer positions, which is all a caller may read: the last
         `logits_for_last` ([B, logits_for_last, vocab]; a sampler's prefill, a completion's
@@ -549,6 +552,8 @@ class Transformer(nn.Module):
         elif logit_positions is not None:
             x = jnp.take_along_axis(x, logit_positions[..., None], axis=1)
         x = RMSNorm(cfg.rms_norm_eps, param_dtype, name="final_norm")(x)
+        if hidden_only:
+            return x, None
         if cfg.tie_embeddings:
             logits = x @ embedding.astype(dtype).T
         else:
