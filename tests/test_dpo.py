@@ -213,7 +213,11 @@ def test_sharded_dpo_step_equals_single_device(shape):
 
     placed = jax.device_put(params, param_shardings(MODEL, mesh))
     placed_ref = jax.device_put(ref_params, param_shardings(MODEL, mesh))
-    algorithm = dpo.make(config, MODEL, placed, mesh)
+    # The sharded run puts the head on the answer window (as experiments/dpo.py does), the
+    # single-device one on every position: the same step either way.
+    window = training.scored_length(batch["chosen_loss_mask"], batch["rejected_loss_mask"])
+    assert window < batch["chosen_tokens"].shape[1] - 1
+    algorithm = dpo.make(config, MODEL, placed, mesh, window)
     hp = hparams.hparams(config)
     state = algorithm.init(jax.random.PRNGKey(0), hp)
     stacked = training.shard_chunk(jax.tree.map(lambda x: x.reshape(1, 1, 8, -1), batch), mesh)
