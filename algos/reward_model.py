@@ -178,16 +178,22 @@ def make_score(model_config: ModelConfig, mesh: Any = None) -> Callable[..., tup
 
 
 def evaluate_pairs(
-    score: Callable, params: Any, arrays: dict[str, np.ndarray], batch_size: int
+    score: Callable,
+    params: Any,
+    arrays: dict[str, np.ndarray],
+    batch_size: int,
+    place: Callable | None = None,
 ) -> dict[str, float]:
     """Held-out pair accuracy (the chosen answer's reward above the rejected one's) and the mean
     Bradley-Terry loss, over every pair of `arrays` in fixed-size batches (the last padded by
-    repeating rows, then trimmed)."""
+    repeating rows, then trimmed; `place` puts a batch on the devices, sharded)."""
     n = len(arrays["chosen_tokens"])
     chosen, rejected = [], []
     for start in range(0, n, batch_size):
         index = np.arange(start, start + batch_size) % n
         batch = {k: v[index] for k, v in arrays.items() if k.startswith(("chosen_", "rejected_"))}
+        if place is not None:
+            batch = place(batch)
         c, r = jax.device_get(score(params, batch))
         keep = min(batch_size, n - start)
         chosen.append(np.asarray(c)[:keep])

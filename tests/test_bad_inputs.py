@@ -19,7 +19,7 @@ import pytest
 from tests.script_runs import tree_digest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TRAINERS = ("ppo.py", "sac.py", "cql.py", "sft.py", "dpo.py", "grpo.py")
+TRAINERS = ("ppo.py", "sac.py", "cql.py", "sft.py", "dpo.py", "grpo.py", "reward_model.py")
 
 PROMPTS = "--config.task.train_jsonl=tests/fixtures/prompts/"
 REWARD = "--config.rewards.host=tests.fixtures.host_reward:"
@@ -155,6 +155,12 @@ CASES = [
     ),
     ("sft.py", "--config.init_from=README.md", "config.init_from: README.md is a file but not"),
     ("dpo.py", "--config.init_from=tests/fixtures", "config.init_from: tests/fixtures holds"),
+    # --- reward models: their settings, and the pairs dpo.py reads
+    ("reward_model.py", "--config.center_rewards_coefficient=-1", "config.center_rewards_coeff"),
+    ("reward_model.py", "--config.lora_rank=4", "config.lora_rank: a reward model trains every"),
+    ("reward_model.py", "--config.task.train_jsonl=nope.jsonl", "config.task.train_jsonl: nope"),
+    ("reward_model.py", "--config.batch_size=8192", "config.batch_size: 8192 exceeds the 4000"),
+    ("reward_model.py", "--config.init_from=README.md", "config.init_from: README.md is a file"),
     (
         "sft.py",
         "--config.task.tokenizer=tests/fixtures/hf/tokenizer --config.model.vocab_size=100",

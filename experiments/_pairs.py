@@ -1,0 +1,217 @@
+"""What the preference-pair scripts (dpo.py, reward_model.py) share: the pairs read from the
+user's JSONL files or made from the task's problems, checked and tokenised to fixed shapes before
+anything is written, and kept in the run directory as a tensorflow-datasets dataset."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import NamedTuple
+
+import numpy as np
+import tensorflow_datasets as tfds
+from absl import logging
+
+from experiments import _lm
+from jaxrl import distributed, runner
+from jaxrl.config import ConfigError
+from jaxrl.data.chat import (
+    ChatDataError,
+    check_cuts,
+    check_length_settings,
+    fit_lengths,
+    hold_out,
+    require_chat_template,
+)
+from jaxrl.data.preferences import (
+    PreferenceDataError,
+    build_preference_dataset,
+    encode_preference_rows,
+    numbered_preference_rows,
+    pack_pairs,
+    pair_lengths,
+)
+from jaxrl.logging import RunDirectory
+
+SPLITS = ("train", "eval")
+ROWS_NAMES = {"train": "training pairs", "eval": "held-out pairs"}
+
+
+class Pairs(NamedTuple):
+    """Preference rows per split, where each came from, and the task's held-out problems."""
+
+    rows: dict[str, list[dict]]  # split -> {"prompt", "chosen", "rejected"} rows
+    wheres: dict[str, list[str]]  # split -> "file:line" (or "train pair 3") of each row
+    fields: dict[str, str]  # split -> the setting its rows came from, for error lines
+    eval_problems: list[str]  # the task's held-out problems; [] for the user's files
+
+
+class PairArrays(NamedTuple):
+    """The pairs tokenised to fixed shapes, and the lengths and cuts that made them."""
+
+    arrays: dict[str, dict[str, np.ndarray]]
+    max_prompt_length: int
+    max_length: int
+    cut_rows: dict[str, int]
+
+
+def read_pairs(flat, field: str) -> tuple[list[dict], list[str]]:
+    """The checked rows of config.task.<field> and their file:line (one error line otherwise)."""
+    path = flat.task[field]
+    if not os.path.isfile(path):
+        runner.fail(f"config.task.{field}: {path}: no such file; pass the path of a JSONL file")
+    try:
+        numbered = list(numbered_preference_rows(path))
+    except PreferenceDataError as error:
+        runner.fail(str(error))
+    if not numbered:
+        runner.fail(
+            f"config.task.{field}: {path}: no rows (the file is empty); write one JSON object "
+            "with prompt, chosen and rejected a line"
+        )
+    return [row for _, row in numbered], [where for where, _ in numbered]
+
+
+def preference_pairs(task, flat) -> Pairs:
+    """The user's pairs (config.task.train_jsonl, and eval_jsonl or num_eval of its rows held
+    out by data_seed), or synthetic pairs of the task's problems; nothing written yet."""
+    section = flat.task
+    if section.eval_jsonl and not section.train_jsonl:
+        runner.fail(
+            "config.task.eval_jsonl: held-out pairs without training pairs; set "
+            "config.task.train_jsonl too (or neither, for the task's synthetic pairs)"
+        )
+    if section.train_jsonl:
+        rows, wheres = read_pairs(flat, "train_jsonl")
+        if section.eval_jsonl:
+            eval_rows, eval_wheres = read_pairs(flat, "eval_jsonl")
+            fields = {"train": "train_jsonl", "eval": "eval_jsonl"}
+        else:
+            try:
+                numbered = list(zip(wheres, rows, strict=True))
+                train, held_out = hold_out(numbered, section.num_eval, section.data_seed)
+            except ConfigError as error:
+                runner.fail(f"config.task.{error}")
+            (wheres, rows), (eval_wheres, eval_rows) = (
+                ([w for w, _ in part], [r for _, r in part]) for part in (train, held_out)
+            )
+            fields = {"train": "train_jsonl", "eval": "train_jsonl"}
+        return Pairs(
+            {"train": rows, "eval": eval_rows}, {"train": wheres, "eval": eval_wheres}, fields, []
+        )
+    train_problems, eval_problems = _lm.split_problems(task, section)
+    rng = np.random.default_rng(section.data_seed + 1)
+    rows = {
+        split: list(task.preference_rows(problems, rng))
+        for split, problems in zip(SPLITS, (train_problems, eval_problems), strict=True)
+    }
+    wheres = {split: [f"{split} pair {i}" for i in range(len(rows[split]))] for split in SPLITS}
+    return Pairs(rows, wheres, {split: "name" for split in SPLITS}, eval_problems)
+
+
+def preference_arrays(pairs: Pairs, run) -> PairArrays:
+    """Every split's pairs tokenised (chat rows rendered by the tokenizer's chat template) to
+    lengths that are the config's or, where 0, the pairs' (config.task.length_percentile; the
+    task's: _lm.TASK_LENGTHS), with the pairs they cut counted and checked: any problem one error
+    line, before anything is written."""
+    section = run.flat.task
+    encoded = {}
+    try:
+        for split in SPLITS:
+            field = pairs.fields[split]
+            if any(isinstance(row["prompt"], list) for row in pairs.rows[split]):
+                require_chat_template(run.tokenizer, field, section[field])
+            encoded[split] = encode_preference_rows(
+                pairs.rows[split], run.tokenizer, pairs.wheres[split]
+            )
+        # One shape for both splits: lengths from all the pairs, so the held-out ones fit too.
+        prompt, rest = pair_lengths(
+            encoded["train"][0] + encoded["eval"][0], encoded["train"][1] + encoded["eval"][1]
+        )
+        settings = (section.max_prompt_length, section.max_length)
+        if not section.train_jsonl:  # the task's pairs
+            settings = _lm.task_lengths(section)
+        lengths = fit_lengths(prompt, rest, *settings, section.length_percentile)
+        given = (bool(settings[0]), bool(settings[1]))  # not taken from the data
+        cut_rows = {
+            split: check_cuts(
+                *pair_lengths(*encoded[split]),
+                *lengths,
+                section.max_cut_fraction,
+                ROWS_NAMES[split],
+                given,
+            )
+            for split in SPLITS
+        }
+        arrays = {split: pack_pairs(*encoded[split], run.tokenizer, *lengths) for split in SPLITS}
+    except ChatDataError as error:
+        runner.fail(str(error))
+    except ConfigError as error:
+        runner.fail(f"config.task.{error}")
+    return PairArrays(arrays, *lengths, cut_rows)
+
+
+def record_dataset(pairs: Pairs, flat, run_dir: RunDirectory) -> str:
+    """The pairs kept in the run directory as a tensorflow-datasets dataset (array_record, read
+    with `jaxrl.data.load_preference_split`), built from the user's two files, or from JSONL
+    files of the splits written here (the task's pairs, or a held-out split of the user's file).
+    Returns its directory."""
+    section = flat.task
+    if section.train_jsonl and section.eval_jsonl:
+        paths = {"train": section.train_jsonl, "eval": section.eval_jsonl}
+    else:
+        paths = {split: run_dir.file(f"{split}_pairs.jsonl") for split in SPLITS}
+        if run_dir.writes:  # in a multi-host run, process 0 writes the files all processes read
+            for split, path in paths.items():
+                with open(path, "w", encoding="utf-8") as f:
+                    for row in pairs.rows[split]:
+                        f.write(json.dumps(row, ensure_ascii=False) + "\n")
+        distributed.barrier("preference files")
+    tfds.disable_progress_bar()
+    logging.set_verbosity(logging.ERROR)  # tfds warns that our builder config is custom
+    try:
+        # Process 0 builds first; the other processes of a multi-host run then find it built.
+        if run_dir.writes:
+            built = build_preference_dataset(paths, run_dir.file("tfds"))
+        distributed.barrier("preference dataset")
+        if not run_dir.writes:
+            built = build_preference_dataset(paths, run_dir.file("tfds"))
+    finally:
+        logging.set_verbosity(logging.WARNING)
+    return built
+
+
+def data_name(run) -> str:
+    """What the pairs are called in messages and titles: the user's file, or the task."""
+    section = run.flat.task
+    return os.path.basename(section.train_jsonl) if section.train_jsonl else run.task.name
+
+
+def checked_pairs(run, algorithm: str) -> tuple[Pairs, PairArrays]:
+    """The run's pairs and their arrays, every setting and row checked (one error line
+    otherwise, before anything is written), with a line saying what they are."""
+    section, config = run.flat.task, run.config
+    try:
+        check_length_settings(
+            section.max_prompt_length,
+            section.max_length,
+            section.length_percentile,
+            section.max_cut_fraction,
+        )
+    except ConfigError as error:
+        runner.fail(f"config.task.{error}")
+    pairs = preference_pairs(run.task, run.flat)
+    data = preference_arrays(pairs, run)
+    num_pairs = len(data.arrays["train"]["chosen_tokens"])
+    if config.batch_size > num_pairs:
+        runner.fail(
+            f"config.batch_size: {config.batch_size} exceeds the {num_pairs} training pairs; "
+            "lower it or give more pairs"
+        )
+    print(
+        f"{algorithm} data: {num_pairs} training and {len(data.arrays['eval']['chosen_tokens'])} "
+        f"held-out pairs of {data_name(run)}, max_prompt_length={data.max_prompt_length}, "
+        f"max_length={data.max_length} tokens; pairs cut: {data.cut_rows['train']} training, "
+        f"{data.cut_rows['eval']} held-out"
+    )
+    return pairs, data
