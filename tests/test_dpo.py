@@ -119,6 +119,11 @@ def test_answer_window_scores_and_gradients_equal_the_full_head():
         window_grads,
         full_grads,
     )
+    # Too narrow a window is NaN for the rows it cuts, never a partial sum.
+    (_, narrow), _ = jax.value_and_grad(total, has_aux=True)(params, window - 1)
+    widest = [mask.sum(-1) == window for mask in masks]
+    for side, cut in zip(("chosen", "rejected"), widest, strict=True):
+        assert np.isnan(narrow[side][cut]).all() and not np.isnan(narrow[side][~cut]).any()
 
 
 def run_steps(config, batch, reference_params=None, params=None):

@@ -247,7 +247,8 @@ def sequence_log_probs(
 
     With `scored_length` (from `scored_length(loss_masks)`: every row's scored tokens lie within
     that many positions of its first one), the head and log-softmax run on each row's window
-    only, not on all L positions: the same sums, a cheaper step when answers are short."""
+    only, not on all L positions: the same sums, a cheaper step when answers are short. A row
+    whose scored tokens do not fit the window gets NaN."""
     length = tokens.shape[1]
     if scored_length is None or scored_length >= length - 1:
         logits, _ = model.apply({"params": params}, tokens, None, attention_mask)
@@ -266,7 +267,11 @@ def sequence_log_probs(
     mask = jnp.take_along_axis(loss_mask, window + 1, axis=1) & inside
     log_probs = jax.nn.log_softmax(logits, axis=-1)
     picked = jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
-    return (picked * mask).sum(axis=-1), loss_mask.sum(axis=-1).astype(jnp.float32)
+    counts = loss_mask.sum(axis=-1)
+    # A window narrower than a row's answer would drop its last tokens silently: that row's
+    # sum is NaN instead, which the runner's finiteness checks stop on.
+    sums = jnp.where(mask.sum(axis=-1) == counts, (picked * mask).sum(axis=-1), jnp.nan)
+    return sums, counts.astype(jnp.float32)
 
 
 def scored_length(*loss_masks: np.ndarray) -> int:
