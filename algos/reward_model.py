@@ -92,10 +92,11 @@ def init_params(lm_params: Any, model: ModelConfig, key: Array) -> dict[str, Any
     """A reward model starting from a language model's parameters (pretrained or SFT): the
     transformer as `backbone` and a new scalar head. The head's weights are drawn with standard
     deviation 1 / sqrt(hidden_size + 1), as OpenAI's lm-human-preferences initialised its reward
-    head, so the initial rewards are of order one; the bias starts at 0."""
+    head, so the initial rewards are of order one; the bias starts at 0. An untied LM head is
+    left out: the reward never reads it, and AdamW would keep moments for it."""
     std = 1.0 / np.sqrt(model.hidden_size + 1)
     return {
-        "backbone": lm_params,
+        "backbone": {name: value for name, value in lm_params.items() if name != "lm_head"},
         "score_kernel": std * jax.random.normal(key, (model.hidden_size,), jnp.float32),
         "score_bias": jnp.zeros((), jnp.float32),
     }

@@ -231,7 +231,8 @@ def _is_gguf(path: str) -> bool:
 
 def _run_checkpoint(path: str) -> Checkpoint:
     """A run directory of sft.py, dpo.py or grpo.py: the model it trained (model.json; a run made
-    before model.json existed records it as config.json's model section) and its tokenizer."""
+    before model.json existed records it as config.json's model section) and its tokenizer. A
+    reward model's run (model.json's head) is refused: its params/ are not a language model's."""
     if not os.path.isdir(os.path.join(path, PARAMS_DIR)):
         raise ValueError(
             f"{path}: a run directory without {PARAMS_DIR}/ (the final parameters), so it has not "
@@ -249,7 +250,7 @@ def _run_checkpoint(path: str) -> Checkpoint:
     if os.path.isfile(record_path) and record.get("head", LM_HEAD) != LM_HEAD:
         raise ValueError(
             f"{path}: a {record['head']} model's run (reward_model.py), not a language model's; "
-            "pass a run of sft.py/dpo.py/grpo.py, a Hugging Face directory or a .gguf file"
+            "pass a language model's run (sft.py, dpo.py or grpo.py)"
         )
     try:
         model = ModelConfig(**fields)

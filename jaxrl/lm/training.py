@@ -250,6 +250,8 @@ def sequence_log_probs(
     only, not on all L positions: the same sums, a cheaper step when answers are short. A row
     whose scored tokens do not fit the window gets NaN."""
     length = tokens.shape[1]
+    if scored_length is not None and scored_length < 0:
+        raise ValueError(f"scored_length: got {scored_length}; use training.scored_length(masks)")
     if scored_length is None or scored_length >= length - 1:
         logits, _ = model.apply({"params": params}, tokens, None, attention_mask)
         per_token = token_log_probs(logits, tokens) * loss_mask
@@ -264,7 +266,7 @@ def sequence_log_probs(
         {"params": params}, tokens, None, attention_mask, logit_positions=window
     )
     targets = jnp.take_along_axis(tokens, window + 1, axis=1)
-    mask = jnp.take_along_axis(loss_mask, window + 1, axis=1) & inside
+    mask = jnp.take_along_axis(loss_mask, window + 1, axis=1) * inside
     log_probs = jax.nn.log_softmax(logits, axis=-1)
     picked = jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
     counts = loss_mask.sum(axis=-1)
