@@ -255,30 +255,11 @@ def make_score(
     return lambda params, batch: score_pairs(model, params, batch, scored_length)
 
 
-def score_dataset(
-    score: Callable, params: Any, arrays: dict[str, np.ndarray], batch_size: int, place=None
-) -> dict:
-    """Run a jitted `score` over a whole tokenised dataset in fixed-size batches (the last batch
-    is padded by repeating rows, then trimmed), returning NumPy arrays of length N."""
-    n = len(next(iter(arrays.values())))
-    outputs: dict[str, list[np.ndarray]] = {}
-    for start in range(0, n, batch_size):
-        index = np.arange(start, start + batch_size) % n
-        batch = {k: v[index] for k, v in arrays.items() if k.startswith(("chosen_", "rejected_"))}
-        if place is not None:
-            batch = place(batch)
-        result = jax.device_get(score(params, batch))
-        keep = min(batch_size, n - start)
-        for k, v in result.items():
-            outputs.setdefault(k, []).append(np.asarray(v)[:keep])
-    return {k: np.concatenate(v) for k, v in outputs.items()}
-
-
 def reference_log_probs(
     score: Callable, reference_params: Any, arrays: dict, batch_size: int, place=None
 ) -> dict:
     """The reference model's summed answer log-probs for every pair, computed once."""
-    scores = score_dataset(score, reference_params, arrays, batch_size, place)
+    scores = training.score_pairs_in_batches(score, reference_params, arrays, batch_size, place)
     return {"reference_chosen": scores["chosen"], "reference_rejected": scores["rejected"]}
 
 
@@ -294,7 +275,7 @@ def evaluate_pairs(
     """Held-out preference metrics: reward accuracy (chosen reward > rejected reward), margin and
     loss, with the policy's implicit rewards against `reference` log-probs. Runs on the host
     after training, so it reads the coefficients from the (single-run) `config`."""
-    policy = score_dataset(score, params, arrays, batch_size, place)
+    policy = training.score_pairs_in_batches(score, params, arrays, batch_size, place)
     losses, chosen_reward, rejected_reward = preference_loss(
         jnp.asarray(policy["chosen"]),
         jnp.asarray(policy["rejected"]),

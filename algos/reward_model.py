@@ -172,10 +172,15 @@ def make(config: Config, model: ModelConfig, params: dict[str, Any], mesh: Any =
 # --- 5. evaluation -----------------------------------------------------------------------------
 
 
-def make_score(model_config: ModelConfig, mesh: Any = None) -> Callable[..., tuple[Array, Array]]:
-    """score(params, batch) -> (chosen rewards, rejected rewards) (jit it)."""
+def make_score(model_config: ModelConfig, mesh: Any = None) -> Callable[..., dict[str, Array]]:
+    """score(params, batch) -> {"chosen": rewards, "rejected": rewards} (jit it)."""
     model = Transformer(model_config, mesh=mesh)
-    return lambda params, batch: score_pairs(model, params, batch)
+
+    def score(params: Any, batch: dict[str, Array]) -> dict[str, Array]:
+        chosen, rejected = score_pairs(model, params, batch)
+        return {"chosen": chosen, "rejected": rejected}
+
+    return score
 
 
 def evaluate_pairs(
@@ -186,20 +191,9 @@ def evaluate_pairs(
     place: Callable | None = None,
 ) -> dict[str, float]:
     """Held-out pair accuracy (the chosen answer's reward above the rejected one's) and the mean
-    Bradley-Terry loss, over every pair of `arrays` in fixed-size batches (the last padded by
-    repeating rows, then trimmed; `place` puts a batch on the devices, sharded)."""
-    n = len(arrays["chosen_tokens"])
-    chosen, rejected = [], []
-    for start in range(0, n, batch_size):
-        index = np.arange(start, start + batch_size) % n
-        batch = {k: v[index] for k, v in arrays.items() if k.startswith(("chosen_", "rejected_"))}
-        if place is not None:
-            batch = place(batch)
-        c, r = jax.device_get(score(params, batch))
-        keep = min(batch_size, n - start)
-        chosen.append(np.asarray(c)[:keep])
-        rejected.append(np.asarray(r)[:keep])
-    chosen_all, rejected_all = np.concatenate(chosen), np.concatenate(rejected)
+    Bradley-Terry loss, over every pair of `arrays` (`training.score_pairs_in_batches`)."""
+    rewards = training.score_pairs_in_batches(score, params, arrays, batch_size, place)
+    chosen_all, rejected_all = rewards["chosen"], rewards["rejected"]
     margin = arrays.get("margin", 0.0)
     losses = bradley_terry_loss(jnp.asarray(chosen_all), jnp.asarray(rejected_all), margin)
     return {

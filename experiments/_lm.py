@@ -419,6 +419,22 @@ def check_vocabulary(tokenizer: Tokenizer, model: ModelConfig, source: Checkpoin
 TASK_LENGTHS = (16, 28)
 
 
+def check_length_section(section: ml_collections.ConfigDict) -> None:
+    """config.task's token-length settings (max_prompt_length, max_length, length_percentile,
+    max_cut_fraction) on their own, a problem one error line."""
+    from jaxrl.data.chat import check_length_settings
+
+    try:
+        check_length_settings(
+            section.max_prompt_length,
+            section.max_length,
+            section.length_percentile,
+            section.max_cut_fraction,
+        )
+    except ConfigError as error:
+        fail(f"config.task.{error}")
+
+
 def task_lengths(section: ml_collections.ConfigDict) -> tuple[int, int]:
     """(max_prompt_length, max_length) for a digit task: the config's, or TASK_LENGTHS where it
     leaves them 0 (a file's rows choose theirs from the data)."""

@@ -18,7 +18,6 @@ from jaxrl.config import ConfigError
 from jaxrl.data.chat import (
     ChatDataError,
     check_cuts,
-    check_length_settings,
     fit_lengths,
     hold_out,
     require_chat_template,
@@ -187,19 +186,26 @@ def data_name(run) -> str:
     return os.path.basename(section.train_jsonl) if section.train_jsonl else run.task.name
 
 
+def pair_summary_fields(summary: dict, data: PairArrays, config) -> dict:
+    """What both pair scripts' summaries report of their data and speed: tokens (padded chosen +
+    rejected) and pairs per second, the lengths, the rows cut and the mesh."""
+    tokens_per_step = config.batch_size * 2 * data.max_length
+    return {
+        "tokens": config.num_steps * tokens_per_step,
+        "tokens_per_second": round(summary["steps_per_second"] * tokens_per_step),
+        "pairs_per_second": round(summary["steps_per_second"] * config.batch_size, 1),
+        "max_prompt_length": data.max_prompt_length,
+        "max_length": data.max_length,
+        "cut_rows": data.cut_rows,
+        "mesh_shape": list(config.mesh_shape),
+    }
+
+
 def checked_pairs(run, algorithm: str) -> tuple[Pairs, PairArrays]:
     """The run's pairs and their arrays, every setting and row checked (one error line
     otherwise, before anything is written), with a line saying what they are."""
     section, config = run.flat.task, run.config
-    try:
-        check_length_settings(
-            section.max_prompt_length,
-            section.max_length,
-            section.length_percentile,
-            section.max_cut_fraction,
-        )
-    except ConfigError as error:
-        runner.fail(f"config.task.{error}")
+    _lm.check_length_section(section)
     pairs = preference_pairs(run.task, run.flat)
     data = preference_arrays(pairs, run)
     num_pairs = len(data.arrays["train"]["chosen_tokens"])

@@ -33,7 +33,12 @@ import jax  # noqa: E402
 import envs.text  # noqa: E402, F401  (the tasks: imported at start, as a run needs them)
 from algos import dpo  # noqa: E402
 from experiments import _lm  # noqa: E402
-from experiments._pairs import checked_pairs, data_name, record_dataset  # noqa: E402
+from experiments._pairs import (  # noqa: E402
+    checked_pairs,
+    data_name,
+    pair_summary_fields,
+    record_dataset,
+)
 from jaxrl import runner, sharding  # noqa: E402
 from jaxrl.data.step_batches import dataset_batches  # noqa: E402
 from jaxrl.lm import training  # noqa: E402
@@ -120,7 +125,6 @@ def main(argv: list[str]) -> None:
     )
     accuracy, mean_score, completions = task_accuracy(params)
     summary = runner.summary_fields(job, result, time.time() - t0)
-    tokens_per_step = config.batch_size * 2 * data.max_length  # padded chosen + rejected
     summary |= {
         "loss_type": config.loss_type,
         "task": task.name if eval_problems else None,
@@ -128,18 +132,12 @@ def main(argv: list[str]) -> None:
         "init_from": source,
         "wall_seconds": round(summary["wall_seconds"] + reference_seconds, 2),
         "reference_seconds": round(reference_seconds, 2),
-        "tokens": config.num_steps * tokens_per_step,
-        "tokens_per_second": round(summary["steps_per_second"] * tokens_per_step),
-        "pairs_per_second": round(summary["steps_per_second"] * config.batch_size, 1),
+        **pair_summary_fields(summary, data, config),
         **pair_metrics,
         "eval_task_accuracy": accuracy,
         "eval_task_score": mean_score,
         "sft_eval_task_accuracy": sft_accuracy,
         "eval_examples": _lm.eval_examples(task, eval_problems, completions),
-        "max_prompt_length": data.max_prompt_length,
-        "max_length": data.max_length,
-        "cut_rows": data.cut_rows,
-        "mesh_shape": list(config.mesh_shape),
     }
     run_dir.write_summary(summary)
     title = f"DPO ({config.loss_type}) {name}"

@@ -29,7 +29,12 @@ import jax  # noqa: E402
 import envs.text  # noqa: E402, F401  (the tasks: imported at start, as a run needs them)
 from algos import reward_model  # noqa: E402
 from experiments import _lm  # noqa: E402
-from experiments._pairs import checked_pairs, data_name, record_dataset  # noqa: E402
+from experiments._pairs import (  # noqa: E402
+    checked_pairs,
+    data_name,
+    pair_summary_fields,
+    record_dataset,
+)
 from jaxrl import runner, sharding  # noqa: E402
 from jaxrl.data.step_batches import dataset_batches  # noqa: E402
 
@@ -82,20 +87,13 @@ def main(argv: list[str]) -> None:
     t0 = time.time()
     metrics = reward_model.evaluate_pairs(score, params, arrays["eval"], eval_batch, place)
     summary = runner.summary_fields(job, result, time.time() - t0)
-    tokens_per_step = config.batch_size * 2 * data.max_length  # padded chosen + rejected
     summary |= {
         "task": run.task.name if pairs.eval_problems else None,
         "dataset": built,
         "init_from": source,
-        "tokens": config.num_steps * tokens_per_step,
-        "tokens_per_second": round(summary["steps_per_second"] * tokens_per_step),
-        "pairs_per_second": round(summary["steps_per_second"] * config.batch_size, 1),
+        **pair_summary_fields(summary, data, config),
         **metrics,
         "start_eval_pair_accuracy": start_metrics["eval_pair_accuracy"],
-        "max_prompt_length": data.max_prompt_length,
-        "max_length": data.max_length,
-        "cut_rows": data.cut_rows,
-        "mesh_shape": list(config.mesh_shape),
     }
     run_dir.write_summary(summary)
     title = f"reward model {name}"

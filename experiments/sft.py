@@ -45,7 +45,6 @@ from jaxrl.data.chat import (  # noqa: E402
     ASSISTANT_TURNS,
     ChatDataError,
     check_cuts,
-    check_length_settings,
     encode_sft_rows,
     example_lengths,
     fit_lengths,
@@ -77,15 +76,7 @@ class SftData(NamedTuple):
 
 def check_task_settings(section: Any) -> None:
     """The task section's data settings on their own, each problem one error line."""
-    try:
-        check_length_settings(
-            section.max_prompt_length,
-            section.max_length,
-            section.length_percentile,
-            section.max_cut_fraction,
-        )
-    except ConfigError as error:
-        runner.fail(f"config.task.{error}")
+    _lm.check_length_section(section)
     if section.assistant_turns not in ASSISTANT_TURNS:
         runner.fail(
             f"config.task.assistant_turns: got {section.assistant_turns!r}; use one of "

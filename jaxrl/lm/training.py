@@ -276,6 +276,27 @@ def sequence_log_probs(
     return sums, counts.astype(jnp.float32)
 
 
+def score_pairs_in_batches(
+    score: Callable, params: Any, arrays: dict[str, np.ndarray], batch_size: int, place=None
+) -> dict:
+    """Run a jitted `score(params, batch) -> dict` over every pair of a tokenised preference
+    dataset (its chosen_/rejected_ arrays) in fixed-size batches (the last batch padded by
+    repeating rows, then trimmed; `place` puts a batch on the devices), returning NumPy arrays of
+    length N. DPO's reference pass and evaluation and the reward model's evaluation use it."""
+    n = len(next(iter(arrays.values())))
+    outputs: dict[str, list[np.ndarray]] = {}
+    for start in range(0, n, batch_size):
+        index = np.arange(start, start + batch_size) % n
+        batch = {k: v[index] for k, v in arrays.items() if k.startswith(("chosen_", "rejected_"))}
+        if place is not None:
+            batch = place(batch)
+        result = jax.device_get(score(params, batch))
+        keep = min(batch_size, n - start)
+        for k, v in result.items():
+            outputs.setdefault(k, []).append(np.asarray(v)[:keep])
+    return {k: np.concatenate(v) for k, v in outputs.items()}
+
+
 def scored_length(*loss_masks: np.ndarray) -> int:
     """The widest span, first to last scored token, of any row of these [N, L] loss masks: the
     static window `sequence_log_probs` can restrict the head to (0 when nothing is scored)."""
