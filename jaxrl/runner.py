@@ -22,6 +22,7 @@ import logging
 import os
 import re
 import signal
+import socket
 import sys
 import threading
 import time
@@ -397,7 +398,9 @@ def open_run(workdir: str, resolved_config: Mapping[str, Any]) -> RunDirectory:
         fail(f"--workdir={workdir}: is a file, not a directory; pass a directory path")
     try:
         run_dir = RunDirectory(workdir)
-        probe = run_dir.file(".write_test")
+        # One probe per process: in a multi-host run every process checks the shared directory,
+        # and a shared name lets one process remove the probe another is about to remove.
+        probe = run_dir.file(f".write_test.{socket.gethostname()}.{os.getpid()}")
         with open(probe, "w"):
             pass
         os.remove(probe)

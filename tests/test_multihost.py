@@ -66,7 +66,8 @@ def run_two_processes(script, workdir, *args):
         for process in processes:
             process.kill()
     for process, (_, stderr) in zip(processes, outputs, strict=True):
-        assert process.returncode == 0, stderr[-3000:]
+        # A fatal error's message comes first, before the dump of loaded modules.
+        assert process.returncode == 0, stderr[:2000] + "\n...\n" + stderr[-1500:]
     return [stdout for stdout, _ in outputs]
 
 
