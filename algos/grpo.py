@@ -28,6 +28,9 @@ Variants (`Config.variant`):
   > 0, completions running into the last overlong_buffer tokens are penalised linearly.
 - "rloo" (Ahmadian et al., 2024): REINFORCE with the leave-one-out baseline, mean of the other
   group_size - 1 rewards; sequence-level, so token sums divided by the constant max_new_tokens.
+- "remax" (Li et al., 2024): REINFORCE whose baseline is the reward of the policy's own greedy
+  completion of the prompt, generated in the same program (one per prompt); token sums divided
+  by max_new_tokens like RLOO. It needs no critic and works from group_size 1.
 
 The file reads top to bottom: `Config`; the pure pieces (`group_advantages`, `overlong_penalty`,
 `policy_loss`) that tests compare with NumPy; host reward terms; the rollout; the loss; and `make`,
@@ -71,7 +74,7 @@ Array = jax.Array
 class Variant(NamedTuple):
     """What distinguishes the algorithms in `VARIANTS`: advantage baseline, scaling, aggregation."""
 
-    baseline: str  # "group_mean" or "leave_one_out"
+    baseline: str  # "group_mean", "leave_one_out" or "greedy" (the greedy completion's reward)
     scale_by_std: bool  # divide advantages by the group's reward standard deviation
     aggregation: str  # "sequence_mean", "token_mean" or "constant_length"
     drop_zero_variance_groups: bool  # give groups with all-equal rewards weight 0 (DAPO)
@@ -83,6 +86,7 @@ VARIANTS = {
     "dr_grpo": Variant("group_mean", False, "constant_length", False, None),
     "dapo": Variant("group_mean", True, "token_mean", True, 0.28),
     "rloo": Variant("leave_one_out", False, "constant_length", False, None),
+    "remax": Variant("greedy", False, "constant_length", False, None),
 }
 
 
@@ -95,7 +99,7 @@ class Config(training.TrainConfig):
 
     batch_size: int = 16  # prompts per update
     group_size: int = 8  # completions sampled per prompt
-    variant: str = "grpo"  # a key of VARIANTS: "grpo", "dr_grpo", "dapo" or "rloo"
+    variant: str = "grpo"  # a key of VARIANTS: "grpo", "dr_grpo", "dapo", "rloo" or "remax"
     num_epochs: int = 1  # passes over each update's completions
     num_minibatches: int = 1  # optimizer steps per epoch
     clip_low: float = swept(0.2)  # the ratio's lower clip is 1 - clip_low
@@ -135,10 +139,10 @@ class Config(training.TrainConfig):
             f"choose one of {sorted(VARIANTS)}",
         )
         require(
-            self.group_size >= 2,
+            self.group_size >= 2 or self.spec.baseline == "greedy",
             "group_size",
             f"got {self.group_size}; advantages compare completions within a group",
-            "use 2 or more",
+            "use 2 or more (or variant=remax, whose baseline is the greedy completion)",
         )
         require_in_range(self, "clip_low", 0.0, 1.0)
         require(self.clip_high >= 0, "clip_high", f"got {self.clip_high}", "use 0 or more")
@@ -169,6 +173,13 @@ class Config(training.TrainConfig):
             "choose them so their product divides batch_size * group_size",
         )
         shards = training.check_mesh_shape(self.mesh_shape)
+        require(
+            self.spec.baseline != "greedy" or self.batch_size % shards == 0,
+            "batch_size",
+            f"{self.batch_size} prompts, each with one greedy completion, do not split over the "
+            f"mesh's data*fsdp = {shards} batch shards",
+            f"make batch_size a multiple of {shards}",
+        )
         require(
             self.micro_batch_size % shards == 0,
             "batch_size",
@@ -219,14 +230,23 @@ class Config(training.TrainConfig):
 
 
 def group_advantages(
-    rewards: Array, baseline: str, scale_by_std: bool, std_eps: float = 1e-4
+    rewards: Array,
+    baseline: str,
+    scale_by_std: bool,
+    std_eps: float = 1e-4,
+    greedy_rewards: Array | None = None,
 ) -> Array:
     """[num_prompts, group_size] rewards -> advantages of the same shape.
-    group_mean: r - mean(group); leave_one_out: r - mean(the other members). With scale_by_std
-    the result is divided by the group's (unbiased) standard deviation + std_eps."""
+    group_mean: r - mean(group); leave_one_out: r - mean(the other members); greedy: r - the
+    reward of the prompt's greedy completion (`greedy_rewards` [num_prompts]). With
+    scale_by_std the result is divided by the group's (unbiased) standard deviation + std_eps."""
     group_size = rewards.shape[1]
     mean = rewards.mean(axis=1, keepdims=True)
-    if baseline == "leave_one_out":
+    if baseline == "greedy":
+        if greedy_rewards is None:
+            raise ValueError("group_advantages: the greedy baseline needs greedy_rewards")
+        advantages = rewards - greedy_rewards[:, None]
+    elif baseline == "leave_one_out":
         others_mean = (rewards.sum(axis=1, keepdims=True) - rewards) / (group_size - 1)
         advantages = rewards - others_mean
     else:
@@ -398,12 +418,18 @@ def host_reward(
 # --- the rollout: prompts, completions, rewards, advantages ----------------------------------
 
 
-def _on_batch_axes(tree: Any, mesh: Any) -> Any:
-    if mesh is None:
-        return tree
-    return jax.tree.map(
-        lambda x: jax.lax.with_sharding_constraint(x, sharding.batch_sharding(mesh, x.ndim)), tree
-    )
+def task_rewards(
+    task: TextTask, prompts: PromptBatch, completion: Completion
+) -> tuple[Array, dict[str, Array]]:
+    """The task's reward of each completion [B], the weighted sum of its terms, and each term's
+    batch mean as the metric `reward_<name>`."""
+    metrics = {}
+    rewards = jnp.zeros(completion.lengths.shape, jnp.float32)
+    for term in task.reward_terms:
+        value = term.fn(prompts, completion).astype(jnp.float32)
+        metrics[f"reward_{term.name}"] = value.mean()
+        rewards = rewards + term.weight * value
+    return rewards, metrics
 
 
 def make_rollout(
@@ -413,30 +439,44 @@ def make_rollout(
     metrics); `task_data` is the task's `data` (its prompt table) as the program received it."""
     config = static(config)
     sampling = config.sampling(task.eos_id, task.pad_id)
+    greedy = dataclasses.replace(sampling, temperature=0.0)
     spec = config.spec
+
+    def penalised_rewards(prompts: PromptBatch, completion: Completion, hp: HParams):
+        rewards, metrics = task_rewards(task, prompts, completion)
+        rewards = rewards + overlong_penalty(
+            completion.lengths, config.max_new_tokens, config.overlong_buffer, hp.overlong_penalty
+        )
+        return rewards, metrics
 
     def rollout(params: Any, key: Array, hp: HParams, task_data: Any = None):
         prompt_key, sample_key = jax.random.split(key)
         prompts = task.sample_prompts(prompt_key, config.batch_size, task_data)
         grouped = jax.tree.map(lambda x: jnp.repeat(x, config.group_size, axis=0), prompts)
-        grouped = _on_batch_axes(grouped, mesh)
+        grouped = sharding.constrain_batch(grouped, mesh)
         completion = generate(
             model, params, grouped.tokens, grouped.mask, sample_key, sampling, mesh
         )
 
-        metrics = {}
-        rewards = jnp.zeros(completion.lengths.shape, jnp.float32)
-        for term in task.reward_terms:
-            value = term.fn(grouped, completion).astype(jnp.float32)
-            metrics[f"reward_{term.name}"] = value.mean()
-            rewards = rewards + term.weight * value
-        rewards = rewards + overlong_penalty(
-            completion.lengths, config.max_new_tokens, config.overlong_buffer, hp.overlong_penalty
-        )
+        rewards, metrics = penalised_rewards(grouped, completion, hp)
+        greedy_rewards = None
+        if spec.baseline == "greedy":
+            prompts = sharding.constrain_batch(prompts, mesh)
+            # The greedy completion needs no randomness; the sample key is passed for its shape.
+            baseline = generate(
+                model, params, prompts.tokens, prompts.mask, sample_key, greedy, mesh
+            )
+            greedy_rewards, _ = penalised_rewards(prompts, baseline, hp)
+            metrics["greedy_reward"] = greedy_rewards.mean()
 
         by_group = rewards.reshape(config.batch_size, config.group_size)
-        advantages = group_advantages(by_group, spec.baseline, spec.scale_by_std, config.std_eps)
-        has_signal = jnp.ptp(by_group, axis=1) > 0
+        advantages = group_advantages(
+            by_group, spec.baseline, spec.scale_by_std, config.std_eps, greedy_rewards
+        )
+        if spec.baseline == "greedy":  # a sample that scored unlike the greedy completion
+            has_signal = jnp.any(by_group != greedy_rewards[:, None], axis=1)
+        else:
+            has_signal = jnp.ptp(by_group, axis=1) > 0
         weights = jnp.ones_like(by_group)
         if spec.drop_zero_variance_groups:
             weights = jnp.broadcast_to(has_signal[:, None], by_group.shape).astype(jnp.float32)
@@ -451,7 +491,7 @@ def make_rollout(
         ended_with_eos = jnp.any(completion.mask & (completion.tokens == task.eos_id), axis=1)
         metrics.update(
             reward=rewards.mean(),
-            reward_std=jnp.std(by_group, axis=1, ddof=1).mean(),
+            reward_std=jnp.std(by_group, axis=1, ddof=1).mean() if config.group_size > 1 else 0.0,
             zero_variance_fraction=1.0 - has_signal.mean(),
             completion_length=completion.lengths.mean(),
             ended_with_eos=ended_with_eos.mean(),
@@ -479,9 +519,15 @@ def completion_log_probs(
         batch["attention_mask"],
         logits_for_last=completion_length + 1,
     )
-    logits = logits[:, :-1] / temperature
-    log_softmax = jax.nn.log_softmax(logits, axis=-1)
-    tokens = batch["tokens"][:, -completion_length:]
+    return log_probs_and_entropy(
+        logits[:, :-1], batch["tokens"][:, -completion_length:], temperature
+    )
+
+
+def log_probs_and_entropy(logits: Array, tokens: Array, temperature: float) -> tuple[Array, Array]:
+    """From the logits [B, N, vocab] before each of `tokens` [B, N]: each token's log-prob at the
+    sampling temperature and the entropy of that distribution, both [B, N]."""
+    log_softmax = jax.nn.log_softmax(logits / temperature, axis=-1)
     log_probs = jnp.take_along_axis(log_softmax, tokens[..., None], axis=-1)[..., 0]
     entropy = -jnp.sum(jnp.exp(log_softmax) * log_softmax, axis=-1)
     return log_probs, entropy
@@ -561,20 +607,6 @@ def make(
         log_probs, _ = completion_log_probs(transformer, params, batch, config.temperature)
         return jax.lax.stop_gradient(log_probs)
 
-    def into_minibatches(batch: dict[str, Array], key: Array | None) -> dict[str, Array]:
-        """[B, ...] -> [num_minibatches, grad_accum_steps, micro_batch, ...], shuffled."""
-        if key is not None:
-            order = jax.random.permutation(key, config.completions_per_update)
-            batch = jax.tree.map(lambda x: x[order], batch)
-        shape = (config.num_minibatches, config.grad_accum_steps, config.micro_batch_size)
-        batch = jax.tree.map(lambda x: x.reshape(*shape, *x.shape[1:]), batch)
-        if mesh is None:
-            return batch
-        return jax.tree.map(
-            lambda x: jax.lax.with_sharding_constraint(x, training.chunk_sharding(mesh, x.ndim)),
-            batch,
-        )
-
     def update(state: training.TrainState, inputs: Inputs | None, hp: HParams):
         if inputs is not None and not isinstance(inputs, Inputs):
             raise TypeError(
@@ -612,7 +644,10 @@ def make(
             index, epoch_key = epoch_and_key
             shuffle = epoch_key if config.num_minibatches > 1 else None
             steps = index * config.num_minibatches + jnp.arange(config.num_minibatches)
-            return jax.lax.scan(optimizer_step, carry, (into_minibatches(batch, shuffle), steps))
+            minibatches = training.into_minibatches(
+                batch, shuffle, config.num_minibatches, config.grad_accum_steps, mesh
+            )
+            return jax.lax.scan(optimizer_step, carry, (minibatches, steps))
 
         epochs = (jnp.arange(config.num_epochs), jax.random.split(shuffle_key, config.num_epochs))
         state, step_metrics = jax.lax.scan(epoch, state, epochs)

@@ -105,9 +105,11 @@ def init_params(lm_params: Any, model: ModelConfig, key: Array) -> dict[str, Any
 def sequence_rewards(
     model: Transformer, params: dict[str, Any], tokens: Array, attention_mask: Array
 ) -> Array:
-    """The reward of each right-padded sequence [B, L]: the head on the final hidden state at its
-    last real token (only that position goes through the final norm), [B] fp32."""
-    last = jnp.maximum(attention_mask.sum(axis=-1) - 1, 0)
+    """The reward of each sequence [B, L]: the head on the final hidden state at its last real
+    token (only that position goes through the final norm), [B] fp32. Padding may be on either
+    side or both (a left-padded prompt followed by a right-padded completion)."""
+    length = attention_mask.shape[-1]
+    last = length - 1 - jnp.argmax(jnp.flip(attention_mask.astype(bool), axis=-1), axis=-1)
     hidden, _ = model.apply(
         {"params": params["backbone"]},
         tokens,

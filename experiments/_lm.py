@@ -40,6 +40,7 @@ SETTINGS = (
     "seed",
     "eval_batch_size",
     "eval_every",
+    "reward_model",  # ppo_lm.py's reward_model.py run(s)
 )  # top-level scalars that are not Config fields
 # What a run directory records besides config.json: the model it trained (architecture and
 # dtypes), where its tokenizer is and the special-token ids, so that init_from, generate.py and
@@ -578,6 +579,70 @@ def placement(model: ModelConfig, mesh: Any) -> Any:
         return param_shardings(model, mesh)
     except ConfigError as error:
         fail(f"config.mesh_shape: {error}")
+
+
+REWARD_HEAD = "reward"  # model.json's "head" of reward_model.py's runs
+
+
+def load_reward_model(path: str, run: Setup, field: str = "config.reward_model") -> tuple:
+    """A finished reward_model.py run directory as (its parameters on the run's mesh, its
+    ModelConfig in the run's dtypes): one error line, naming `field`, for a directory that is
+    not such a run or whose tokenizer is not the run's (the reward model must read the policy's
+    token ids)."""
+    record_path = os.path.join(path, MODEL_FILE)
+    if not os.path.isdir(os.path.join(path, PARAMS_DIR)) or not os.path.isfile(record_path):
+        fail(
+            f"{field}: {path} is not a finished reward_model.py run (no {PARAMS_DIR}/ or "
+            f"{MODEL_FILE}); pass the run directory of experiments/reward_model.py"
+        )
+    record = read_json(record_path)
+    if record.get("head") != REWARD_HEAD:
+        fail(
+            f"{field}: {path} is a {record.get('head', LM_HEAD)} model's run, not a reward "
+            "model's; pass the run directory of experiments/reward_model.py"
+        )
+    tokenizer = record.get("tokenizer", BYTE)
+    if tokenizer == TOKENIZER_DIR:
+        tokenizer = load_tokenizer(os.path.join(path, TOKENIZER_DIR)).source
+    if _file_bytes(tokenizer) != _file_bytes(run.tokenizer_source):
+        fail(
+            f"{field}: {path} reads another tokenizer ({tokenizer}) than the policy's "
+            f"({run.tokenizer_source}), so it would score other token ids than the policy "
+            "writes; train the reward model from the policy's checkpoint"
+        )
+    runtime = {name: run.flat.model[name] for name in RUNTIME_FIELDS}
+    try:
+        model = ModelConfig(**{**record["model"], **runtime})
+    except (ConfigError, TypeError) as error:
+        fail(f"{field}: {record_path}: model: {error}")
+    from algos import reward_model
+
+    # The backbone as the run saved it (its param_dtype), sharded like a language model; the
+    # head in float32, replicated.
+    where, head = placement(model, run.mesh), sharding.replicated(run.mesh)
+    shape = jax.eval_shape(
+        lambda: reward_model.init_params(
+            init_params(model, jax.random.key(0)), model, jax.random.key(0)
+        )
+    )
+    saved = _saved_param_dtype(path, model)
+    like = {
+        "backbone": {
+            name: jax.tree.map(
+                lambda leaf, at: jax.ShapeDtypeStruct(leaf.shape, saved, sharding=at),
+                leaves,
+                where[name],
+            )
+            for name, leaves in shape["backbone"].items()
+        },
+        "score_kernel": jax.ShapeDtypeStruct(shape["score_kernel"].shape, "float32", sharding=head),
+        "score_bias": jax.ShapeDtypeStruct((), "float32", sharding=head),
+    }
+    with ocp.StandardCheckpointer() as checkpointer:
+        params = checkpointer.restore(os.path.abspath(os.path.join(path, PARAMS_DIR)), like)
+    dtype = jax.numpy.dtype(model.param_dtype)
+    params["backbone"] = jax.tree.map(lambda x: x.astype(dtype), params["backbone"])
+    return params, model
 
 
 def save_params(run_dir: RunDirectory, params: Any) -> None:

@@ -23,563 +23,58 @@ problems), next to the starting model's `initial_eval_task_accuracy`.
 
 from __future__ import annotations
 
-import functools
-import importlib
-import inspect
-import json
 import os
 import sys
 import time
-from collections.abc import Callable
-from typing import Any, NamedTuple
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
-import ml_collections  # noqa: E402
-import numpy as np  # noqa: E402
 
 from algos import grpo  # noqa: E402
-from envs.text import TextTask  # noqa: E402
-from envs.text.prompt_dataset import prompt_dataset_task  # noqa: E402
-from experiments import _lm  # noqa: E402
-from jaxrl import distributed, evaluation, host, runner, sharding  # noqa: E402
-from jaxrl.config import ConfigError  # noqa: E402
-from jaxrl.data.chat import ChatDataError  # noqa: E402
-from jaxrl.data.prompts import (  # noqa: E402
-    PromptRow,
-    PromptTable,
-    read_prompt_jsonl,
-    read_prompt_tfds,
-    split_rows,
-    tokenize_prompts,
-)
-from jaxrl.lm.model import ModelConfig  # noqa: E402
-from jaxrl.logging import RunDirectory  # noqa: E402
+from experiments import _lm, _prompts  # noqa: E402
+from jaxrl import runner, sharding  # noqa: E402
 
 FLAGS = runner.define_flags("grpo.py", seeds=False)
-# Task settings that only the built-in digit tasks read (a prompt file brings its own prompts).
-DIGIT_TASK_FIELDS = ("name", "num_digits", "num_train", "held_out")
-FINAL_WINDOW = 10  # updates averaged into final_mean_reward
-INITIAL_EVAL_FILE = "initial_eval.json"  # the starting model's held-out result, kept for resumes
-
-
-def reward_functions(section: ml_collections.ConfigDict) -> list[tuple[str, Callable, float]]:
-    """(name, function, weight) of each host reward in config.rewards.host ("module:function",
-    comma-separated) with its weight from config.rewards.host_weights ("" weighs each 1)."""
-    specs = [spec.strip() for spec in section.host.split(",") if spec.strip()]
-    weights = [1.0] * len(specs)
-    if section.host_weights:
-        try:
-            weights = [float(w) for w in section.host_weights.split(",")]
-        except ValueError:
-            runner.fail(
-                f"config.rewards.host_weights: {section.host_weights!r} is not comma-separated "
-                "numbers; give one weight per reward function, e.g. '1.0,0.5'"
-            )
-        if len(weights) != len(specs) or not all(np.isfinite(weights)):
-            runner.fail(
-                f"config.rewards.host_weights: {len(weights)} weights for {len(specs)} reward "
-                "functions in config.rewards.host; give one finite weight per function"
-            )
-    functions = []
-    for spec, weight in zip(specs, weights, strict=True):
-        module_name, _, function_name = spec.partition(":")
-        try:
-            function = getattr(importlib.import_module(module_name), function_name)
-        except (ImportError, AttributeError, ValueError) as error:
-            runner.fail(
-                f"config.rewards.host: cannot load {spec!r} ({error}); give "
-                "'module.path:function' importable from the working directory"
-            )
-        if not callable(function):
-            runner.fail(f"config.rewards.host: {spec!r} is not a function; name a function")
-        functions.append((function_name, function, weight))
-    names = [name for name, _, _ in functions]
-    if len(set(names)) != len(names):
-        runner.fail(
-            f"config.rewards.host: two reward functions share a name ({', '.join(names)}), so "
-            "their metrics would too; give each its own function"
-        )
-    return functions
-
-
-def check_columns(spec: str, function: Callable, columns: list[str]) -> None:
-    """A reward function must take the columns it is given (`**kwargs` takes any) and find every
-    column it requires: checked before anything compiles, rather than failing in the first
-    update."""
-    try:
-        parameters = list(inspect.signature(function).parameters.values())
-    except (TypeError, ValueError):
-        return  # a builtin or C function: no signature to check
-    takes_any = any(p.kind is p.VAR_KEYWORD for p in parameters)
-    named = [p for p in parameters[2:] if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-    required = [p.name for p in named if p.default is p.empty]
-    missing = [name for name in required if name not in columns]
-    if missing:
-        runner.fail(
-            f"config.rewards.host: {spec} needs column(s) {missing} that the prompt file lacks "
-            f"(its columns: {', '.join(columns) or 'only prompt'}); add them to every row, or "
-            "give the parameters defaults"
-        )
-    unexpected = [c for c in columns if c not in {p.name for p in named}]
-    if unexpected and not takes_any:
-        runner.fail(
-            f"config.rewards.host: {spec} does not take column(s) {unexpected}, and every column "
-            "reaches every reward function; add **kwargs to its parameters"
-        )
-
-
-def try_on_rows(function: Callable, table: PromptTable, count: int = 4) -> None:
-    """Call a reward function on the first `count` rows with empty completions, before anything
-    compiles: one that raises, or returns anything but one finite float per completion, is one
-    error line now rather than after the first compile (a model may well complete with nothing,
-    so a usable reward function takes an empty completion)."""
-    rows = table.rows[:count]
-    completions: list = [""] * len(rows)
-    if table.conversational:
-        completions = [[{"role": "assistant", "content": ""}] for _ in rows]
-    columns = {name: [row.columns[name] for row in rows] for name in table.column_names()}
-    label = f"reward function {function.__module__}:{function.__qualname__}"
-    try:
-        values = host.call(label, function, [row.prompt for row in rows], completions, **columns)
-        host.check_rewards(label, values, len(rows))
-    except Exception:
-        failure = host.take_failure()
-        fix = "" if isinstance(failure.error, host.HostFunctionError) else "; fix the function"
-        runner.fail(
-            f"config.rewards.host: on the first {len(rows)} prompts with empty completions "
-            f"(tried before training), {failure.summary()}{fix}"
-        )
-
-
-class PromptData(NamedTuple):
-    """A user's prompt file as GRPO trains on it."""
-
-    task: TextTask  # the train split's prompts, with the host reward terms
-    train: PromptTable
-    held_out: PromptTable
-    functions: list[tuple[str, Callable, float]]
-
-
-def read_prompts(section: Any) -> tuple[list[PromptRow], list[PromptRow], str, str]:
-    """(train rows, held-out rows, the data's name, the field naming its held-out split) from
-    config.task.train_jsonl (and eval_jsonl) or a built TFDS dataset's splits (train_tfds,
-    train_split and eval_split), with num_eval rows held out of the training rows where no
-    held-out file or split is given. Raises ChatDataError / ConfigError."""
-    tfds_only = dict(tfds_data_dir="", train_split="train", eval_split="")
-    if section.train_tfds:
-        if section.train_jsonl or section.eval_jsonl:
-            field = "train_jsonl" if section.train_jsonl else "eval_jsonl"
-            raise ConfigError(
-                f"{field}: set together with train_tfds; give the prompts as one of the two "
-                "(a JSONL file, or a built TFDS dataset)"
-            )
-        read = functools.partial(
-            read_prompt_tfds,
-            section.train_tfds,
-            data_dir=section.tfds_data_dir or None,
-            prompt_column=section.prompt_column,
-        )
-        name, held_out_field = f"{section.train_tfds}[{section.train_split}]", "eval_split"
-        try:
-            rows = read(section.train_split)
-            held_out = read(section.eval_split) if section.eval_split else None
-        except ChatDataError as error:  # the dataset's path and row follow the field
-            raise ConfigError(f"train_tfds: {error}") from None
-    else:
-        for field, default in tfds_only.items():
-            if section[field] != default:
-                raise ConfigError(
-                    f"{field}: {section[field]!r} is read only with a TFDS dataset "
-                    "(train_tfds), which is not set; set train_tfds, or leave this at "
-                    f"{default!r}"
-                )
-        read = functools.partial(read_prompt_jsonl, prompt_column=section.prompt_column)
-        name, held_out_field = os.path.basename(section.train_jsonl), "eval_jsonl"
-        rows = read(section.train_jsonl)
-        held_out = read(section.eval_jsonl) if section.eval_jsonl else None
-    if held_out is None:
-        return *split_rows(rows, section.num_eval, section.data_seed), name, held_out_field
-    if held_out[0].columns.keys() != rows[0].columns.keys():
-        raise ConfigError(
-            f"{held_out_field}: {held_out[0].where} has columns {sorted(held_out[0].columns)}, "
-            f"the training rows {sorted(rows[0].columns)}; give both the same columns"
-        )
-    return rows, held_out, name, held_out_field
-
-
-def prompt_data(run: _lm.Setup) -> PromptData:
-    """Read, split and tokenise the user's prompts (config.task.train_jsonl and eval_jsonl, or
-    train_tfds), and load the reward functions: every problem one error line, before anything is
-    built."""
-    section, rewards = run.flat.task, run.flat.rewards
-    ignored = [f for f in _lm.overridden_fields("task") if f in DIGIT_TASK_FIELDS]
-    if ignored:
-        runner.fail(
-            f"config.task.{ignored[0]}: a setting of the built-in digit tasks, which prompts "
-            "from a file or dataset replace, so this flag would be ignored; drop it"
-        )
-    try:
-        train, held_out, data_name, held_out_field = read_prompts(section)
-        cut = dict(
-            length_percentile=section.length_percentile,
-            max_cut_fraction=section.max_cut_fraction,
-        )
-        train_field = "train_tfds" if section.train_tfds else "train_jsonl"
-        train_table = tokenize_prompts(
-            train, run.tokenizer, section.max_prompt_length, **cut, field=train_field
-        )
-        held_out_table = tokenize_prompts(
-            held_out, run.tokenizer, train_table.max_prompt_length, **cut, field=held_out_field
-        )
-    except ChatDataError as error:
-        runner.fail(str(error))
-    except ConfigError as error:
-        runner.fail(f"config.task.{error}")
-    if rewards.format_weight:
-        runner.fail(
-            "config.rewards.format_weight: the format reward is the digit tasks', and a prompt "
-            "file's rewards are its reward functions; set it to 0 and add a format reward to "
-            "config.rewards.host (e.g. envs.text.math_answers:boxed_format_reward)"
-        )
-    functions = reward_functions(rewards)
-    if not functions:
-        runner.fail(
-            "config.rewards.host: a prompt file needs at least one reward function; give "
-            "'module.path:function' (e.g. envs.text.math_answers:math_answer_reward)"
-        )
-    for name, function, _ in functions:
-        check_columns(name, function, train_table.column_names())
-        try_on_rows(function, train_table)
-    task = host_rewarded_task(run, data_name, train_table, functions)
-    for cut_rows, table, field in (
-        (train_table.cut, train, "train"),
-        (held_out_table.cut, held_out, "held-out"),
-    ):
-        if cut_rows:
-            print(
-                f"{cut_rows} of {len(table)} {field} prompts are longer than "
-                f"{train_table.max_prompt_length} tokens and lose their start"
-            )
-    return PromptData(task, train_table, held_out_table, functions)
-
-
-def digit_problems_as_prompts(run: _lm.Setup) -> PromptData | None:
-    """A digit task for a tokenizer without a token per digit (a real model's BPE, where "123"
-    may be one token): its problems become a prompt table, tokenised as whole strings like a
-    user's file, and the task's own score (1 for an exact answer, partial credit below 0.5) is
-    the reward, on the host. None when the task's characters are single tokens: then prompts
-    are drawn and scored in JAX, which needs no host call."""
-    task, section = run.task, run.flat.task
-    try:
-        task.tokens(run.tokenizer)
-        return None
-    except ConfigError:
-        pass
-    # The task's hashed splits, as the JAX sampler keeps them; a small task gives all it has.
-    rng = np.random.default_rng(section.data_seed)
-    held_out = task.sample_problems(rng, section.num_eval, split="eval", allow_fewer=True)
-    train = task.sample_problems(rng, section.num_train, split="train", allow_fewer=True)
-
-    def rows(problems: list[str], split: str) -> list[PromptRow]:
-        return [
-            PromptRow(f"{task.name} {split} problem {problem}", {
-                "prompt": task.prompt(problem), "problem": problem, "answer": task.answer(problem)
-            })
-            for problem in problems
-        ]  # fmt: skip
-
-    def task_score(prompts: list, completions: list, problem: list, **columns) -> list[float]:
-        return [task.score(p, c) for p, c in zip(problem, completions, strict=True)]
-
-    try:
-        train_table = tokenize_prompts(rows(train, "train"), run.tokenizer)
-        held_out_table = tokenize_prompts(
-            rows(held_out, "eval"), run.tokenizer, train_table.max_prompt_length
-        )
-    except ConfigError as error:
-        runner.fail(f"config.task.{error}")
-    functions = [("task", task_score, 1.0), *reward_functions(run.flat.rewards)]
-    return PromptData(
-        host_rewarded_task(run, task.name, train_table, functions),
-        train_table,
-        held_out_table,
-        functions,
-    )
-
-
-def host_rewarded_task(
-    run: _lm.Setup, name: str, table: PromptTable, functions: list[tuple[str, Callable, float]]
-) -> TextTask:
-    """The task of sampling `table`'s prompts, rewarded by the host `functions`."""
-    task = prompt_dataset_task(name, table, run.tokenizer)
-    for function_name, function, weight in functions:
-        term = grpo.host_reward(function, run.tokenizer, function_name, weight, run.mesh, table)
-        task = task.with_reward(term)
-    return task
-
-
-def text_task(run: _lm.Setup) -> TextTask:
-    """The digit task's prompt sampler and rewards, plus the host rewards of config.rewards.host
-    (each called with the `answer` column)."""
-    section = run.flat.rewards
-    try:
-        task = run.task.text_task(run.tokenizer, section.format_weight)
-    except ConfigError as error:
-        runner.fail(f"config.task.{error}")
-    for name, function, weight in reward_functions(section):
-        task = task.with_reward(grpo.host_reward(function, run.tokenizer, name, weight, run.mesh))
-    return task
-
-
-def last_rows(run_dir: RunDirectory, updates: int, num_steps: int, log_every: int) -> list[dict]:
-    """The metrics.jsonl rows (each the mean of a block of updates) of the last `updates` updates,
-    at least one row. Read from the file rather than the last chunk's metrics, so that a finished
-    run restarted for its summary (no chunk left to run) reports what the uninterrupted run did;
-    the barrier waits for process 0 to have written them."""
-    distributed.barrier("metrics written")
-    with open(run_dir.metrics_path) as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    rows = [row for row in rows if "loss" in row]  # training rows, not the evaluations
-    block = runner.block_length(num_steps, log_every)  # updates per row
-    return rows[-max(1, updates // block) :]
-
-
-class HeldOut(NamedTuple):
-    """Greedy completions of the held-out prompts, scored."""
-
-    accuracy: float  # mean of `correct`
-    correct: np.ndarray  # [num_eval]: 1 for a right answer (a prompt file: its first reward)
-    rewards: dict[str, float]  # summary fields: each reward function's mean, or the task score
-    examples: list[dict[str, str]]  # a few prompts with their completions
-
-
-def digit_evaluator(run: _lm.Setup, model: ModelConfig, held_out: Any, problems: list[str]):
-    """evaluate(params) -> HeldOut on the digit task's held-out problems, scored by the task."""
-
-    def evaluate(params: Any) -> HeldOut:
-        _, mean_score, completions = _lm.task_accuracy(
-            model, params, run.task, run.tokenizer, problems, held_out.tokens, held_out.mask,
-            run.config.max_new_tokens, run.mesh, run.flat.eval_batch_size,
-        )  # fmt: skip
-        scores = [run.task.score(p, c) for p, c in zip(problems, completions, strict=True)]
-        correct = np.array([s == 1.0 for s in scores], np.float64)
-        examples = _lm.eval_examples(run.task, problems, completions)
-        return HeldOut(float(correct.mean()), correct, {"eval_task_score": mean_score}, examples)
-
-    return evaluate
-
-
-def file_evaluator(run: _lm.Setup, model: ModelConfig, data: PromptData):
-    """evaluate(params) -> HeldOut on a prompt file's held-out rows: greedy completions scored
-    by the same reward functions as training, the first of which measures accuracy (1 for a
-    right answer). A reward function failing here is one error line, as in training."""
-    table = data.held_out
-    prompts = [row.prompt for row in table.rows]
-    columns = {name: [row.columns[name] for row in table.rows] for name in table.column_names()}
-
-    def evaluate(params: Any) -> HeldOut:
-        texts = _lm.greedy_completions(
-            model, params, run.tokenizer, table.tokens, table.mask, run.config.max_new_tokens,
-            run.mesh, run.flat.eval_batch_size,
-        )  # fmt: skip
-        completions: list = texts
-        if table.conversational:
-            completions = [[{"role": "assistant", "content": text}] for text in texts]
-        means, first = {}, None
-        for name, function, _ in data.functions:
-            label = f"reward function {function.__module__}:{function.__qualname__}"
-            try:
-                values = host.call(label, function, prompts, completions, **columns)
-                values = host.check_rewards(label, values, len(completions))
-            except Exception:
-                runner.report_host_failure(host.take_failure())
-            means[f"eval_reward_{name}"] = float(values.mean())
-            first = values if first is None else first
-        examples = [
-            {"prompt": _lm.shorten(p if isinstance(p, str) else p[-1]["content"]), "completion": t}
-            for p, t in zip(prompts[:5], texts[:5], strict=False)
-        ]
-        correct = (first >= 1.0).astype(np.float64)  # full marks: a right answer
-        return HeldOut(float(correct.mean()), correct, means, examples)
-
-    return evaluate
-
-
-def interval(values: np.ndarray, seed: int = 0) -> list[float]:
-    """The bootstrap 95% interval of the mean of per-problem `values` (problems resampled)."""
-    _, bounds = evaluation.interval_estimates(
-        {"x": values[:, None]}, evaluation.aggregate_mean, reps=10_000, seed=seed
-    )
-    return [float(b) for b in bounds["x"]]
-
-
-def plot_held_out_accuracy(
-    run_dir: Any, initial: HeldOut, final: HeldOut, num_steps: int, title: str
-) -> None:
-    """`held_out_accuracy.png`: greedy held-out accuracy at the start, at every `eval_every`
-    evaluation (metrics.jsonl) and at the end, each with its bootstrap 95% interval."""
-    if not run_dir.writes:
-        return
-    with open(run_dir.metrics_path) as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    middle = [r for r in rows if "eval_task_accuracy_low" in r and r["step"] < num_steps]
-    steps = [0, *(r["step"] for r in middle), num_steps]
-    points = [initial.accuracy, *(r["eval_task_accuracy"] for r in middle), final.accuracy]
-    bounds = [
-        interval(initial.correct),
-        *([r["eval_task_accuracy_low"], r["eval_task_accuracy_high"]] for r in middle),
-        interval(final.correct),
-    ]
-    name = f"greedy, {len(final.correct)} problems"
-    evaluation.plot_sample_efficiency_curves(
-        {name: steps},
-        {name: np.array(points)},
-        {name: np.array(bounds).T},
-        run_dir.file("held_out_accuracy.png"),
-        xlabel="update",
-        ylabel="held-out accuracy (95% CI)",
-        title=title,
-    )
-
-
-def initial_evaluation(run: _lm.Setup, evaluate: Callable, params: Any) -> HeldOut:
-    """The starting model's held-out result, computed once: a resumed run reads it back from
-    the run directory instead of spending another evaluation on it. Evaluated before the run
-    directory is written, so a reward function that fails on it leaves nothing behind."""
-    path = os.path.join(run.workdir, INITIAL_EVAL_FILE)
-    if os.path.isfile(path):
-        saved = _lm.read_json(path)
-        return HeldOut(
-            saved["accuracy"], np.array(saved["correct"]), saved["rewards"], saved["examples"]
-        )
-    return evaluate(params)
 
 
 def main(argv: list[str]) -> None:
     run = _lm.setup(FLAGS, grpo.Config, "grpo")
-    flat, config, mesh = run.flat, run.config, run.mesh
-    # Everything the user gave (data, reward functions) is checked before any compile.
-    from_prompts = flat.task.train_jsonl or flat.task.train_tfds
-    data = prompt_data(run) if from_prompts else digit_problems_as_prompts(run)
-    if data is not None:
-        rewarded, prompt_length = data.task, data.train.max_prompt_length
-        task_name, reward_key, num_eval = data.task.name, "reward", len(data.held_out.rows)
-    else:
-        task = run.task
-        rewarded = text_task(run)
-        # Held-out problems: the task's eval split, which the in-program sampler never draws.
-        rng = np.random.default_rng(flat.task.data_seed)
-        problems = task.sample_problems(rng, flat.task.num_eval, split="eval", allow_fewer=True)
-        held_out = jax.device_get(
-            task.encode_problems(task.problem_digits(problems), task.tokens(run.tokenizer))
-        )
-        prompt_length = held_out.tokens.shape[1]  # every prompt of a task has one length
-        task_name, reward_key, num_eval = task.name, "reward_task", len(problems)
-
-    # The model (init_from's architecture included) is known before any parameter is built.
-    if prompt_length + config.max_new_tokens > run.model.max_position_embeddings:
-        runner.fail(
-            f"config.max_new_tokens: prompts of {prompt_length} tokens + "
-            f"{config.max_new_tokens} new ones exceed the model's max_position_embeddings="
-            f"{run.model.max_position_embeddings}; set max_new_tokens <= "
-            f"{run.model.max_position_embeddings - prompt_length}"
-            + (" or a shorter max_prompt_length" if data is not None else "")
-        )
+    config, mesh = run.config, run.mesh
+    prompts = _prompts.read_task(run)
     params, model, source = _lm.initial_params(run)
-    if data is not None:
-        evaluate = file_evaluator(run, model, data)
-    else:
-        evaluate = digit_evaluator(run, model, held_out, problems)
-    initial = initial_evaluation(run, evaluate, params)
-    run_dir = _lm.open_run(run)
-    if run_dir.writes:
-        _lm.write_json(run_dir.file(INITIAL_EVAL_FILE), initial._asdict() | {
-            "correct": initial.correct.tolist()
-        })  # fmt: skip
+    evaluate = _prompts.evaluator(run, model, prompts)
+    run_dir, initial = _prompts.open_run_with_initial_evaluation(run, evaluate, params)
 
-    algorithm = grpo.make(config, model, rewarded, params, mesh)
+    algorithm = grpo.make(config, model, prompts.task, params, mesh)
     # The starting model is the KL penalty's reference; a prompt file's token table is the
     # prompts' source. Both are the update's inputs, placed on the devices once.
-    task_data = jax.device_put(rewarded.data, sharding.replicated(mesh))
+    task_data = jax.device_put(prompts.task.data, sharding.replicated(mesh))
     inputs = grpo.Inputs(params if config.kl_beta > 0 else None, task_data)
-
-    def after_chunk(state: Any, step: int, index: int) -> dict[str, float] | None:
-        # The last chunk's state is evaluated after training, for the summary.
-        if not flat.eval_every or (index + 1) % flat.eval_every or step >= config.num_steps:
-            return None
-        held = evaluate(state.params)
-        low, high = interval(held.correct)
-        return {
-            "eval_task_accuracy": held.accuracy,
-            "eval_task_accuracy_low": low,
-            "eval_task_accuracy_high": high,
-            **held.rewards,
-        }
-
     job = _lm.job(
         run,
         algorithm,
-        f"GRPO ({config.variant}) {task_name}",
+        f"GRPO ({config.variant}) {prompts.name}",
         inputs_for=lambda first, count: inputs,
         units_name="completions",
         units_per_step=config.completions_per_update,
-        after_chunk=after_chunk,
+        after_chunk=_prompts.evaluate_every(run, evaluate, lambda state: state.params),
     )
-    result = runner.train(job, flat.run, run_dir, FLAGS["kill_after_chunk"].value)
+    result = runner.train(job, run.flat.run, run_dir, FLAGS["kill_after_chunk"].value)
     params = result.states.params
     _lm.save_params(run_dir, params)
 
     t0 = time.time()
     final = evaluate(params)
     summary = runner.summary_fields(job, result, time.time() - t0)
-    rows = last_rows(run_dir, FINAL_WINDOW, config.num_steps, flat.run.log_every)
-    final_reward = float(np.mean([row[reward_key] for row in rows]))
-    # Generated tokens as the peers count them: up to and including EOS (the final rows' mean).
-    length = float(np.mean([row["completion_length"] for row in rows]))
-    generated_per_update = config.completions_per_update * length
-    trained_per_update = config.completions_per_update * (prompt_length + config.max_new_tokens)
-    summary |= {
-        "variant": config.variant,
-        "task": task_name,
-        "init_from": source,
-        "completions": config.num_steps * config.completions_per_update,
-        "tokens": round(config.num_steps * generated_per_update),  # generated tokens
-        "tokens_per_second": round(summary["steps_per_second"] * generated_per_update),
-        "trained_tokens_per_second": round(summary["steps_per_second"] * trained_per_update),
-        "final_mean_reward": final_reward,
-        "eval_task_accuracy": final.accuracy,
-        "eval_task_accuracy_ci95": interval(final.correct),
-        "initial_eval_task_accuracy": initial.accuracy,
-        # Paired by problem: the change each held-out problem saw, and its interval.
-        "eval_accuracy_change": final.accuracy - initial.accuracy,
-        "eval_accuracy_change_ci95": interval(final.correct - initial.correct),
-        **final.rewards,
-        "num_eval": num_eval,
-        "eval_examples": final.examples,
-        "mesh_shape": list(config.mesh_shape),
-    }
-    if data is None:
-        summary["num_digits"] = run.task.num_digits
-    else:
-        summary |= {"num_train": len(data.train.rows), "prompt_length": prompt_length}
-        summary |= {"cut_prompts": data.train.cut + data.held_out.cut}
+    summary |= {"variant": config.variant}
+    summary |= _prompts.summary_fields(
+        run, prompts, run_dir, initial, final, config.completions_per_update, source,
+        summary["steps_per_second"],
+    )  # fmt: skip
     run_dir.write_summary(summary)
-    title = f"GRPO ({config.variant}) {task_name}"
-    what = "answer reward" if data is None else "reward"
-    run_dir.write_learning_curve(
-        x="step", y=reward_key, title=f"{title}: {what} of sampled completions"
-    )
-    plot_held_out_accuracy(run_dir, initial, final, config.num_steps, f"{title}: held-out")
-    change = summary["eval_accuracy_change_ci95"]
-    print(
-        f"{title}: final_mean_reward {final_reward:.3f}, eval_task_accuracy "
-        f"{final.accuracy:.3f} (start: {initial.accuracy:.3f}; change 95% CI "
-        f"[{change[0]:+.3f}, {change[1]:+.3f}]) after {config.num_steps} updates "
-        f"in {summary['wall_seconds']:.0f}s (compile {summary['compile_seconds']:.0f}s). "
-        f"Run directory: {run_dir.path}"
-    )
+    title = f"GRPO ({config.variant}) {prompts.name}"
+    _prompts.write_plots_and_report(run, prompts, run_dir, initial, final, summary, title)
 
 
 if __name__ == "__main__":

@@ -42,7 +42,6 @@ FLAGS = runner.define_flags("reward_model.py", seeds=False)
 PAIR_KEYS = tuple(
     f"{side}_{name}" for side in ("chosen", "rejected") for name in ("tokens", "attention_mask")
 )
-REWARD_HEAD = "reward"  # model.json's "head" of this script's runs
 
 
 def main(argv: list[str]) -> None:
@@ -58,7 +57,7 @@ def main(argv: list[str]) -> None:
         key: value if key == "backbone" else jax.device_put(value, sharding.replicated(mesh))
         for key, value in params.items()
     }
-    run_dir = _lm.open_run(run, head=REWARD_HEAD)
+    run_dir = _lm.open_run(run, head=_lm.REWARD_HEAD)
     built = record_dataset(pairs, flat, run_dir)
 
     # Replicated outputs: every process of a multi-host run reads all the rewards.

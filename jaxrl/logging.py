@@ -127,16 +127,20 @@ class RunDirectory:
         write_json(self.file("summary.json"), summary)
 
     def write_learning_curve(
-        self, x: str = "env_steps", y: str = "episode_return", title: str | None = None
+        self,
+        x: str = "env_steps",
+        y: str = "episode_return",
+        title: str | None = None,
+        file_name: str = "learning_curve.png",
     ) -> None:
-        """Plot `y` against `x` from metrics.jsonl into `learning_curve.png`
+        """Plot `y` against `x` from metrics.jsonl into `file_name`
         (`jaxrl.evaluation.plot_learning_curves`)."""
         if not self.writes:
             return
         from jaxrl import evaluation  # imports jax and matplotlib: only when plotting
 
         evaluation.plot_learning_curves(
-            self.metrics_path, self.file("learning_curve.png"), x=x, y=y, title=title
+            self.metrics_path, self.file(file_name), x=x, y=y, title=title
         )
 
     def truncate_metrics(self, last_step: int) -> None:

@@ -132,6 +132,16 @@ def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec(BATCH_AXES, *([None] * (ndim - 1))))
 
 
+def constrain_batch(tree: Any, mesh: Mesh | None) -> Any:
+    """Inside a jitted function: every array of `tree` split over the mesh along its leading
+    (batch) axis, `batch_sharding`; unchanged without a mesh."""
+    if mesh is None:
+        return tree
+    return jax.tree.map(
+        lambda x: jax.lax.with_sharding_constraint(x, batch_sharding(mesh, x.ndim)), tree
+    )
+
+
 def replicated(mesh: Mesh) -> NamedSharding:
     """A full copy on every device of `mesh`."""
     return NamedSharding(mesh, PartitionSpec())

@@ -19,7 +19,16 @@ import pytest
 from tests.script_runs import tree_digest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TRAINERS = ("ppo.py", "sac.py", "cql.py", "sft.py", "dpo.py", "grpo.py", "reward_model.py")
+TRAINERS = (
+    "ppo.py",
+    "sac.py",
+    "cql.py",
+    "sft.py",
+    "dpo.py",
+    "grpo.py",
+    "reward_model.py",
+    "ppo_lm.py",
+)
 
 PROMPTS = "--config.task.train_jsonl=tests/fixtures/prompts/"
 REWARD = "--config.rewards.host=tests.fixtures.host_reward:"
@@ -161,6 +170,13 @@ CASES = [
     ("reward_model.py", "--config.task.train_jsonl=nope.jsonl", "config.task.train_jsonl: nope"),
     ("reward_model.py", "--config.batch_size=8192", "config.batch_size: 8192 exceeds the 4000"),
     ("reward_model.py", "--config.init_from=README.md", "config.init_from: README.md is a file"),
+    # --- PPO for language models: its settings and the reward models it reads
+    ("ppo_lm.py", "--config.critic=shared", "config.critic: unknown critic 'shared'"),
+    ("ppo_lm.py", "--config.gae_lambda=1.5", "config.gae_lambda: "),
+    ("ppo_lm.py", "--config.batch_size=6 --config.num_minibatches=4", "config.num_minibatches: "),
+    ("ppo_lm.py", "--config.ensemble_rule=min", "config.ensemble_rule: combines a reward-model"),
+    ("ppo_lm.py", "--config.reward_model=tests/fixtures", "config.reward_model: tests/fixtures is"),
+    ("ppo_lm.py", "--config.max_new_tokens=60", "config.max_new_tokens: prompts of 12 tokens"),
     (
         "sft.py",
         "--config.task.tokenizer=tests/fixtures/hf/tokenizer --config.model.vocab_size=100",

@@ -19,12 +19,14 @@ TOKENIZER = ByteTokenizer()
 # --- NumPy references, written from the papers' definitions ---------------------------------
 
 
-def np_advantages(rewards, variant, eps=1e-4):
+def np_advantages(rewards, variant, greedy, eps=1e-4):
     out = np.zeros_like(rewards)
     for i, group in enumerate(rewards):
         g = len(group)
         for j, r in enumerate(group):
-            if variant == "rloo":
+            if variant == "remax":
+                out[i, j] = r - greedy[i]
+            elif variant == "rloo":
                 out[i, j] = r - (group.sum() - r) / (g - 1)
             else:
                 out[i, j] = r - group.mean()
@@ -61,9 +63,14 @@ def test_group_advantages_match_numpy(variant):
     rng = np.random.default_rng(0)
     rewards = rng.uniform(size=(5, 6)).astype(np.float32)
     rewards[2] = 0.5  # a zero-variance group
+    greedy = rng.uniform(size=5).astype(np.float32)  # ReMax's baseline
+    greedy[2] = 0.5
     spec = grpo.VARIANTS[variant]
-    got = grpo.group_advantages(jnp.asarray(rewards), spec.baseline, spec.scale_by_std)
-    np.testing.assert_allclose(np.asarray(got), np_advantages(rewards, variant), rtol=1e-5)
+    got = grpo.group_advantages(
+        jnp.asarray(rewards), spec.baseline, spec.scale_by_std, greedy_rewards=greedy
+    )
+    want = np_advantages(rewards, variant, greedy)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-7)
     assert np.all(np.asarray(got)[2] == 0)
 
 

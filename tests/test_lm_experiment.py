@@ -97,7 +97,8 @@ def test_dpo_learns_reverse_digits_from_an_sft_model(sft_run, tmp_path):
 def test_reward_model_learns_to_rank_pairs_from_an_sft_model(sft_run, tmp_path):
     """reward_model.py on the task's pairs, sharded over 2 devices: held-out pair accuracy from
     chance to >= 0.75 (2026-11-24, one device: 0.477 -> 0.836); its run is refused as a policy
-    to start from, in one line, with nothing written."""
+    to start from, in one line, with nothing written; ppo_lm.py trains against it (a few
+    updates, sharded) and refuses a language model's run as a reward model."""
     workdir = str(tmp_path / "rm")
     run(
         "reward_model.py",
@@ -118,6 +119,40 @@ def test_reward_model_learns_to_rank_pairs_from_an_sft_model(sft_run, tmp_path):
     assert result.returncode == 2 and len(lines) == 1, result.stderr[-2000:]
     assert "a reward model's run (reward_model.py)" in lines[0]
     assert not os.path.exists(tmp_path / "dpo")
+
+    # PPO against it, with a critic started from it, sharded: the run directory's contract.
+    ppo = str(tmp_path / "ppo")
+    run(
+        "ppo_lm.py",
+        f"--config.init_from={sft_run}",
+        f"--config.reward_model={workdir}",
+        "--config.critic=separate",
+        "--config.num_steps=4",
+        "--config.batch_size=16",
+        "--config.run.num_chunks=2",
+        "--config.mesh_shape=(2,1,1)",
+        "--config.task.num_eval=32",
+        f"--workdir={ppo}",
+    )
+    summary = read_json(ppo)
+    assert summary["reward_model"] == [workdir] and summary["critic"] == "separate"
+    assert all(np.isfinite(summary[k]) for k in ("final_score", "final_kl", "final_mean_reward"))
+    policy = read_params(ppo)  # the policy alone: a language model later scripts start from
+    assert "embedding" in policy and all_floats_finite(policy)
+    for name in ("learning_curve.png", "score_curve.png", "held_out_accuracy.png", "model.json"):
+        assert os.path.exists(os.path.join(ppo, name)), name
+    # A language model's run is no reward model: one line, nothing written.
+    result = run(
+        "ppo_lm.py",
+        f"--config.init_from={sft_run}",
+        f"--config.reward_model={sft_run}",
+        f"--workdir={tmp_path / 'ppo_bad'}",
+        check=False,
+    )
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr[-2000:]
+    assert "a language model's run, not a reward model's" in lines[0]
+    assert not os.path.exists(tmp_path / "ppo_bad")
 
 
 DPO_SMALL = [

@@ -1,6 +1,6 @@
-"""Settings the language-model experiments share (sft.py, dpo.py, grpo.py, reward_model.py): the
-model, the text task and how the run is driven. Each algorithm's config file adds its Config's
-fields on top."""
+"""Settings the language-model experiments share (sft.py, dpo.py, grpo.py, reward_model.py,
+ppo_lm.py): the model, the text task and how the run is driven. Each algorithm's config file adds
+its Config's fields on top."""
 
 from typing import Any
 

@@ -589,6 +589,15 @@ class Transformer(nn.Module):
 # --- helpers ------------------------------------------------------------------------------------
 
 
+def head_logits(config: ModelConfig, params: dict, hidden: Array) -> Array:
+    """The LM head on final-normalised hidden states (`Transformer(hidden_only=True)`), fp32
+    logits as `Transformer` computes them: for a caller that reads both the hidden states (a
+    value head) and the logits of one forward pass."""
+    dtype = jnp.dtype(config.dtype)
+    weight = params["embedding"].T if config.tie_embeddings else params["lm_head"]
+    return (hidden @ weight.astype(dtype)).astype(jnp.float32)
+
+
 def positions_from_mask(token_mask: Array) -> Array:
     """Position ids that skip padding: a left-padded row's first real token gets position 0."""
     return jnp.maximum(jnp.cumsum(token_mask.astype(jnp.int32), axis=-1) - 1, 0)

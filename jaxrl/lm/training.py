@@ -408,6 +408,29 @@ def make_batch_chunk(
     return chunk
 
 
+def into_minibatches(
+    batch: dict[str, Array],
+    shuffle_key: Array | None,
+    num_minibatches: int,
+    grad_accum_steps: int,
+    mesh: Any = None,
+) -> dict[str, Array]:
+    """An on-policy batch [B, ...] (inside jit) as [num_minibatches, grad_accum_steps,
+    micro_batch, ...] for a scan of optimizer steps, its rows shuffled by `shuffle_key` (None:
+    in order) and each micro-batch split over the mesh's batch axes."""
+    if shuffle_key is not None:
+        rows = jax.tree.leaves(batch)[0].shape[0]
+        order = jax.random.permutation(shuffle_key, rows)
+        batch = jax.tree.map(lambda x: x[order], batch)
+    shape = (num_minibatches, grad_accum_steps, -1)
+    batch = jax.tree.map(lambda x: x.reshape(*shape, *x.shape[1:]), batch)
+    if mesh is None:
+        return batch
+    return jax.tree.map(
+        lambda x: jax.lax.with_sharding_constraint(x, chunk_sharding(mesh, x.ndim)), batch
+    )
+
+
 def chunk_sharding(mesh: Any, ndim: int) -> Any:
     """Stacked batches [K, accum, micro_batch, ...]: the micro-batch axis splits over the mesh."""
     spec = jax.sharding.PartitionSpec(None, None, sharding.BATCH_AXES, *([None] * (ndim - 3)))

@@ -1,0 +1,253 @@
+"""Over-optimising a learned reward, on a task whose true ("gold") reward is known: the setup of
+Gao, Schulman and Hilton (2022), "Scaling Laws for Reward Model Overoptimization", at small scale.
+
+    python experiments/overoptimisation.py --out=runs/overoptimisation --seeds=3
+
+For each seed, with the GRPO preset's tiny model on reversing 3 digits:
+1. SFT: `sft_steps` supervised steps leave the model partly right (the gold reward is the task's
+   answer reward: 1 for the exact answer, partial credit below 0.5).
+2. Preferences: the SFT policy samples two completions of each of `num_pairs` training prompts;
+   the gold reward scores both and the first is labelled chosen with probability
+   sigmoid(bt_scale * (gold_1 - gold_2)), Bradley-Terry noise; pairs of equal gold are dropped.
+3. Proxy reward models: an ensemble of `ensemble_size` reward models trained on those labels by
+   `jax.vmap` in one program, each from the SFT transformer with its own head and batch order.
+4. PPO from the SFT policy against member 0 alone, and against the whole ensemble combined by
+   `rule` (mean_minus_std: uncertainty-weighted; min: worst case; Coste et al., 2024). Each
+   update logs the gold reward, the proxy score and the KL to the SFT policy.
+
+Writes `overoptimisation.json` (every run's curves, and each reward model's held-out pair
+accuracy against the gold labels) and `overoptimisation.png`: gold and proxy reward against KL,
+the mean over seeds with a 95% interval (Student t over seeds) at each update.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from absl import app, flags  # noqa: E402
+
+from algos import grpo, ppo_lm, reward_model, sft  # noqa: E402
+from envs.text import make_task  # noqa: E402
+from envs.text.task import supervised_batch  # noqa: E402
+from jaxrl import hparams, loop  # noqa: E402
+from jaxrl.lm.model import ModelConfig, init_params  # noqa: E402
+from jaxrl.lm.sampler import generate  # noqa: E402
+from jaxrl.lm.tokenizer import ByteTokenizer  # noqa: E402
+
+flags.DEFINE_string("out", "runs/overoptimisation", "directory for the JSON and the plot")
+flags.DEFINE_integer("seeds", 3, "independent repetitions of the whole pipeline")
+flags.DEFINE_integer("sft_steps", 40, "supervised steps of the start")
+flags.DEFINE_integer("num_pairs", 4096, "prompts sampled for preference pairs (before ties)")
+flags.DEFINE_float("bt_scale", 5.0, "Bradley-Terry scale of the gold-reward labels")
+flags.DEFINE_integer("ensemble_size", 4, "reward models trained by vmap")
+flags.DEFINE_integer("reward_steps", 300, "reward-model optimizer steps (batch 64)")
+flags.DEFINE_enum("rule", "mean_minus_std", list(reward_model.ENSEMBLE_RULES), "ensemble rule")
+flags.DEFINE_integer("ppo_updates", 100, "PPO updates per run")
+flags.DEFINE_float("kl_coef", 0.01, "PPO's KL penalty coefficient (small: room to over-optimise)")
+FLAGS = flags.FLAGS
+
+TASK = make_task("reverse_digits", num_digits=3).text_task(ByteTokenizer())
+BATCH = 64  # SFT and reward-model batch
+# Student t's 97.5% quantile by degrees of freedom (seeds - 1), for 95% intervals over seeds.
+T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+
+
+def model_config() -> ModelConfig:
+    from experiments.configs.grpo import get_config
+
+    return ModelConfig(**get_config("reverse_digits").model.to_dict())
+
+
+def fine_tune(model: ModelConfig, seed: int):
+    config = sft.Config(learning_rate=3e-3, batch_size=BATCH)
+    algorithm = sft.make(config, model, init_params(model, jax.random.key(seed)))
+    hp = hparams.hparams(config)
+
+    def step(state, key):
+        batch = jax.tree.map(lambda x: x[None], supervised_batch(TASK, key, BATCH))
+        return algorithm.update(state, batch, hp)
+
+    keys = jax.random.split(jax.random.fold_in(jax.random.key(100), seed), FLAGS.sft_steps)
+    state, _ = jax.jit(lambda s: jax.lax.scan(step, s, keys))(
+        algorithm.init(jax.random.key(seed), hp)
+    )
+    return state.params
+
+
+def gold_labelled_pairs(model: ModelConfig, params, seed: int) -> dict[str, np.ndarray]:
+    """Two samples of the policy per prompt, labelled by the gold reward with Bradley-Terry noise
+    (ties dropped). Returns the pair arrays reward-model training reads, plus `agrees` (whether
+    each label matches the gold order)."""
+    sampling = ppo_lm.Config(max_new_tokens=4).sampling(TASK.eos_id, TASK.pad_id)
+
+    @jax.jit
+    def sample(key):
+        prompt_key, sample_key = jax.random.split(key)
+        prompts = TASK.sample_prompts(prompt_key, FLAGS.num_pairs, None)
+        twice = jax.tree.map(lambda x: jnp.repeat(x, 2, axis=0), prompts)
+        completion = generate(model, params, twice.tokens, twice.mask, sample_key, sampling)
+        gold, _ = grpo.task_rewards(TASK, twice, completion)
+        tokens = jnp.concatenate([twice.tokens, completion.tokens], axis=1)
+        mask = jnp.concatenate([twice.mask, completion.mask], axis=1)
+        return tokens, mask, gold
+
+    tokens, mask, gold = jax.device_get(sample(jax.random.key(1000 + seed)))
+    tokens, mask, gold = (x.reshape(FLAGS.num_pairs, 2, *x.shape[1:]) for x in (tokens, mask, gold))
+    keep = gold[:, 0] != gold[:, 1]
+    tokens, mask, gold = tokens[keep], mask[keep], gold[keep]
+    rng = np.random.default_rng(seed)
+    difference = gold[:, 0] - gold[:, 1]
+    first = rng.random(len(gold)) < 1.0 / (1.0 + np.exp(-FLAGS.bt_scale * difference))
+    chosen, rejected = np.where(first, 0, 1), np.where(first, 1, 0)
+    rows = np.arange(len(gold))
+    return {
+        "chosen_tokens": tokens[rows, chosen],
+        "chosen_attention_mask": mask[rows, chosen],
+        "rejected_tokens": tokens[rows, rejected],
+        "rejected_attention_mask": mask[rows, rejected],
+        "agrees": first == (difference > 0),
+    }
+
+
+def train_ensemble(model: ModelConfig, sft_params, pairs, seed: int):
+    """K reward models trained as one vmapped program on 7/8 of the pairs; returns their stacked
+    parameters and each one's accuracy on the held-out 1/8 against the gold order."""
+    config = reward_model.Config(learning_rate=3e-4, batch_size=BATCH, num_steps=FLAGS.reward_steps)
+    hp = hparams.hparams(config)
+    k = FLAGS.ensemble_size
+    members = [
+        reward_model.init_params(sft_params, model, jax.random.key(10 * seed + i)) for i in range(k)
+    ]
+    keys = ("chosen_tokens", "chosen_attention_mask", "rejected_tokens", "rejected_attention_mask")
+    count = len(pairs["agrees"])
+    split = count * 7 // 8
+    rng = np.random.default_rng(seed)
+    states = [
+        reward_model.make(config, model, p).init(jax.random.key(i), hp)
+        for i, p in enumerate(members)
+    ]
+    state = jax.tree.map(lambda *x: jnp.stack(x), *states)
+    update = jax.jit(
+        jax.vmap(reward_model.make(config, model, members[0]).update, in_axes=(0, 0, None))
+    )
+    for _ in range(config.num_steps):
+        index = np.stack([rng.choice(split, BATCH, replace=False) for _ in range(k)])
+        batch = {name: pairs[name][index][:, None] for name in keys}
+        state, _ = update(state, batch, hp)
+    score = jax.jit(jax.vmap(reward_model.make_score(model), in_axes=(0, None)))
+    held = {name: pairs[name][split:] for name in keys}
+    rewards = jax.device_get(score(state.params, held))
+    # Accuracy against the gold order (a held-out label against it counts the other way).
+    prefers_chosen = rewards["chosen"] > rewards["rejected"]
+    agrees = pairs["agrees"][split:]
+    accuracy = np.mean(prefers_chosen == agrees[None], axis=1)
+    return state.params, accuracy.tolist(), float(np.mean(agrees))
+
+
+def ppo_curves(model: ModelConfig, sft_params, reward_params, rule: str, seed: int) -> dict:
+    config = ppo_lm.Config(
+        batch_size=256, max_new_tokens=4, num_minibatches=4, num_epochs=4, learning_rate=3e-4,
+        kl_coef=FLAGS.kl_coef, ensemble_rule=rule,
+    )  # fmt: skip
+    algorithm = ppo_lm.make(
+        config, model, TASK, ppo_lm.init_params(sft_params, model), reward_model_config=model
+    )
+    hp = hparams.hparams(config)
+    state = algorithm.init(jax.random.key(seed), hp)
+    chunk = jax.jit(loop.make_chunk(algorithm.update, FLAGS.ppo_updates, runs_axis=False))
+    _, metrics = chunk(state, ppo_lm.Inputs(sft_params, reward_params), hp)
+    metrics = jax.device_get(metrics)
+    return {name: np.asarray(metrics[name]).tolist() for name in ("reward_task", "score", "kl")}
+
+
+def interval(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Mean over seeds (axis 0) and its 95% Student-t interval."""
+    mean = values.mean(axis=0)
+    if len(values) < 2:
+        return mean, mean, mean
+    t = T_975.get(len(values) - 1, 1.96)
+    half = t * values.std(axis=0, ddof=1) / np.sqrt(len(values))
+    return mean, mean - half, mean + half
+
+
+def plot(results: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=False)
+    for name, color in (("single", "tab:red"), ("ensemble", "tab:blue")):
+        runs = results["runs"][name]
+        kl = np.mean([run["kl"] for run in runs], axis=0)
+        for axis, key, label in ((axes[0], "reward_task", "gold"), (axes[1], "score", "proxy")):
+            mean, low, high = interval(np.array([run[key] for run in runs]))
+            axis.plot(kl, mean, color=color, label=f"{name} reward model")
+            axis.fill_between(kl, low, high, color=color, alpha=0.2)
+            axis.set_xlabel("KL to the SFT policy (nats, mean over seeds)")
+            axis.set_ylabel(f"{label} reward of samples (95% CI over seeds)")
+            axis.set_title(f"{label} reward")
+    axes[0].legend()
+    figure.suptitle(
+        f"PPO against a learned reward, {len(results['seeds'])} seeds; ensemble of "
+        f"{FLAGS.ensemble_size}, rule {FLAGS.rule}"
+    )
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    os.makedirs(FLAGS.out, exist_ok=True)
+    model = model_config()
+    results = {"flags": {f.name: f.value for f in FLAGS.get_key_flags_for_module(sys.argv[0])}}
+    results |= {"seeds": list(range(FLAGS.seeds)), "runs": {"single": [], "ensemble": []}}
+    results["reward_models"] = []
+    start = time.time()
+    for seed in range(FLAGS.seeds):
+        sft_params = fine_tune(model, seed)
+        pairs = gold_labelled_pairs(model, sft_params, seed)
+        ensemble, accuracy, label_agreement = train_ensemble(model, sft_params, pairs, seed)
+        results["reward_models"].append(
+            {"pairs": len(pairs["agrees"]), "held_out_gold_accuracy": accuracy,
+             "label_agreement_with_gold": label_agreement}
+        )  # fmt: skip
+        single = jax.tree.map(lambda x: x[0], ensemble)
+        results["runs"]["single"].append(ppo_curves(model, sft_params, single, "mean", seed))
+        results["runs"]["ensemble"].append(
+            ppo_curves(model, sft_params, ensemble, FLAGS.rule, seed)
+        )
+        for name in ("single", "ensemble"):
+            run = results["runs"][name][-1]
+            print(
+                f"seed {seed} {name}: gold {run['reward_task'][0]:.3f} -> "
+                f"{np.mean(run['reward_task'][-10:]):.3f}, proxy {run['score'][0]:.3f} -> "
+                f"{np.mean(run['score'][-10:]):.3f}, KL {np.mean(run['kl'][-10:]):.2f} "
+                f"({time.time() - start:.0f}s)",
+                flush=True,
+            )
+    with open(os.path.join(FLAGS.out, "overoptimisation.json"), "w") as f:
+        json.dump(results, f)
+    plot(results, os.path.join(FLAGS.out, "overoptimisation.png"))
+    for name in ("single", "ensemble"):
+        runs = results["runs"][name]
+        final = np.array([np.mean(run["reward_task"][-10:]) for run in runs])
+        peak = np.array([np.max(run["reward_task"]) for run in runs])
+        mean, low, high = interval(final[:, None])
+        print(
+            f"{name}: final gold {mean[0]:.3f} [{low[0]:.3f}, {high[0]:.3f}], peak gold "
+            f"{peak.mean():.3f}, start {np.mean([run['reward_task'][0] for run in runs]):.3f}"
+        )
+    print(f"Wrote {FLAGS.out}/overoptimisation.json and overoptimisation.png")
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,153 @@
+"""PPO of a language model (RLHF): against a reward model trained on preferences, or a task's
+verifiable reward.
+
+    TASK="--config.task.num_digits=3 --config.task.num_train=512 --config.task.num_eval=128"
+    python experiments/sft.py $TASK --config.num_steps=50 --workdir=runs/sft
+    python experiments/reward_model.py $TASK --config.init_from=runs/sft --workdir=runs/rm
+    python experiments/ppo_lm.py --config.init_from=runs/sft --config.reward_model=runs/rm \\
+        --workdir=runs/ppo
+    python experiments/ppo_lm.py --config.init_from=runs/sft --workdir=runs/ppo_task  # task reward
+
+Every update samples one completion per prompt, scores it with the reward model (or the task),
+computes the policy's log-probs and values and the reference's log-probs, folds the KL penalty
+into per-token rewards, estimates advantages by GAE and takes PPO's clipped steps, all inside one
+compiled program (`algos/ppo_lm.py`); updates run in compiled chunks on `jaxrl.runner`, with a
+checkpoint after each, and a restarted run resumes from the newest. The reference is the
+starting model. --config.reward_model takes reward_model.py run directories (comma-separated:
+an ensemble combined by --config.ensemble_rule); without it the score is the task's reward, as
+in grpo.py (its prompts, prompt files and reward functions work here the same way). With a
+reward model the task's reward is still logged (`reward`, `reward_<name>`): where it is the
+known "gold" reward, the distance between it and `score` is over-optimisation of the proxy.
+--config.critic=separate trains a critic of its own, started from the (first) reward model as
+TRL does, or from the policy without one.
+
+The run directory follows the other scripts' contract: `params/` holds the trained policy (a
+language model later scripts can start from), `summary.json` reports `final_mean_reward` (the
+task's reward of the samples, mean over the last 10 updates), `final_score`, `final_kl` and the
+held-out `eval_task_accuracy` against the start's.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from algos import ppo_lm  # noqa: E402
+from experiments import _lm, _prompts  # noqa: E402
+from jaxrl import runner, sharding  # noqa: E402
+from jaxrl.lm.model import ModelConfig  # noqa: E402
+
+FLAGS = runner.define_flags("ppo_lm.py", seeds=False)
+
+
+def reward_models(run: _lm.Setup, prompt_length: int) -> tuple[Any, ModelConfig | None, list]:
+    """config.reward_model's runs as (parameters, stacked on a leading axis for an ensemble;
+    their ModelConfig; their paths), or (None, None, []) for the task's reward. Every problem is
+    one error line before anything compiles."""
+    paths = [path.strip() for path in run.flat.reward_model.split(",") if path.strip()]
+    if not paths:
+        return None, None, []
+    loaded = [_lm.load_reward_model(path, run) for path in paths]
+    models = {model for _, model in loaded}
+    if len(models) > 1:
+        runner.fail(
+            "config.reward_model: the ensemble's reward models have different architectures; "
+            "train every member from the same checkpoint"
+        )
+    (model,) = models
+    limit = model.max_position_embeddings
+    if prompt_length + run.config.max_new_tokens > limit:
+        runner.fail(
+            f"config.max_new_tokens: prompts of {prompt_length} tokens + "
+            f"{run.config.max_new_tokens} new ones exceed the reward model's "
+            f"max_position_embeddings={limit}; set max_new_tokens <= {limit - prompt_length}"
+        )
+    params = [p for p, _ in loaded]
+    if len(params) == 1:
+        return params[0], model, paths
+    return jax.tree.map(lambda *members: jax.numpy.stack(members), *params), model, paths
+
+
+def main(argv: list[str]) -> None:
+    run = _lm.setup(FLAGS, ppo_lm.Config, "ppo_lm")
+    flat, config, mesh = run.flat, run.config, run.mesh
+    prompts = _prompts.read_task(run)
+    defaults = ppo_lm.Config()
+    for name in ("ensemble_rule", "ensemble_std_coefficient"):
+        if "," not in flat.reward_model and getattr(config, name) != getattr(defaults, name):
+            runner.fail(
+                f"config.{name}: combines a reward-model ensemble's scores, and "
+                "config.reward_model names no ensemble (several comma-separated runs), so it "
+                "would be ignored; drop it, or give the ensemble's run directories"
+            )
+    reward_params, reward_config, reward_paths = reward_models(run, prompts.prompt_length)
+    lm_params, model, source = _lm.initial_params(run)
+
+    critic_params, critic_model = None, None
+    if config.critic == "separate" and reward_params is not None:
+        # TRL's choice: the critic starts as the reward model (an ensemble's first member).
+        critic_model = reward_config
+        first = jax.tree.map(lambda x: x[0], reward_params) if len(reward_paths) > 1 else None
+        critic_params = jax.tree.map(jax.numpy.copy, first or reward_params)
+    params = ppo_lm.init_params(
+        lm_params, model, jax.random.key(flat.seed), config.critic, critic_params
+    )
+    on_mesh = set(sharding.replicated(mesh).device_set)
+    params = jax.tree.map(
+        lambda x: x if x.sharding.device_set == on_mesh else jax.device_put(
+            x, sharding.replicated(mesh)
+        ),
+        params,
+    )  # fmt: skip
+
+    evaluate = _prompts.evaluator(run, model, prompts)
+    run_dir, initial = _prompts.open_run_with_initial_evaluation(run, evaluate, lm_params)
+    algorithm = ppo_lm.make(config, model, prompts.task, params, mesh, reward_config, critic_model)
+    task_data = jax.device_put(prompts.task.data, sharding.replicated(mesh))
+    inputs = ppo_lm.Inputs(lm_params, reward_params, task_data)
+    job = _lm.job(
+        run,
+        algorithm,
+        f"PPO {prompts.name}",
+        inputs_for=lambda first, count: inputs,
+        units_name="completions",
+        units_per_step=config.batch_size,
+        after_chunk=_prompts.evaluate_every(run, evaluate, lambda state: state.params["policy"]),
+    )
+    result = runner.train(job, flat.run, run_dir, FLAGS["kill_after_chunk"].value)
+    policy = result.states.params["policy"]
+    _lm.save_params(run_dir, policy)  # the policy alone: a language model's run
+
+    t0 = time.time()
+    final = evaluate(policy)
+    summary = runner.summary_fields(job, result, time.time() - t0)
+    summary |= _prompts.summary_fields(
+        run, prompts, run_dir, initial, final, config.batch_size, source,
+        summary["steps_per_second"],
+    )  # fmt: skip
+    rows = _prompts.last_rows(run_dir, _prompts.FINAL_WINDOW, config.num_steps, flat.run.log_every)
+    summary |= {
+        "reward_model": reward_paths,
+        "critic": config.critic,
+        "final_score": float(np.mean([row["score"] for row in rows])),
+        "final_kl": float(np.mean([row["kl"] for row in rows])),
+        "final_kl_coef": float(rows[-1]["kl_coef"]),
+    }
+    run_dir.write_summary(summary)
+    title = f"PPO {prompts.name}"
+    if reward_paths:
+        run_dir.write_learning_curve(
+            x="step", y="score", title=f"{title}: reward-model score", file_name="score_curve.png"
+        )
+    _prompts.write_plots_and_report(run, prompts, run_dir, initial, final, summary, title)
+
+
+if __name__ == "__main__":
+    runner.main(main)
