@@ -37,6 +37,7 @@ contract's `init` and `update`:
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -290,7 +291,9 @@ def init_params(
     return {"policy": lm_params, "critic": critic_params}
 
 
-def make_forward(model: ModelConfig, critic_model: ModelConfig | None, mesh: Any, config: Config):
+def make_forward(
+    model: ModelConfig, critic_model: ModelConfig | None, mesh: Any, config: Config
+) -> Callable[[dict[str, Any], dict[str, Array]], tuple[Array, Array, Array]]:
     """forward(params, batch) -> (log-probs, entropy, values), each [B, N] over the completion
     tokens of `batch` (tokens and attention_mask [B, P + N], completion_mask [B, N]). A token's
     value is the critic's estimate of the state it was sampled in, read at the position before
@@ -341,7 +344,7 @@ def make_forward(model: ModelConfig, critic_model: ModelConfig | None, mesh: Any
     return forward
 
 
-def make_reward_model_scores(reward_config: ModelConfig, mesh: Any = None):
+def make_reward_model_scores(reward_config: ModelConfig, mesh: Any = None) -> Callable[..., Array]:
     """scores(reward_params, tokens, attention_mask, hp, rule) -> [B]: the reward model's score of
     each sequence or, for an ensemble (parameters stacked on a leading axis of K members, as
     `jax.vmap` of reward-model training leaves them), the members' scores combined by `rule`."""

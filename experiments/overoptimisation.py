@@ -16,8 +16,9 @@ For each seed, with the GRPO preset's tiny model on reversing 3 digits:
    update logs the gold reward, the proxy score and the KL to the SFT policy.
 
 Writes `overoptimisation.json` (every run's curves, and each reward model's held-out pair
-accuracy against the gold labels) and `overoptimisation.png`: gold and proxy reward against KL,
-the mean over seeds with a 95% interval (Student t over seeds) at each update.
+accuracy against the gold order) and `overoptimisation.png`: gold reward, proxy reward and KL
+against the update, the mean over seeds with a 95% interval (Student t over seeds), and each
+run's gold reward against its KL.
 """
 
 from __future__ import annotations
@@ -61,12 +62,14 @@ T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 
 
 
 def model_config() -> ModelConfig:
+    """The GRPO reverse-digits preset's tiny model."""
     from experiments.configs.grpo import get_config
 
     return ModelConfig(**get_config("reverse_digits").model.to_dict())
 
 
-def fine_tune(model: ModelConfig, seed: int):
+def fine_tune(model: ModelConfig, seed: int) -> dict:
+    """The SFT start: `sft_steps` supervised steps from random weights, in one program."""
     config = sft.Config(learning_rate=3e-3, batch_size=BATCH)
     algorithm = sft.make(config, model, init_params(model, jax.random.key(seed)))
     hp = hparams.hparams(config)
@@ -82,7 +85,7 @@ def fine_tune(model: ModelConfig, seed: int):
     return state.params
 
 
-def gold_labelled_pairs(model: ModelConfig, params, seed: int) -> dict[str, np.ndarray]:
+def gold_labelled_pairs(model: ModelConfig, params: dict, seed: int) -> dict[str, np.ndarray]:
     """Two samples of the policy per prompt, labelled by the gold reward with Bradley-Terry noise
     (ties dropped). Returns the pair arrays reward-model training reads, plus `agrees` (whether
     each label matches the gold order)."""
@@ -117,7 +120,9 @@ def gold_labelled_pairs(model: ModelConfig, params, seed: int) -> dict[str, np.n
     }
 
 
-def train_ensemble(model: ModelConfig, sft_params, pairs, seed: int):
+def train_ensemble(
+    model: ModelConfig, sft_params: dict, pairs: dict[str, np.ndarray], seed: int
+) -> tuple[dict, list[float], float]:
     """K reward models trained as one vmapped program on 7/8 of the pairs; returns their stacked
     parameters and each one's accuracy on the held-out 1/8 against the gold order."""
     config = reward_model.Config(learning_rate=3e-4, batch_size=BATCH, num_steps=FLAGS.reward_steps)
@@ -152,7 +157,10 @@ def train_ensemble(model: ModelConfig, sft_params, pairs, seed: int):
     return state.params, accuracy.tolist(), float(np.mean(agrees))
 
 
-def ppo_curves(model: ModelConfig, sft_params, reward_params, rule: str, seed: int) -> dict:
+def ppo_curves(
+    model: ModelConfig, sft_params: dict, reward_params: dict, rule: str, seed: int
+) -> dict[str, list[float]]:
+    """PPO from the SFT policy against the proxy: gold reward, proxy score and KL per update."""
     config = ppo_lm.Config(
         batch_size=256, max_new_tokens=4, num_minibatches=4, num_epochs=4, learning_rate=3e-4,
         kl_coef=FLAGS.kl_coef, ensemble_rule=rule,
@@ -179,26 +187,43 @@ def interval(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def plot(results: dict, path: str) -> None:
+    """Gold reward, proxy reward and KL against the update, for the single and the ensemble
+    proxy: each the mean over seeds with its 95% interval."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=False)
+    panels = (
+        ("reward_task", "gold reward of samples"),
+        ("score", "proxy reward (what PPO maximised)"),
+        ("kl", "KL to the SFT policy (nats)"),
+    )
+    figure, axes = plt.subplots(1, 4, figsize=(20, 4.2))
+    smooth = lambda x: np.convolve(x, np.ones(5) / 5, mode="valid")  # noqa: E731
     for name, color in (("single", "tab:red"), ("ensemble", "tab:blue")):
         runs = results["runs"][name]
-        kl = np.mean([run["kl"] for run in runs], axis=0)
-        for axis, key, label in ((axes[0], "reward_task", "gold"), (axes[1], "score", "proxy")):
+        label = "one reward model" if name == "single" else f"ensemble ({FLAGS.rule})"
+        # Gao et al.'s view: each run's gold reward against its own KL (5-update means).
+        for index, run in enumerate(runs):
+            axes[3].plot(
+                smooth(np.array(run["kl"])), smooth(np.array(run["reward_task"])), color=color,
+                alpha=0.8, linewidth=1, label=label if index == 0 else None,
+            )  # fmt: skip
+        axes[3].set_xlabel("KL to the SFT policy (nats)")
+        axes[3].set_title("gold reward against KL, each seed")
+        for axis, (key, title) in zip(axes, panels, strict=False):
             mean, low, high = interval(np.array([run[key] for run in runs]))
-            axis.plot(kl, mean, color=color, label=f"{name} reward model")
-            axis.fill_between(kl, low, high, color=color, alpha=0.2)
-            axis.set_xlabel("KL to the SFT policy (nats, mean over seeds)")
-            axis.set_ylabel(f"{label} reward of samples (95% CI over seeds)")
-            axis.set_title(f"{label} reward")
+            updates = np.arange(1, len(mean) + 1)
+            axis.plot(updates, mean, color=color, label=label)
+            axis.fill_between(updates, low, high, color=color, alpha=0.2)
+            axis.set_xlabel("PPO update")
+            axis.set_title(f"{title}, 95% CI over seeds")
     axes[0].legend()
+    axes[3].legend()
     figure.suptitle(
-        f"PPO against a learned reward, {len(results['seeds'])} seeds; ensemble of "
-        f"{FLAGS.ensemble_size}, rule {FLAGS.rule}"
+        f"PPO against a learned reward on reverse-3-digits, {len(results['seeds'])} seeds; "
+        f"ensemble of {FLAGS.ensemble_size}"
     )
     figure.tight_layout()
     figure.savefig(path, dpi=110)
