@@ -39,6 +39,7 @@ from jaxrl.lm.sampler import SamplingConfig, generate
 from jaxrl.loop import Algorithm
 
 Array = jax.Array
+LABEL_NOISE_STREAM = 0x1AB  # fold_in tag of an update's key for the simulated annotator's noise
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +52,10 @@ class Config(dpo.Config):
     num_epochs: int = 1
     num_minibatches: int = 1
     missing_eos_penalty: float = swept(0.0)  # subtracted from the score of an unended completion
+    # > 0: Gumbel noise of this scale is added to every score before the ranking, a simulated
+    # noisy annotator: with two samples the first is then chosen with the Bradley-Terry
+    # probability sigmoid((s1 - s2) / label_noise). 0 ranks by the scores themselves.
+    label_noise: float = swept(0.0)
     ensemble_rule: str = "mean"  # how a reward-model ensemble's scores combine
     ensemble_std_coefficient: float = swept(1.0)  # k of "mean_minus_std"
     max_new_tokens: int = 8
@@ -81,6 +86,7 @@ class Config(dpo.Config):
             f"unknown rule {self.ensemble_rule!r}",
             f"choose one of {reward_model.ENSEMBLE_RULES}",
         )
+        require(self.label_noise >= 0, "label_noise", f"got {self.label_noise}", "use 0 or more")
         require(
             self.missing_eos_penalty >= 0,
             "missing_eos_penalty",
@@ -185,6 +191,7 @@ def make(
 
     def pairs(state: Any, inputs: Inputs, key: Array, hp: HParams):
         prompt_key, sample_key = jax.random.split(key)
+        noise_key = jax.random.fold_in(key, LABEL_NOISE_STREAM)
         prompts = task.sample_prompts(prompt_key, config.batch_size, inputs.task_data)
         grouped = jax.tree.map(lambda x: jnp.repeat(x, samples, axis=0), prompts)
         grouped = sharding.constrain_batch(grouped, mesh)
@@ -205,7 +212,8 @@ def make(
         scores = scores - hp.missing_eos_penalty * (1.0 - ended.astype(jnp.float32))
 
         by_prompt = scores.reshape(config.batch_size, samples)
-        chosen, rejected, weight = best_and_worst(by_prompt)
+        noise = jax.random.gumbel(noise_key, by_prompt.shape) * hp.label_noise
+        chosen, rejected, weight = best_and_worst(by_prompt + noise)
         rows = jnp.arange(config.batch_size) * samples
         loss_mask = jnp.concatenate([jnp.zeros_like(grouped.mask), completion.mask], axis=1)
         batch = {"weight": weight}

@@ -42,12 +42,24 @@ def test_pairs_are_the_best_and_the_worst_sample_of_each_prompt():
         np.testing.assert_array_equal(np.asarray(got_part), want_part)
 
 
+def test_gumbel_label_noise_gives_bradley_terry_labels():
+    """Ranking two scores plus Gumbel noise of scale t picks the first with probability
+    sigmoid((s1 - s2) / t): the simulated annotator `label_noise` documents."""
+    scores = jnp.tile(jnp.array([[0.5, 0.0], [0.0, 0.2], [1.0, 0.0]]), (20_000, 1))
+    noise = jax.random.gumbel(jax.random.key(0), scores.shape) * 0.4
+    chosen, _, _ = online_dpo.best_and_worst(scores + noise)
+    first = np.asarray(chosen == 0).reshape(20_000, 3).mean(axis=0)
+    want = 1 / (1 + np.exp(-np.array([0.5, -0.2, 1.0]) / 0.4))
+    np.testing.assert_allclose(first, want, atol=0.015)
+
+
 def test_config_errors_name_the_field():
     for settings, field in (
         (dict(num_samples=1), "num_samples"),
         (dict(reference="precomputed"), "reference"),
         (dict(ensemble_rule="max"), "ensemble_rule"),
         (dict(batch_size=6, num_minibatches=4), "num_minibatches"),
+        (dict(label_noise=-1.0), "label_noise"),
     ):
         with pytest.raises(ConfigError, match=f"^{field}: "):
             online_dpo.Config(**settings)

@@ -1,9 +1,13 @@
-"""Over-optimising a learned reward, on a task whose true ("gold") reward is known: the setup of
-Gao, Schulman and Hilton (2022), "Scaling Laws for Reward Model Overoptimization", at small scale.
+"""Studies on a task whose true ("gold") reward is known, so that preferences can be simulated
+and every policy judged by what it should have learned. The GRPO preset's tiny model on
+reversing 3 digits; the gold reward is the task's answer reward (1 for the exact answer, partial
+credit below 0.5).
 
-    python experiments/overoptimisation.py --out=runs/overoptimisation --seeds=3
+    python experiments/gold_reward.py --study=overoptimisation --out=runs/overoptimisation
+    python experiments/gold_reward.py --study=online_vs_offline --out=runs/online_vs_offline
 
-For each seed, with the GRPO preset's tiny model on reversing 3 digits:
+--study=overoptimisation: over-optimising a learned reward, the setup of Gao, Schulman and Hilton
+(2022), "Scaling Laws for Reward Model Overoptimization", at small scale. For each seed:
 1. SFT: `sft_steps` supervised steps leave the model partly right (the gold reward is the task's
    answer reward: 1 for the exact answer, partial credit below 0.5).
 2. Preferences: the SFT policy samples two completions of each of `num_pairs` training prompts;
@@ -19,10 +23,19 @@ Writes `overoptimisation.json` (every run's curves, and each reward model's held
 accuracy against the gold order) and `overoptimisation.png`: gold reward, proxy reward and KL
 against the update, the mean over seeds with a 95% interval (Student t over seeds), and each
 run's gold reward against its KL.
+
+--study=online_vs_offline: DPO on the same number of preference labels, from the same annotator
+(Bradley-Terry over the gold reward), collected offline from the SFT policy's samples before
+training, or online from the current policy's (`algos/online_dpo.py`, the noise as Gumbel noise
+on the scores), with the same optimizer steps and batch. Each seed's SFT start and both results
+are judged on held-out prompts (the task's eval split): the gold reward of greedy and of sampled
+completions. Writes `online_vs_offline.json` and `online_vs_offline.png` (means over seeds with
+95% intervals, and the online run's curve).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -35,7 +48,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 
-from algos import grpo, ppo_lm, reward_model, sft  # noqa: E402
+from algos import dpo, grpo, online_dpo, ppo_lm, reward_model, sft  # noqa: E402
 from envs.text import make_task  # noqa: E402
 from envs.text.task import supervised_batch  # noqa: E402
 from jaxrl import hparams, loop  # noqa: E402
@@ -43,7 +56,8 @@ from jaxrl.lm.model import ModelConfig, init_params  # noqa: E402
 from jaxrl.lm.sampler import generate  # noqa: E402
 from jaxrl.lm.tokenizer import ByteTokenizer  # noqa: E402
 
-flags.DEFINE_string("out", "runs/overoptimisation", "directory for the JSON and the plot")
+flags.DEFINE_enum("study", "overoptimisation", ["overoptimisation", "online_vs_offline"], "which")
+flags.DEFINE_string("out", "runs/gold_reward", "directory for the JSON and the plot")
 flags.DEFINE_integer("seeds", 3, "independent repetitions of the whole pipeline")
 flags.DEFINE_integer("sft_steps", 40, "supervised steps of the start")
 flags.DEFINE_integer("num_pairs", 4096, "prompts sampled for preference pairs (before ties)")
@@ -53,6 +67,9 @@ flags.DEFINE_integer("reward_steps", 300, "reward-model optimizer steps (batch 6
 flags.DEFINE_enum("rule", "mean_minus_std", list(reward_model.ENSEMBLE_RULES), "ensemble rule")
 flags.DEFINE_integer("ppo_updates", 100, "PPO updates per run")
 flags.DEFINE_float("kl_coef", 0.01, "PPO's KL penalty coefficient (small: room to over-optimise)")
+flags.DEFINE_integer("dpo_updates", 30, "online DPO updates (labels: dpo_updates x dpo_pairs)")
+flags.DEFINE_integer("dpo_pairs", 128, "pairs labelled per online update")
+flags.DEFINE_integer("dpo_epochs", 2, "passes over each online batch / over the offline labels")
 FLAGS = flags.FLAGS
 
 TASK = make_task("reverse_digits", num_digits=3).text_task(ByteTokenizer())
@@ -85,10 +102,13 @@ def fine_tune(model: ModelConfig, seed: int) -> dict:
     return state.params
 
 
-def gold_labelled_pairs(model: ModelConfig, params: dict, seed: int) -> dict[str, np.ndarray]:
+def gold_labelled_pairs(
+    model: ModelConfig, params: dict, seed: int, keep_ties: bool = False
+) -> dict[str, np.ndarray]:
     """Two samples of the policy per prompt, labelled by the gold reward with Bradley-Terry noise
-    (ties dropped). Returns the pair arrays reward-model training reads, plus `agrees` (whether
-    each label matches the gold order)."""
+    (ties dropped, or with `keep_ties` labelled at random as the model says). Returns the pair
+    arrays reward-model training reads, plus `agrees` (whether each label matches the gold
+    order)."""
     sampling = ppo_lm.Config(max_new_tokens=4).sampling(TASK.eos_id, TASK.pad_id)
 
     @jax.jit
@@ -104,7 +124,7 @@ def gold_labelled_pairs(model: ModelConfig, params: dict, seed: int) -> dict[str
 
     tokens, mask, gold = jax.device_get(sample(jax.random.key(1000 + seed)))
     tokens, mask, gold = (x.reshape(FLAGS.num_pairs, 2, *x.shape[1:]) for x in (tokens, mask, gold))
-    keep = gold[:, 0] != gold[:, 1]
+    keep = (gold[:, 0] != gold[:, 1]) | keep_ties
     tokens, mask, gold = tokens[keep], mask[keep], gold[keep]
     rng = np.random.default_rng(seed)
     difference = gold[:, 0] - gold[:, 1]
@@ -229,11 +249,161 @@ def plot(results: dict, path: str) -> None:
     figure.savefig(path, dpi=110)
 
 
+# --- online against offline DPO --------------------------------------------------------------
+
+
+def held_out_gold(model: ModelConfig, params: dict, seed: int) -> dict[str, float]:
+    """The gold reward of greedy and of sampled completions of 512 prompts drawn from the task's
+    eval split (problems training never samples)."""
+    digits_task = make_task("reverse_digits", num_digits=3)
+
+    @jax.jit
+    def judge(params, key):
+        prompt_key, sample_key = jax.random.split(key)
+        prompts = digits_task.sample_prompts(
+            prompt_key, 512, digits_task.tokens(ByteTokenizer()), split="eval"
+        )
+        result = {}
+        for name, temperature in (("greedy", 0.0), ("sampled", 1.0)):
+            sampling = ppo_lm.Config(max_new_tokens=4).sampling(TASK.eos_id, TASK.pad_id)
+            sampling = dataclasses.replace(sampling, temperature=temperature)
+            completion = generate(model, params, prompts.tokens, prompts.mask, sample_key, sampling)
+            result[name] = grpo.task_rewards(TASK, prompts, completion)[0].mean()
+        return result
+
+    return {k: float(v) for k, v in judge(params, jax.random.key(2000 + seed)).items()}
+
+
+def dpo_config(batch_size: int, num_steps: int) -> dict:
+    """The DPO settings both arms share."""
+    return dict(learning_rate=5e-4, beta=0.1, batch_size=batch_size, num_steps=num_steps)
+
+
+def offline_dpo(model: ModelConfig, sft_params: dict, seed: int) -> tuple[dict, int]:
+    """DPO on labels collected once from the SFT policy's samples: dpo_updates x dpo_pairs
+    pairs, dpo_epochs passes in batches of 64 (the online arm's optimizer steps)."""
+    labels = FLAGS.dpo_updates * FLAGS.dpo_pairs
+    pairs = gold_labelled_pairs(model, sft_params, seed, keep_ties=True)
+    pairs = {name: value[:labels] for name, value in pairs.items()}
+    prompt_length = TASK.sample_prompts(jax.random.key(0), 1, None).tokens.shape[1]
+    for side in ("chosen", "rejected"):
+        loss_mask = pairs[f"{side}_attention_mask"].copy()
+        loss_mask[:, :prompt_length] = False
+        pairs[f"{side}_loss_mask"] = loss_mask
+    steps = FLAGS.dpo_epochs * labels // BATCH
+    config = dpo.Config(**dpo_config(BATCH, steps), reference="in_step")
+    algorithm = dpo.make(config, model, sft_params)
+    hp = hparams.hparams(config)
+    state = algorithm.init(jax.random.key(seed), hp)
+    update = jax.jit(algorithm.update)
+    rng = np.random.default_rng(seed)
+    keys = [k for k in pairs if k != "agrees"]
+    order = np.concatenate([rng.permutation(labels) for _ in range(FLAGS.dpo_epochs)])
+    for step in range(steps):
+        index = order[step * BATCH : (step + 1) * BATCH]
+        batch = {k: pairs[k][index][None] for k in keys}
+        state, _ = update(state, (batch, sft_params), hp)
+    return state.params, steps
+
+
+def online_dpo_run(model: ModelConfig, sft_params: dict, seed: int) -> tuple[dict, dict, int]:
+    """Online DPO with the same annotator: each update labels dpo_pairs pairs of the current
+    policy's two samples, dpo_epochs passes over them in minibatches of 64."""
+    minibatches = FLAGS.dpo_pairs // BATCH
+    config = online_dpo.Config(
+        **dpo_config(FLAGS.dpo_pairs, FLAGS.dpo_updates), num_samples=2, max_new_tokens=4,
+        num_epochs=FLAGS.dpo_epochs, num_minibatches=minibatches,
+        label_noise=1.0 / FLAGS.bt_scale,
+    )  # fmt: skip
+    algorithm = online_dpo.make(config, model, TASK, sft_params)
+    hp = hparams.hparams(config)
+    state = algorithm.init(jax.random.key(seed), hp)
+    chunk = jax.jit(loop.make_chunk(algorithm.update, FLAGS.dpo_updates, runs_axis=False))
+    state, metrics = chunk(state, online_dpo.Inputs(sft_params), hp)
+    curve = {"reward_task": np.asarray(metrics["reward_task"]).tolist()}
+    return state.params, curve, FLAGS.dpo_updates * FLAGS.dpo_epochs * minibatches
+
+
+def online_vs_offline(model: ModelConfig, results: dict) -> None:
+    """Run the study, write its JSON and plot, print the result."""
+    arms = ("sft start", "offline DPO", "online DPO")
+    results["held_out"] = {arm: [] for arm in arms}
+    results["online_curves"] = []
+    start = time.time()
+    for seed in range(FLAGS.seeds):
+        sft_params = fine_tune(model, seed)
+        offline, offline_steps = offline_dpo(model, sft_params, seed)
+        online, curve, online_steps = online_dpo_run(model, sft_params, seed)
+        assert offline_steps == online_steps, (offline_steps, online_steps)
+        for arm, params in zip(arms, (sft_params, offline, online), strict=True):
+            results["held_out"][arm].append(held_out_gold(model, params, seed))
+        results["online_curves"].append(curve)
+        print(
+            f"seed {seed}: "
+            + ", ".join(f"{arm} {results['held_out'][arm][-1]}" for arm in arms)
+            + f" ({time.time() - start:.0f}s)",
+            flush=True,
+        )
+    results["labels"] = FLAGS.dpo_updates * FLAGS.dpo_pairs
+    summary = {}
+    for arm in arms:
+        for kind in ("greedy", "sampled"):
+            values = np.array([row[kind] for row in results["held_out"][arm]])
+            mean, low, high = interval(values[:, None])
+            summary[f"{arm} {kind}"] = [float(mean[0]), float(low[0]), float(high[0])]
+    results["summary"] = summary
+    with open(os.path.join(FLAGS.out, "online_vs_offline.json"), "w") as f:
+        json.dump(results, f)
+    plot_online_vs_offline(results, os.path.join(FLAGS.out, "online_vs_offline.png"))
+    for name, (mean, low, high) in summary.items():
+        print(f"{name}: held-out gold reward {mean:.3f} [{low:.3f}, {high:.3f}]")
+
+
+def plot_online_vs_offline(results: dict, path: str) -> None:
+    """Held-out gold reward of each arm (means over seeds, 95% intervals), and the online run's
+    gold reward of samples per update."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+    arms = list(results["held_out"])
+    for offset, kind in ((-0.18, "greedy"), (0.18, "sampled")):
+        values = [results["summary"][f"{arm} {kind}"] for arm in arms]
+        means = np.array([v[0] for v in values])
+        errors = np.array([[v[0] - v[1], v[2] - v[0]] for v in values]).T
+        axes[0].bar(np.arange(len(arms)) + offset, means, 0.34, yerr=errors, capsize=4, label=kind)
+    axes[0].set_xticks(np.arange(len(arms)), arms)
+    axes[0].set_ylabel("held-out gold reward (95% CI over seeds)")
+    axes[0].set_title(f"{results['labels']} preference labels each")
+    axes[0].legend()
+    curves = np.array([curve["reward_task"] for curve in results["online_curves"]])
+    mean, low, high = interval(curves)
+    updates = np.arange(1, len(mean) + 1)
+    axes[1].plot(updates, mean, color="tab:blue")
+    axes[1].fill_between(updates, low, high, color="tab:blue", alpha=0.2)
+    axes[1].set_xlabel("online DPO update")
+    axes[1].set_ylabel("gold reward of its samples (95% CI)")
+    axes[1].set_title("online DPO while training")
+    figure.suptitle(f"Online against offline DPO, {FLAGS.seeds} seeds, reverse 3 digits")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+
+
 def main(argv: list[str]) -> None:
     del argv
     os.makedirs(FLAGS.out, exist_ok=True)
     model = model_config()
     results = {"flags": {f.name: f.value for f in FLAGS.get_key_flags_for_module(sys.argv[0])}}
+    if FLAGS.study == "online_vs_offline":
+        online_vs_offline(model, results)
+        return
+    overoptimisation(model, results)
+
+
+def overoptimisation(model: ModelConfig, results: dict) -> None:
+    """Run the study, write its JSON and plot, print the result."""
     results |= {"seeds": list(range(FLAGS.seeds)), "runs": {"single": [], "ensemble": []}}
     results["reward_models"] = []
     start = time.time()
