@@ -160,6 +160,7 @@ class Config(training.TrainConfig):
             "use 0 (off) or fewer tokens than max_new_tokens",
         )
         require(self.warmup_steps >= 0, "warmup_steps", f"got {self.warmup_steps}", "use 0 or more")
+        require(self.weight_decay >= 0, "weight_decay", f"got {self.weight_decay}", "use 0 or more")
         SamplingConfig(  # validates temperature / top_k / top_p
             self.max_new_tokens, 0, 0, self.temperature, self.top_k, self.top_p
         )

@@ -11,7 +11,8 @@ Feedback"; Xiong et al., 2024, "RLHF Workflow") labels the policy's own samples 
                     reward; minus missing_eos_penalty for a completion that never ended
     pairs        <- per prompt, the best-scored sample is chosen and the worst rejected
                     (`best_and_worst`); a prompt whose samples all score the same gives no pair
-                    and weighs 0 in the loss
+                    and weighs 0 in the loss (with label_noise > 0 the noise breaks such ties
+                    at random, as a noisy annotator would)
     update       <- num_epochs x num_minibatches optimizer steps on any of dpo.py's losses
                     (sigmoid, ipo, simpo), the reference's log-probs computed in the step
 
@@ -67,6 +68,7 @@ class Config(dpo.Config):
     def __post_init__(self) -> None:
         super().__post_init__()
         require_positive(self, "num_epochs", "num_minibatches", "max_new_tokens", "temperature")
+        SamplingConfig(self.max_new_tokens, 0, 0, self.temperature, self.top_k, self.top_p)
         require(
             self.num_samples >= 2,
             "num_samples",
@@ -240,28 +242,43 @@ def make(
                 f"online_dpo update: inputs are a {type(inputs).__name__}; pass "
                 "online_dpo.Inputs(reference_params, reward_params, task_data)"
             )
+        if scores_of is not None and inputs.reward_params is None:
+            raise ValueError(
+                "online_dpo update: made with a reward model, but Inputs.reward_params is None; "
+                "pass its parameters, or make the algorithm without reward_model_config"
+            )
         sample_key, shuffle_key = jax.random.split(jax.random.fold_in(state.key, state.step))
         batch, metrics = pairs(state, inputs, sample_key, hp)
         batch = jax.lax.stop_gradient(batch)
 
-        def optimizer_step(carry, minibatch):
+        # LoRA dropout: one mask per optimizer step, from this update's own stream.
+        dropout_key = jax.random.fold_in(
+            jax.random.fold_in(state.key, state.step), training.DROPOUT_STREAM
+        )
+
+        def optimizer_step(carry, minibatch_and_index):
+            minibatch, index = minibatch_and_index
+            key = jax.random.fold_in(dropout_key, index) if config.lora_dropout > 0 else None
             return training.train_step(
                 lambda p, micro: loss_fn(p, micro, hp, inputs.reference_params),
                 carry,
                 minibatch,
                 hp,
                 config,
+                key,
             )
 
-        def epoch(carry, epoch_key):
+        def epoch(carry, epoch_and_key):
+            index, epoch_key = epoch_and_key
             shuffle = epoch_key if config.num_minibatches > 1 else None
             minibatches = training.into_minibatches(
                 batch, shuffle, config.num_minibatches, config.grad_accum_steps, mesh
             )
-            return jax.lax.scan(optimizer_step, carry, minibatches)
+            steps = index * config.num_minibatches + jnp.arange(config.num_minibatches)
+            return jax.lax.scan(optimizer_step, carry, (minibatches, steps))
 
-        keys = jax.random.split(shuffle_key, config.num_epochs)
-        state, step_metrics = jax.lax.scan(epoch, state, keys)
+        epochs = (jnp.arange(config.num_epochs), jax.random.split(shuffle_key, config.num_epochs))
+        state, step_metrics = jax.lax.scan(epoch, state, epochs)
         metrics.update(jax.tree.map(jnp.mean, step_metrics))
         return state._replace(step=state.step + 1), metrics
 

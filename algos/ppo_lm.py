@@ -9,8 +9,8 @@ tokens so far, the action is the next token. One update, all inside one `jax.jit
     scores        <- the reward model's score of prompt + completion (an ensemble's, combined by
                      `ensemble_rule`), or without one the task's verifiable reward; minus
                      missing_eos_penalty for a completion that never ended
-    old log-probs and values <- one forward pass of the policy (and its value head, or a
-                     separate critic); reference log-probs <- the reference model
+    old log-probs and values <- one forward pass of the policy with its value head (a second
+                     pass for a separate critic); reference log-probs <- the reference model
     token rewards r_t = -kl_coef * (log pi_old(y_t) - log pi_ref(y_t)), plus the score on the
                      completion's last token (the KL penalty folded into the reward)
     advantages, returns <- GAE over the completion's tokens (gamma, gae_lambda), whitened over
@@ -56,6 +56,7 @@ from jaxrl.loop import Algorithm
 Array = jax.Array
 
 CRITICS = ("value_head", "separate")
+KL_HORIZON = 10_000  # Ziegler et al.'s horizon of the adaptive KL controller, in completions
 
 
 # --- 1. configuration --------------------------------------------------------------------------
@@ -83,7 +84,7 @@ class Config(training.TrainConfig):
     # > 0: adapt kl_coef towards this sequence KL to the reference (Ziegler et al., 2019); 0 keeps
     # it fixed.
     target_kl: float = swept(0.0)
-    kl_horizon: int = 10_000  # the adaptive controller's horizon, in completions
+    kl_horizon: int = KL_HORIZON  # the adaptive controller's horizon, in completions
     whiten_advantages: bool = True  # to mean 0 and variance 1 over the batch's tokens
     missing_eos_penalty: float = swept(0.0)  # subtracted from the score of an unended completion
     # How the scores of a reward-model ensemble combine (reward_model.ensemble_reward).
@@ -132,9 +133,44 @@ class Config(training.TrainConfig):
         )
         require_in_range(self, "gamma", 0.0, 1.0)
         require_in_range(self, "gae_lambda", 0.0, 1.0)
-        for name in ("vf_coef", "kl_coef", "target_kl", "missing_eos_penalty", "warmup_steps"):
+        for name in (
+            "vf_coef",
+            "kl_coef",
+            "target_kl",
+            "missing_eos_penalty",
+            "warmup_steps",
+            "weight_decay",
+        ):
             value = getattr(self, name)
             require(value >= 0, name, f"got {value}", "use 0 or more")
+        # The controller multiplies kl_coef by 1 + e * batch_size / kl_horizon, |e| <= 0.2.
+        require(
+            self.target_kl == 0 or self.kl_coef > 0,
+            "kl_coef",
+            "0 with target_kl > 0: the adaptive controller scales kl_coef, so it would stay 0",
+            "start kl_coef above 0 (0.05, say)",
+        )
+        require(
+            self.kl_horizon >= self.batch_size,
+            "kl_horizon",
+            f"{self.kl_horizon} is below batch_size={self.batch_size}, so one update could move "
+            "kl_coef by more than 20%",
+            f"use {self.batch_size} or more (10000 is usual)",
+        )
+        require(
+            self.target_kl > 0 or self.kl_horizon == KL_HORIZON,
+            "kl_horizon",
+            "is read only by the adaptive controller (target_kl > 0), which is off, so it "
+            "would be ignored",
+            "drop it, or set target_kl",
+        )
+        require(
+            self.ensemble_rule == "mean_minus_std" or self.ensemble_std_coefficient == 1.0,
+            "ensemble_std_coefficient",
+            f"is read only by ensemble_rule='mean_minus_std', not {self.ensemble_rule!r}, so it "
+            "would be ignored",
+            "drop it, or set ensemble_rule=mean_minus_std",
+        )
         SamplingConfig(self.max_new_tokens, 0, 0, self.temperature, self.top_k, self.top_p)
         steps = self.num_minibatches * self.grad_accum_steps
         require(
@@ -286,7 +322,10 @@ def init_params(
         return {"policy": lm_params, "value_head": head}
     if critic_params is None:
         if key is None:
-            raise ValueError("init_params: a separate critic without critic_params needs a key")
+            raise ValueError(
+                "init_params: a separate critic without critic_params needs a key; pass key= "
+                "(its head is drawn from it) or critic_params="
+            )
         critic_params = reward_model.init_params(lm_params, model, key)
     return {"policy": lm_params, "critic": critic_params}
 
@@ -509,7 +548,10 @@ def make(
                 "ppo_lm.Inputs(reference_params, reward_params, task_data)"
             )
         if scores_of is not None and inputs.reward_params is None:
-            raise ValueError("ppo_lm update: made with a reward model, but reward_params is None")
+            raise ValueError(
+                "ppo_lm update: made with a reward model, but Inputs.reward_params is None; pass "
+                "its parameters, or make the algorithm without reward_model_config"
+            )
         rollout_key, shuffle_key = jax.random.split(jax.random.fold_in(state.key, state.step))
         batch, metrics = rollout(state, inputs, rollout_key, hp)
 

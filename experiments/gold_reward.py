@@ -283,6 +283,11 @@ def offline_dpo(model: ModelConfig, sft_params: dict, seed: int) -> tuple[dict, 
     """DPO on labels collected once from the SFT policy's samples: dpo_updates x dpo_pairs
     pairs, dpo_epochs passes in batches of 64 (the online arm's optimizer steps)."""
     labels = FLAGS.dpo_updates * FLAGS.dpo_pairs
+    if labels > FLAGS.num_pairs:
+        raise app.UsageError(
+            f"--dpo_updates x --dpo_pairs = {labels} labels, more than --num_pairs="
+            f"{FLAGS.num_pairs} offline pairs; raise --num_pairs"
+        )
     pairs = gold_labelled_pairs(model, sft_params, seed, keep_ties=True)
     pairs = {name: value[:labels] for name, value in pairs.items()}
     prompt_length = TASK.sample_prompts(jax.random.key(0), 1, None).tokens.shape[1]

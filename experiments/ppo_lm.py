@@ -80,8 +80,9 @@ def main(argv: list[str]) -> None:
     flat, config, mesh = run.flat, run.config, run.mesh
     prompts = _prompts.read_task(run)
     defaults = ppo_lm.Config()
+    members = [path for path in flat.reward_model.split(",") if path.strip()]
     for name in ("ensemble_rule", "ensemble_std_coefficient"):
-        if "," not in flat.reward_model and getattr(config, name) != getattr(defaults, name):
+        if len(members) < 2 and getattr(config, name) != getattr(defaults, name):
             runner.fail(
                 f"config.{name}: combines a reward-model ensemble's scores, and "
                 "config.reward_model names no ensemble (several comma-separated runs), so it "
@@ -138,7 +139,7 @@ def main(argv: list[str]) -> None:
         "critic": config.critic,
         "final_score": float(np.mean([row["score"] for row in rows])),
         "final_kl": float(np.mean([row["kl"] for row in rows])),
-        "final_kl_coef": float(rows[-1]["kl_coef"]),
+        "final_kl_coef": float(result.states.kl_coef),
     }
     run_dir.write_summary(summary)
     title = f"PPO {prompts.name}"

@@ -60,6 +60,7 @@ def test_config_errors_name_the_field():
         (dict(ensemble_rule="max"), "ensemble_rule"),
         (dict(batch_size=6, num_minibatches=4), "num_minibatches"),
         (dict(label_noise=-1.0), "label_noise"),
+        (dict(top_p=0.0), "top_p"),
     ):
         with pytest.raises(ConfigError, match=f"^{field}: "):
             online_dpo.Config(**settings)

@@ -106,6 +106,11 @@ def test_config_errors_name_the_field():
         (dict(batch_size=6, num_minibatches=4), "num_minibatches"),
         (dict(gae_lambda=1.5), "gae_lambda"),
         (dict(kl_coef=-0.1), "kl_coef"),
+        (dict(kl_coef=0.0, target_kl=1.0), "kl_coef"),
+        (dict(target_kl=1.0, kl_horizon=8), "kl_horizon"),
+        (dict(kl_horizon=5000), "kl_horizon"),  # read only with target_kl > 0
+        (dict(ensemble_std_coefficient=2.0), "ensemble_std_coefficient"),
+        (dict(weight_decay=-0.1), "weight_decay"),
     ):
         with pytest.raises(ConfigError, match=f"^{field}: "):
             ppo_lm.Config(**settings)

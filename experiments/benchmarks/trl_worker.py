@@ -1,8 +1,10 @@
-"""TRL's side of the SmolLM2 comparison (README.md, "SmolLM2 against TRL"): TRL's `DPOTrainer` or
-`GRPOTrainer` on a Hugging Face checkpoint directory, with the data file the driver wrote, timed
-as the peer scripts time TRL, and one `RESULT_JSON {...}` line with their fields.
+"""TRL's side of the SmolLM2 comparison (README.md, "SmolLM2 against TRL"): TRL's `DPOTrainer`,
+`GRPOTrainer` or `RewardTrainer` on a Hugging Face checkpoint directory, with the data file the
+driver wrote, timed as the peer scripts time TRL, and one `RESULT_JSON {...}` line with their
+fields.
 
     trl_worker.py dpo  --model_dir DIR --data dpo.json --steps 10 --warmup 2 --batch_size 4
+    trl_worker.py reward --model_dir DIR --data dpo.json --steps 10 --warmup 2 --batch_size 4
     trl_worker.py grpo --model_dir DIR --data grpo.json --steps 10 --warmup 2 --batch_size 16 \
         --num_generations 8 --max_completion_length 16
 
@@ -63,6 +65,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     dpo.add_argument("--batch_size", type=int, default=4, help="pairs per step")
     dpo.add_argument("--beta", type=float, default=0.1)
     dpo.add_argument("--precompute_ref", action="store_true", help="TRL's precompute_ref_log_probs")
+    reward = algorithms.add_parser("reward", parents=[common], help="RewardTrainer")
+    reward.add_argument("--batch_size", type=int, default=4, help="pairs per step")
     grpo = algorithms.add_parser("grpo", parents=[common], help="GRPOTrainer")
     grpo.add_argument("--batch_size", type=int, default=16, help="completions per step")
     grpo.add_argument("--num_generations", type=int, default=8)
@@ -269,6 +273,68 @@ def run_dpo(args: argparse.Namespace, data: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+def run_reward(args: argparse.Namespace, data: dict[str, Any]) -> dict[str, Any]:
+    """RewardTrainer on `AutoModelForSequenceClassification` (one label: a new linear head on
+    the last real token, as TRL builds a reward model from a causal LM) over the driver's pairs,
+    given as token ids (prompt + answer + EOS, as ours reads them), so both sides train on the
+    same tokens."""
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from trl import RewardConfig, RewardTrainer
+
+    start = time.perf_counter()
+    tokenizer = AutoTokenizer.from_pretrained(args.model_dir)
+    model = AutoModelForSequenceClassification.from_pretrained(
+        args.model_dir, num_labels=1, dtype=torch.float32
+    )
+    model.config.pad_token_id = tokenizer.pad_token_id
+    load_s = time.perf_counter() - start
+    eos, rows = [data["eos_id"]], data["rows"]
+    dataset = Dataset.from_dict(
+        {
+            side: [r["prompt_ids"] + r[side.replace("_ids", "") + "_ids"] + eos for r in rows]
+            for side in ("chosen_ids", "rejected_ids")
+        }
+    )
+    config = RewardConfig(
+        **trainer_settings(args),
+        per_device_train_batch_size=args.batch_size,
+        max_length=1024,
+        center_rewards_coefficient=None,
+    )
+    timer = make_timer(args.warmup)
+    start = time.perf_counter()
+    trainer = RewardTrainer(
+        model=model,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=[timer],
+    )
+    setup_s = time.perf_counter() - start
+    result = {"compile_s": setup_s, "load_s": load_s, "ids_match_fraction": 1.0}
+    result["rss_before_train_mib"] = harness.current_rss_mib()
+    trainer.train()
+    result.update(window(timer, args.warmup))
+    result["peak_rss_mib"] = harness.peak_rss_mib()
+    pairs = result["timed_steps"] * args.batch_size
+    tokens_per_pair = statistics.mean(
+        len(r["prompt_ids"]) * 2 + len(r["chosen_ids"]) + len(r["rejected_ids"]) + 2 for r in rows
+    )
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    result.update(
+        batch_pairs=args.batch_size,
+        params=sum(p.numel() for p in model.parameters()),
+        timed_pairs=pairs,
+        pairs_per_s=pairs / result["steady_wall_s"],
+        tokens_per_s=pairs * tokens_per_pair / result["steady_wall_s"],
+        loss_first=losses[0] if losses else None,
+        loss_last=losses[-1] if losses else None,
+    )
+    return result
+
+
 def run_grpo(args: argparse.Namespace, data: dict[str, Any]) -> dict[str, Any]:
     """GRPOTrainer with `transformers.generate` (no vLLM) on the driver's prompts; the reward is
     the fraction of even token ids in a completion (a function of the ids, the same as ours);
@@ -381,7 +447,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     data = json.loads(Path(args.data).read_text())
-    run = run_dpo if args.algorithm == "dpo" else run_grpo
+    run = {"dpo": run_dpo, "reward": run_reward, "grpo": run_grpo}[args.algorithm]
     result: dict[str, Any] = {"library": "trl", "algorithm": args.algorithm, "status": "ok"}
     result.update(
         run(args, data),
