@@ -40,7 +40,7 @@ SETTINGS = (
     "seed",
     "eval_batch_size",
     "eval_every",
-    "reward_model",  # ppo_lm.py's reward_model.py run(s)
+    "reward_model",  # ppo_lm.py's and online_dpo.py's reward_model.py run(s)
 )  # top-level scalars that are not Config fields
 # What a run directory records besides config.json: the model it trained (architecture and
 # dtypes), where its tokenizer is and the special-token ids, so that init_from, generate.py and

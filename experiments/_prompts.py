@@ -434,6 +434,44 @@ def initial_evaluation(run: _lm.Setup, evaluate: Callable, params: Any) -> HeldO
     return evaluate(params)
 
 
+def reward_models(
+    run: _lm.Setup, prompt_length: int, defaults: Any
+) -> tuple[Any, ModelConfig | None, list[str]]:
+    """config.reward_model's runs as (parameters, stacked on a leading axis for an ensemble;
+    their ModelConfig; their paths), or (None, None, []) for the task's reward. Every problem is
+    one error line before anything compiles, an ensemble setting without an ensemble among
+    them (`defaults`: the algorithm's default Config)."""
+    paths = [path.strip() for path in run.flat.reward_model.split(",") if path.strip()]
+    for name in ("ensemble_rule", "ensemble_std_coefficient"):
+        if len(paths) < 2 and getattr(run.config, name) != getattr(defaults, name):
+            runner.fail(
+                f"config.{name}: combines a reward-model ensemble's scores, and "
+                "config.reward_model names no ensemble (several comma-separated runs), so it "
+                "would be ignored; drop it, or give the ensemble's run directories"
+            )
+    if not paths:
+        return None, None, []
+    loaded = [_lm.load_reward_model(path, run) for path in paths]
+    models = {model for _, model in loaded}
+    if len(models) > 1:
+        runner.fail(
+            "config.reward_model: the ensemble's reward models have different architectures; "
+            "train every member from the same checkpoint"
+        )
+    (model,) = models
+    limit = model.max_position_embeddings
+    if prompt_length + run.config.max_new_tokens > limit:
+        runner.fail(
+            f"config.max_new_tokens: prompts of {prompt_length} tokens + "
+            f"{run.config.max_new_tokens} new ones exceed the reward model's "
+            f"max_position_embeddings={limit}; set max_new_tokens <= {limit - prompt_length}"
+        )
+    params = [p for p, _ in loaded]
+    if len(params) == 1:
+        return params[0], model, paths
+    return jax.tree.map(lambda *members: jax.numpy.stack(members), *params), model, paths
+
+
 # --- one RL run on prompts: data, evaluation, summary --------------------------------------
 
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -42,53 +41,17 @@ import numpy as np  # noqa: E402
 from algos import ppo_lm  # noqa: E402
 from experiments import _lm, _prompts  # noqa: E402
 from jaxrl import runner, sharding  # noqa: E402
-from jaxrl.lm.model import ModelConfig  # noqa: E402
 
 FLAGS = runner.define_flags("ppo_lm.py", seeds=False)
-
-
-def reward_models(run: _lm.Setup, prompt_length: int) -> tuple[Any, ModelConfig | None, list]:
-    """config.reward_model's runs as (parameters, stacked on a leading axis for an ensemble;
-    their ModelConfig; their paths), or (None, None, []) for the task's reward. Every problem is
-    one error line before anything compiles."""
-    paths = [path.strip() for path in run.flat.reward_model.split(",") if path.strip()]
-    if not paths:
-        return None, None, []
-    loaded = [_lm.load_reward_model(path, run) for path in paths]
-    models = {model for _, model in loaded}
-    if len(models) > 1:
-        runner.fail(
-            "config.reward_model: the ensemble's reward models have different architectures; "
-            "train every member from the same checkpoint"
-        )
-    (model,) = models
-    limit = model.max_position_embeddings
-    if prompt_length + run.config.max_new_tokens > limit:
-        runner.fail(
-            f"config.max_new_tokens: prompts of {prompt_length} tokens + "
-            f"{run.config.max_new_tokens} new ones exceed the reward model's "
-            f"max_position_embeddings={limit}; set max_new_tokens <= {limit - prompt_length}"
-        )
-    params = [p for p, _ in loaded]
-    if len(params) == 1:
-        return params[0], model, paths
-    return jax.tree.map(lambda *members: jax.numpy.stack(members), *params), model, paths
 
 
 def main(argv: list[str]) -> None:
     run = _lm.setup(FLAGS, ppo_lm.Config, "ppo_lm")
     flat, config, mesh = run.flat, run.config, run.mesh
     prompts = _prompts.read_task(run)
-    defaults = ppo_lm.Config()
-    members = [path for path in flat.reward_model.split(",") if path.strip()]
-    for name in ("ensemble_rule", "ensemble_std_coefficient"):
-        if len(members) < 2 and getattr(config, name) != getattr(defaults, name):
-            runner.fail(
-                f"config.{name}: combines a reward-model ensemble's scores, and "
-                "config.reward_model names no ensemble (several comma-separated runs), so it "
-                "would be ignored; drop it, or give the ensemble's run directories"
-            )
-    reward_params, reward_config, reward_paths = reward_models(run, prompts.prompt_length)
+    reward_params, reward_config, reward_paths = _prompts.reward_models(
+        run, prompts.prompt_length, ppo_lm.Config()
+    )
     lm_params, model, source = _lm.initial_params(run)
 
     critic_params, critic_model = None, None

@@ -28,6 +28,7 @@ TRAINERS = (
     "grpo.py",
     "reward_model.py",
     "ppo_lm.py",
+    "online_dpo.py",
 )
 
 PROMPTS = "--config.task.train_jsonl=tests/fixtures/prompts/"
@@ -177,6 +178,10 @@ CASES = [
     ("ppo_lm.py", "--config.ensemble_rule=min", "config.ensemble_rule: combines a reward-model"),
     ("ppo_lm.py", "--config.reward_model=tests/fixtures", "config.reward_model: tests/fixtures is"),
     ("ppo_lm.py", "--config.max_new_tokens=60", "config.max_new_tokens: prompts of 12 tokens"),
+    ("online_dpo.py", "--config.num_samples=1", "config.num_samples: got 1; a pair needs two"),
+    ("online_dpo.py", "--config.reference=precomputed", "config.reference: online pairs are"),
+    ("online_dpo.py", "--config.ensemble_rule=min", "config.ensemble_rule: combines a reward"),
+    ("online_dpo.py", "--config.label_noise=-1", "config.label_noise: got -1.0"),
     (
         "sft.py",
         "--config.task.tokenizer=tests/fixtures/hf/tokenizer --config.model.vocab_size=100",

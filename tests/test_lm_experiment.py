@@ -97,8 +97,9 @@ def test_dpo_learns_reverse_digits_from_an_sft_model(sft_run, tmp_path):
 def test_reward_model_learns_to_rank_pairs_from_an_sft_model(sft_run, tmp_path):
     """reward_model.py on the task's pairs, sharded over 2 devices: held-out pair accuracy from
     chance to >= 0.75 (2026-11-24, one device: 0.477 -> 0.836); its run is refused as a policy
-    to start from, in one line, with nothing written; ppo_lm.py trains against it (a few
-    updates, sharded) and refuses a language model's run as a reward model."""
+    to start from, in one line, with nothing written; ppo_lm.py and online_dpo.py train against
+    it (a few updates, sharded), and ppo_lm.py refuses a language model's run as a reward
+    model."""
     workdir = str(tmp_path / "rm")
     run(
         "reward_model.py",
@@ -141,6 +142,23 @@ def test_reward_model_learns_to_rank_pairs_from_an_sft_model(sft_run, tmp_path):
     assert "embedding" in policy and all_floats_finite(policy)
     for name in ("learning_curve.png", "score_curve.png", "held_out_accuracy.png", "model.json"):
         assert os.path.exists(os.path.join(ppo, name)), name
+    # Online DPO ranking samples by it: the same contract.
+    online = str(tmp_path / "online_dpo")
+    run(
+        "online_dpo.py",
+        f"--config.init_from={sft_run}",
+        f"--config.reward_model={workdir}",
+        "--config.num_steps=2",
+        "--config.batch_size=8",
+        "--config.num_minibatches=1",
+        "--config.run.num_chunks=1",
+        "--config.mesh_shape=(2,1,1)",
+        "--config.task.num_eval=32",
+        f"--workdir={online}",
+    )
+    summary = read_json(online)
+    assert summary["reward_model"] == [workdir] and np.isfinite(summary["final_score"])
+    assert all_floats_finite(read_params(online))
     # A language model's run is no reward model: one line, nothing written.
     result = run(
         "ppo_lm.py",
