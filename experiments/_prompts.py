@@ -503,14 +503,14 @@ def read_task(run: _lm.Setup) -> Prompts:
     else:
         task = run.task
         # Held-out problems: the task's eval split, which the in-program sampler never draws.
+        # Their prompts are encoded (a compiled JAX function) only once the lengths are checked.
         rng = np.random.default_rng(flat.task.data_seed)
         problems = task.sample_problems(rng, flat.task.num_eval, split="eval", allow_fewer=True)
-        held_out = jax.device_get(
-            task.encode_problems(task.problem_digits(problems), task.tokens(run.tokenizer))
-        )
+        digits, tokens = task.problem_digits(problems), task.tokens(run.tokenizer)
+        shape = jax.eval_shape(task.encode_problems, digits, tokens).tokens.shape
         prompts = Prompts(
-            text_task(run), None, held_out.tokens.shape[1], task.name, "reward_task",
-            len(problems), problems, held_out,
+            text_task(run), None, shape[1], task.name, "reward_task", len(problems), problems,
+            None,
         )  # fmt: skip
     # The model (init_from's architecture included) is known before any parameter is built.
     limit = run.model.max_position_embeddings
@@ -521,6 +521,9 @@ def read_task(run: _lm.Setup) -> Prompts:
             f"{limit}; set max_new_tokens <= {limit - prompts.prompt_length}"
             + (" or a shorter max_prompt_length" if data is not None else "")
         )
+    if data is None:
+        held_out = jax.device_get(task.encode_problems(digits, tokens))
+        prompts = prompts._replace(held_out=held_out)
     return prompts
 
 

@@ -177,7 +177,7 @@ CASES = [
     ("ppo_lm.py", "--config.batch_size=6 --config.num_minibatches=4", "config.num_minibatches: "),
     ("ppo_lm.py", "--config.ensemble_rule=min", "config.ensemble_rule: combines a reward-model"),
     ("ppo_lm.py", "--config.reward_model=tests/fixtures", "config.reward_model: tests/fixtures is"),
-    ("ppo_lm.py", "--config.max_new_tokens=60", "config.max_new_tokens: prompts of 12 tokens"),
+    ("ppo_lm.py", "--config.max_new_tokens=60", "config.max_new_tokens: prompts of 9 tokens"),
     ("online_dpo.py", "--config.num_samples=1", "config.num_samples: got 1; a pair needs two"),
     ("online_dpo.py", "--config.reference=precomputed", "config.reference: online pairs are"),
     ("online_dpo.py", "--config.ensemble_rule=min", "config.ensemble_rule: combines a reward"),
