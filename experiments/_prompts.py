@@ -434,13 +434,10 @@ def initial_evaluation(run: _lm.Setup, evaluate: Callable, params: Any) -> HeldO
     return evaluate(params)
 
 
-def reward_models(
-    run: _lm.Setup, prompt_length: int, defaults: Any
-) -> tuple[Any, ModelConfig | None, list[str]]:
-    """config.reward_model's runs as (parameters, stacked on a leading axis for an ensemble;
-    their ModelConfig; their paths), or (None, None, []) for the task's reward. Every problem is
-    one error line before anything compiles, an ensemble setting without an ensemble among
-    them (`defaults`: the algorithm's default Config)."""
+def reward_model_paths(run: _lm.Setup, defaults: Any) -> list[str]:
+    """config.reward_model's run directories; an ensemble setting of the run's Config that
+    differs from `defaults` (the algorithm's default Config) without an ensemble to combine is
+    one error line. Reads no file: the scripts call it before anything else."""
     paths = [path.strip() for path in run.flat.reward_model.split(",") if path.strip()]
     for name in ("ensemble_rule", "ensemble_std_coefficient"):
         if len(paths) < 2 and getattr(run.config, name) != getattr(defaults, name):
@@ -449,6 +446,17 @@ def reward_models(
                 "config.reward_model names no ensemble (several comma-separated runs), so it "
                 "would be ignored; drop it, or give the ensemble's run directories"
             )
+    return paths
+
+
+def reward_models(
+    run: _lm.Setup, prompt_length: int, defaults: Any
+) -> tuple[Any, ModelConfig | None, list[str]]:
+    """config.reward_model's runs as (parameters, stacked on a leading axis for an ensemble;
+    their ModelConfig; their paths), or (None, None, []) for the task's reward. Every problem is
+    one error line before anything compiles, an ensemble setting without an ensemble among
+    them (`defaults`: the algorithm's default Config)."""
+    paths = reward_model_paths(run, defaults)
     if not paths:
         return None, None, []
     loaded = [_lm.load_reward_model(path, run) for path in paths]
@@ -485,7 +493,6 @@ class Prompts(NamedTuple):
     reward_key: str  # the metric final_mean_reward averages
     num_eval: int  # held-out prompts
     problems: list[str]  # a built-in digit task's held-out problems (data None)
-    held_out: Any  # their prompt tokens (data None)
 
 
 def read_task(run: _lm.Setup) -> Prompts:
@@ -503,15 +510,15 @@ def read_task(run: _lm.Setup) -> Prompts:
     else:
         task = run.task
         # Held-out problems: the task's eval split, which the in-program sampler never draws.
-        # Their prompts are encoded (a compiled JAX function) only once the lengths are checked.
+        # Their prompts are encoded (a compiled JAX function) by `evaluator`, once every
+        # setting is checked; here only their shape is traced.
         rng = np.random.default_rng(flat.task.data_seed)
         problems = task.sample_problems(rng, flat.task.num_eval, split="eval", allow_fewer=True)
         digits, tokens = task.problem_digits(problems), task.tokens(run.tokenizer)
         shape = jax.eval_shape(task.encode_problems, digits, tokens).tokens.shape
         prompts = Prompts(
-            text_task(run), None, shape[1], task.name, "reward_task", len(problems), problems,
-            None,
-        )  # fmt: skip
+            text_task(run), None, shape[1], task.name, "reward_task", len(problems), problems
+        )
     # The model (init_from's architecture included) is known before any parameter is built.
     limit = run.model.max_position_embeddings
     if prompts.prompt_length + config.max_new_tokens > limit:
@@ -521,9 +528,6 @@ def read_task(run: _lm.Setup) -> Prompts:
             f"{limit}; set max_new_tokens <= {limit - prompts.prompt_length}"
             + (" or a shorter max_prompt_length" if data is not None else "")
         )
-    if data is None:
-        held_out = jax.device_get(task.encode_problems(digits, tokens))
-        prompts = prompts._replace(held_out=held_out)
     return prompts
 
 
@@ -531,7 +535,10 @@ def evaluator(run: _lm.Setup, model: ModelConfig, prompts: Prompts) -> Callable[
     """evaluate(policy params) -> HeldOut on the held-out prompts."""
     if prompts.data is not None:
         return file_evaluator(run, model, prompts.data)
-    return digit_evaluator(run, model, prompts.held_out, prompts.problems)
+    task = run.task
+    digits = task.problem_digits(prompts.problems)
+    held_out = jax.device_get(task.encode_problems(digits, task.tokens(run.tokenizer)))
+    return digit_evaluator(run, model, held_out, prompts.problems)
 
 
 def open_run_with_initial_evaluation(

@@ -36,6 +36,7 @@ FLAGS = runner.define_flags("online_dpo.py", seeds=False)
 def main(argv: list[str]) -> None:
     run = _lm.setup(FLAGS, online_dpo.Config, "online_dpo")
     flat, config, mesh = run.flat, run.config, run.mesh
+    _prompts.reward_model_paths(run, online_dpo.Config())  # its flags, before anything is read
     prompts = _prompts.read_task(run)
     reward_params, reward_config, reward_paths = _prompts.reward_models(
         run, prompts.prompt_length, online_dpo.Config()

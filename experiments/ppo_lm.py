@@ -48,6 +48,7 @@ FLAGS = runner.define_flags("ppo_lm.py", seeds=False)
 def main(argv: list[str]) -> None:
     run = _lm.setup(FLAGS, ppo_lm.Config, "ppo_lm")
     flat, config, mesh = run.flat, run.config, run.mesh
+    _prompts.reward_model_paths(run, ppo_lm.Config())  # its flags, before anything is read
     prompts = _prompts.read_task(run)
     reward_params, reward_config, reward_paths = _prompts.reward_models(
         run, prompts.prompt_length, ppo_lm.Config()
