@@ -505,7 +505,7 @@ def read_task(run: _lm.Setup) -> Prompts:
     if data is not None:
         prompts = Prompts(
             data.task, data, data.train.max_prompt_length, data.task.name, "reward",
-            len(data.held_out.rows), [], None,
+            len(data.held_out.rows), [],
         )  # fmt: skip
     else:
         task = run.task
