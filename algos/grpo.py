@@ -629,29 +629,10 @@ def make(
             jax.random.fold_in(state.key, state.step), training.DROPOUT_STREAM
         )
 
-        def optimizer_step(carry, minibatch_and_index):
-            minibatch, index = minibatch_and_index
-            key = jax.random.fold_in(dropout_key, index) if config.lora_dropout > 0 else None
-            return training.train_step(
-                lambda p, micro_batch: loss_fn(p, micro_batch, hp),
-                carry,
-                minibatch,
-                hp,
-                config,
-                key,
-            )
-
-        def epoch(carry, epoch_and_key):
-            index, epoch_key = epoch_and_key
-            shuffle = epoch_key if config.num_minibatches > 1 else None
-            steps = index * config.num_minibatches + jnp.arange(config.num_minibatches)
-            minibatches = training.into_minibatches(
-                batch, shuffle, config.num_minibatches, config.grad_accum_steps, mesh
-            )
-            return jax.lax.scan(optimizer_step, carry, (minibatches, steps))
-
-        epochs = (jnp.arange(config.num_epochs), jax.random.split(shuffle_key, config.num_epochs))
-        state, step_metrics = jax.lax.scan(epoch, state, epochs)
+        state, step_metrics = training.minibatch_epochs(
+            lambda p, micro_batch: loss_fn(p, micro_batch, hp), state, batch, hp, config,
+            shuffle_key, config.num_epochs, config.num_minibatches, mesh, dropout_key,
+        )  # fmt: skip
         metrics.update(jax.tree.map(jnp.mean, step_metrics))
         return state._replace(step=state.step + 1), metrics
 

@@ -555,25 +555,11 @@ def make(
         rollout_key, shuffle_key = jax.random.split(jax.random.fold_in(state.key, state.step))
         batch, metrics = rollout(state, inputs, rollout_key, hp)
 
-        def optimizer_step(train_state, minibatch):
-            return training.train_step(
-                lambda p, micro_batch: loss_fn(p, micro_batch, hp),
-                train_state,
-                minibatch,
-                hp,
-                config,
-            )
-
-        def epoch(train_state, epoch_key):
-            shuffle = epoch_key if config.num_minibatches > 1 else None
-            minibatches = training.into_minibatches(
-                batch, shuffle, config.num_minibatches, config.grad_accum_steps, mesh
-            )
-            return jax.lax.scan(optimizer_step, train_state, minibatches)
-
         train_state = training.TrainState(state.params, state.opt_state, state.key, state.step)
-        epoch_keys = jax.random.split(shuffle_key, config.num_epochs)
-        train_state, step_metrics = jax.lax.scan(epoch, train_state, epoch_keys)
+        train_state, step_metrics = training.minibatch_epochs(
+            lambda p, micro_batch: loss_fn(p, micro_batch, hp), train_state, batch, hp, config,
+            shuffle_key, config.num_epochs, config.num_minibatches, mesh,
+        )  # fmt: skip
         metrics.update(jax.tree.map(jnp.mean, step_metrics))
 
         adapted = adaptive_kl_coef(

@@ -431,6 +431,42 @@ def into_minibatches(
     )
 
 
+def minibatch_epochs(
+    loss_fn: LossFn,
+    state: TrainState | LoraTrainState,
+    batch: dict[str, Array],
+    hp: HParams,
+    config: TrainConfig,
+    shuffle_key: Array,
+    num_epochs: int,
+    num_minibatches: int,
+    mesh: Any = None,
+    dropout_key: Array | None = None,
+) -> tuple[TrainState | LoraTrainState, dict[str, Array]]:
+    """The RL algorithms' optimisation on one rollout (inside jit): num_epochs passes over the
+    batch [B, ...], each in its own order from `shuffle_key` (in order with one minibatch), of
+    num_minibatches `train_step`s. With config.lora_dropout > 0, optimizer step i draws its
+    masks from fold_in(dropout_key, i). Returns the state and the steps' metrics stacked
+    [num_epochs, num_minibatches]."""
+
+    def optimizer_step(carry, minibatch_and_index):
+        minibatch, index = minibatch_and_index
+        key = jax.random.fold_in(dropout_key, index) if config.lora_dropout > 0 else None
+        return train_step(loss_fn, carry, minibatch, hp, config, key)
+
+    def epoch(carry, epoch_and_key):
+        index, epoch_key = epoch_and_key
+        shuffle = epoch_key if num_minibatches > 1 else None
+        steps = index * num_minibatches + jnp.arange(num_minibatches)
+        minibatches = into_minibatches(
+            batch, shuffle, num_minibatches, config.grad_accum_steps, mesh
+        )
+        return jax.lax.scan(optimizer_step, carry, (minibatches, steps))
+
+    epochs = (jnp.arange(num_epochs), jax.random.split(shuffle_key, num_epochs))
+    return jax.lax.scan(epoch, state, epochs)
+
+
 def chunk_sharding(mesh: Any, ndim: int) -> Any:
     """Stacked batches [K, accum, micro_batch, ...]: the micro-batch axis splits over the mesh."""
     spec = jax.sharding.PartitionSpec(None, None, sharding.BATCH_AXES, *([None] * (ndim - 3)))
