@@ -17,7 +17,10 @@ credit below 0.5).
    `jax.vmap` in one program, each from the SFT transformer with its own head and batch order.
 4. PPO from the SFT policy against member 0 alone, and against the whole ensemble combined by
    `rule` (mean_minus_std: uncertainty-weighted; min: worst case; Coste et al., 2024). Each
-   update logs the gold reward, the proxy score and the KL to the SFT policy.
+   update logs the gold reward, the proxy score and the KL to the SFT policy. `kl_coef` fixes
+   the KL penalty (small by default: room to over-optimise); `target_kl` holds the KL near a
+   target with Ziegler et al.'s adaptive controller instead (1.5 nats, where the gold reward
+   peaks here, keeps the gain).
 
 Writes `overoptimisation.json` (every run's curves, and each reward model's held-out pair
 accuracy against the gold order) and `overoptimisation.png`: gold reward, proxy reward and KL
@@ -67,6 +70,8 @@ flags.DEFINE_integer("reward_steps", 300, "reward-model optimizer steps (batch 6
 flags.DEFINE_enum("rule", "mean_minus_std", list(reward_model.ENSEMBLE_RULES), "ensemble rule")
 flags.DEFINE_integer("ppo_updates", 100, "PPO updates per run")
 flags.DEFINE_float("kl_coef", 0.01, "PPO's KL penalty coefficient (small: room to over-optimise)")
+flags.DEFINE_float("target_kl", 0.0, "PPO's adaptive KL target in nats per completion (0: fixed)")
+flags.DEFINE_integer("kl_horizon", ppo_lm.KL_HORIZON, "the adaptive controller's horizon")
 flags.DEFINE_integer("dpo_updates", 30, "online DPO updates (labels: dpo_updates x dpo_pairs)")
 flags.DEFINE_integer("dpo_pairs", 128, "pairs labelled per online update")
 flags.DEFINE_integer("dpo_epochs", 2, "passes over each online batch / over the offline labels")
@@ -183,7 +188,8 @@ def ppo_curves(
     """PPO from the SFT policy against the proxy: gold reward, proxy score and KL per update."""
     config = ppo_lm.Config(
         batch_size=256, max_new_tokens=4, num_minibatches=4, num_epochs=4, learning_rate=3e-4,
-        kl_coef=FLAGS.kl_coef, ensemble_rule=rule,
+        kl_coef=FLAGS.kl_coef, target_kl=FLAGS.target_kl, kl_horizon=FLAGS.kl_horizon,
+        ensemble_rule=rule,
     )  # fmt: skip
     algorithm = ppo_lm.make(
         config, model, TASK, ppo_lm.init_params(sft_params, model), reward_model_config=model
@@ -441,10 +447,13 @@ def overoptimisation(model: ModelConfig, results: dict) -> None:
         runs = results["runs"][name]
         final = np.array([np.mean(run["reward_task"][-10:]) for run in runs])
         peak = np.array([np.max(run["reward_task"]) for run in runs])
+        start_gold = np.array([run["reward_task"][0] for run in runs])
         mean, low, high = interval(final[:, None])
+        gain, gain_low, gain_high = interval((final - start_gold)[:, None])
         print(
             f"{name}: final gold {mean[0]:.3f} [{low[0]:.3f}, {high[0]:.3f}], peak gold "
-            f"{peak.mean():.3f}, start {np.mean([run['reward_task'][0] for run in runs]):.3f}"
+            f"{peak.mean():.3f}, start {start_gold.mean():.3f}; final - start "
+            f"{gain[0]:+.3f} [{gain_low[0]:+.3f}, {gain_high[0]:+.3f}]"
         )
     print(f"Wrote {FLAGS.out}/overoptimisation.json and overoptimisation.png")
 
