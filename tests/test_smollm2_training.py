@@ -134,3 +134,38 @@ DPO_FLAGS = [
     "--config.learning_rate=3e-5",
     "--config.run.num_chunks=1",
 ]
+
+
+@pytest.mark.slow
+def test_smollm2_reward_model_then_ppo(tmp_path):
+    """RLHF's two scripts on the real model, a few steps each (about 3 minutes on 2 cores, so
+    marked slow): reward_model.py from SmolLM2 on chat pairs (right operation against the
+    wrong one), then ppo_lm.py's word_problems preset against that reward model."""
+    problems = generate_problems(PAIRS + EVAL_PAIRS, difficulty=1, seed=11)
+    pairs = [
+        {
+            "prompt": [say("system", SYSTEM), say("user", p.text)],
+            "chosen": [say("assistant", worked_answer(p))],
+            "rejected": [say("assistant", wrong_operation(p))],
+        }
+        for p in problems
+    ]
+    reward = script(
+        "reward_model.py", tmp_path / "rm", "--config.init_from=smollm2",
+        f"--config.task.train_jsonl={write_jsonl(tmp_path / 'pairs.jsonl', pairs[:PAIRS])}",
+        f"--config.task.eval_jsonl={write_jsonl(tmp_path / 'eval.jsonl', pairs[PAIRS:])}",
+        "--config.num_steps=4", "--config.batch_size=8", "--config.learning_rate=1e-5",
+        "--config.eval_batch_size=16", "--config.run.num_chunks=1",
+    )  # fmt: skip
+    assert 0.0 <= reward["eval_pair_accuracy"] <= 1.0, reward
+    data = tmp_path / "word_problems.jsonl"
+    write_problems(make_word_problems(48, difficulty=1, seed=0, shots=2), data)
+    ppo = script(
+        "ppo_lm.py", tmp_path / "ppo", "--config=experiments/configs/ppo_lm.py:word_problems",
+        f"--config.task.train_jsonl={data}", "--config.task.num_eval=16",
+        f"--config.reward_model={tmp_path / 'rm'}", "--config.num_steps=2",
+        "--config.batch_size=4", "--config.num_minibatches=1", "--config.grad_accum_steps=1",
+        "--config.run.num_chunks=1", "--config.eval_batch_size=16",
+    )  # fmt: skip
+    assert np.isfinite(ppo["final_score"]) and np.isfinite(ppo["final_kl"]), ppo
+    assert finite_params(tmp_path / "ppo")
