@@ -315,12 +315,12 @@ def policy_loss(
     reference_log_probs: Array | None = None,
 ) -> tuple[Array, dict[str, Array]]:
     """The clipped surrogate (plus kl_beta x the k3 KL to the reference, when its log-probs are
-    given) over [B, N] completion tokens, aggregated as `aggregation` says. advantages and
-    weights: [B]; weights 0 leave a sequence out. The ratio is clipped to [1 - clip_low,
-    1 + clip_high]."""
+    given) over [B, N] completion tokens, aggregated as `aggregation` says. advantages: [B] (one
+    per sequence) or [B, N] (one per token: a multi-turn episode's turns differ); weights [B];
+    weights 0 leave a sequence out. The ratio is clipped to [1 - clip_low, 1 + clip_high]."""
     ratio = jnp.exp(log_probs - old_log_probs)
     low, high = 1.0 - clip_low, 1.0 + clip_high
-    advantage = advantages[:, None]
+    advantage = advantages if advantages.ndim == 2 else advantages[:, None]
     unclipped = ratio * advantage
     clipped = jnp.clip(ratio, low, high) * advantage
     per_token = -jnp.minimum(unclipped, clipped)

@@ -60,7 +60,7 @@ class TextEnv(NamedTuple):
     reset: Callable[[Array], tuple[Any, Tokens]]
     step: Callable[[Any, Tokens], tuple[Any, Tokens, Array, Array]]
     max_turns: int  # the policy speaks at most this many turns
-    max_message_tokens: int  # the widest message the environment can send (Tokens.ids' length)
+    max_message_tokens: int  # the widest answer it can send (the answers' Tokens.ids length)
     messages: tuple[str, ...]  # every message it can send, unrendered, by table row (transcripts)
 
 
@@ -73,21 +73,25 @@ def plain_render(text: str, first: bool) -> str:
 
 
 class MessageTable(NamedTuple):
-    ids: Array  # [M, L] int32, pad after each message
+    opening: Tokens  # the first message, messages[0], rendered as the conversation's start
+    ids: Array  # [M, L] int32: messages[1:] by row (row 0 empty), pad after each
     lengths: Array  # [M] int32
 
 
 def message_table(
-    texts: Sequence[str], tokenizer: Any, render: Callable[[str, bool], str], first: int = 0
+    texts: Sequence[str], tokenizer: Any, render: Callable[[str, bool], str]
 ) -> MessageTable:
-    """Every message the environment can send, rendered and tokenised once; row `first` is the
-    opening message (rendered with first=True)."""
-    encoded = [tokenizer.encode(render(text, i == first)) for i, text in enumerate(texts)]
+    """Every message the environment can send, rendered and tokenised once: texts[0] is the
+    opening (rendered with first=True), the rest are answers, as wide as the widest answer."""
+    opening = tokenizer.encode(render(texts[0], True))
+    encoded = [[]] + [tokenizer.encode(render(text, False)) for text in texts[1:]]
     width = max(len(ids) for ids in encoded)
     ids = np.full((len(texts), width), tokenizer.pad_id, np.int32)
     for row, message in enumerate(encoded):
         ids[row, : len(message)] = message
-    return MessageTable(jnp.asarray(ids), jnp.asarray([len(m) for m in encoded], jnp.int32))
+    lengths = jnp.asarray([len(m) for m in encoded], jnp.int32)
+    opening = Tokens(jnp.asarray(opening, jnp.int32), jnp.asarray(len(opening), jnp.int32))
+    return MessageTable(opening, jnp.asarray(ids), lengths)
 
 
 def message(table: MessageTable, row: Array) -> Tokens:
@@ -249,9 +253,9 @@ class GameState(NamedTuple):
     said: Array  # int32
 
 
-def _start(secret: Array, table: MessageTable, opening: int) -> tuple[GameState, Tokens]:
+def _start(secret: Array, table: MessageTable) -> tuple[GameState, Tokens]:
     zero = jnp.zeros((), jnp.int32)
-    return GameState(secret, zero, jnp.zeros((), bool), zero + opening), message(table, opening)
+    return GameState(secret, zero, jnp.zeros((), bool), zero), table.opening
 
 
 def _advance(state: GameState, solved: Array, reply: Array, table: MessageTable, max_turns: int):
@@ -288,12 +292,12 @@ def make_guess_my_number(
         f"I am thinking of a whole number from 1 to {maximum}. Guess it in at most {max_turns} "
         "tries; after each guess I will say higher or lower."
     )
-    texts = (opening, "Higher.", "Lower.", "Correct!", "Please guess a whole number.", "")
-    OPENING, HIGHER, LOWER, CORRECT, INVALID, _ = range(len(texts))
+    texts = (opening, "Higher.", "Lower.", "Correct!", "Please guess a whole number.")
+    HIGHER, LOWER, CORRECT, INVALID = range(1, len(texts))
     table, bytes_of = message_table(texts, tokenizer, render), byte_table(tokenizer)
 
     def reset(key: Array) -> tuple[GameState, Tokens]:
-        return _start(jax.random.randint(key, (), 1, maximum + 1, jnp.int32), table, OPENING)
+        return _start(jax.random.randint(key, (), 1, maximum + 1, jnp.int32), table)
 
     def step(state: GameState, utterance: Tokens):
         text, length = utterance_bytes(utterance, bytes_of, utterance_bytes_read)
@@ -368,7 +372,7 @@ def make_twenty_questions(
         "Yes, it is!",
         "I can only answer the listed kinds of question.",
     )
-    OPENING, YES, NO, SOLVED, INVALID = range(len(texts))
+    YES, NO, SOLVED, INVALID = range(1, len(texts))
     table, bytes_of = message_table(texts, tokenizer, render), byte_table(tokenizer)
     phrases = phrase_table(questions + guesses, utterance_bytes_read)
     # answers[q, o]: the answer to phrase q when the secret is object o.
@@ -379,7 +383,7 @@ def make_twenty_questions(
     answers = jnp.asarray(answers)
 
     def reset(key: Array) -> tuple[GameState, Tokens]:
-        return _start(jax.random.randint(key, (), 0, len(OBJECTS), jnp.int32), table, OPENING)
+        return _start(jax.random.randint(key, (), 0, len(OBJECTS), jnp.int32), table)
 
     def step(state: GameState, utterance: Tokens):
         text, length = normalize(*utterance_bytes(utterance, bytes_of, utterance_bytes_read))
@@ -445,7 +449,7 @@ def make_word_game(
     )
     patterns = [tuple(int(d) for d in np.base_repr(i, 3).zfill(n)) for i in range(3**n)]
     texts = (opening, "Not a word from the list.", *(pattern_text(p) for p in patterns))
-    OPENING, INVALID, FIRST_PATTERN = 0, 1, 2
+    INVALID, FIRST_PATTERN = 1, 2
     table, bytes_of = message_table(texts, tokenizer, render), byte_table(tokenizer)
     phrases = phrase_table(words, utterance_bytes_read)
     index = {p: i for i, p in enumerate(patterns)}
@@ -453,7 +457,7 @@ def make_word_game(
     feedback, win = jnp.asarray(feedback), index[(GREEN,) * n]
 
     def reset(key: Array) -> tuple[GameState, Tokens]:
-        return _start(jax.random.randint(key, (), 0, len(words), jnp.int32), table, OPENING)
+        return _start(jax.random.randint(key, (), 0, len(words), jnp.int32), table)
 
     def step(state: GameState, utterance: Tokens):
         text, length = normalize(*utterance_bytes(utterance, bytes_of, utterance_bytes_read))

@@ -1,0 +1,261 @@
+"""Multi-turn RL for language-model agents: GRPO over groups of whole conversations with a text
+environment, sampling, the environment's turns and the update in one compiled program.
+
+    env = make_guess_my_number(tokenizer)                   # envs.text.multiturn
+    algorithm = multiturn.make(Config(), model, env, params, tokenizer.eos_id, tokenizer.pad_id)
+
+Each update, for `batch_size` games drawn from the environment (one reset key each):
+
+1. `group_size` episodes of each game, all the same game (the same reset key), sampled by the
+   current policy turn by turn (`jaxrl.lm.dialogue.converse`): the policy speaks up to
+   `max_new_tokens` tokens a turn, the environment answers, its answer joins the context, until
+   the game ends or `env.max_turns` turns are spoken.
+2. Credit (`credit`):
+   - "episode": the episode's return compared within its group, as GRPO compares completions
+     (`variant` picks the baseline and scaling: grpo, dr_grpo, dapo, rloo); every token the
+     policy spoke gets its episode's advantage;
+   - "turn": the discounted return from each turn on, G_t = sum_k gamma^(k-t) r_k, compared
+     with the group's other episodes at the same turn (those that reached it); the tokens of
+     turn t get turn t's advantage. Where rewards come only at the end this moves credit
+     towards the turns near it (gamma < 1: a win in fewer turns is worth more).
+3. The clipped policy-gradient loss of GRPO (`grpo.policy_loss`) over the policy's own tokens
+   only; the environment's tokens are context and carry no loss. Old log-probs are recomputed
+   by one forward pass over the recorded conversations (`dialogue.policy_log_probs` gives the
+   sampler's log-probs again).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from algos import grpo
+from jaxrl.config import require
+from jaxrl.hparams import HParams, static, swept
+from jaxrl.lm import dialogue, training
+from jaxrl.lm.model import ModelConfig, Transformer
+from jaxrl.loop import Algorithm
+
+Array = jax.Array
+
+CREDIT = ("episode", "turn")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config(grpo.Config):
+    """GRPO's settings, read for conversations: `batch_size` games per update, `group_size`
+    episodes of each, `max_new_tokens` the most tokens of one turn."""
+
+    credit: str = "episode"  # "episode" (the return) or "turn" (discounted return per turn)
+    gamma: float = swept(1.0)  # the per-turn discount of credit="turn"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require(
+            self.credit in CREDIT,
+            "credit",
+            f"unknown credit {self.credit!r}",
+            f"use one of {CREDIT}",
+        )
+        require(0.0 < self.gamma <= 1.0, "gamma", f"got {self.gamma}", "use a discount in (0, 1]")
+        require(
+            self.credit == "turn" or self.gamma == 1.0,
+            "gamma",
+            "is read only by credit=turn; with credit=episode it would be ignored",
+            "drop it, or set credit=turn",
+        )
+        require(
+            self.spec.baseline != "greedy",
+            "variant",
+            "remax's greedy baseline is not built for conversations",
+            "use grpo, dr_grpo, dapo or rloo",
+        )
+        require(
+            self.overlong_buffer == 0,
+            "overlong_buffer",
+            "DAPO's overlong penalty is for single completions; a conversation has many turns",
+            "drop it",
+        )
+        require(self.lora_rank == 0, "lora_rank", "LoRA is not built for multi-turn yet", "use 0")
+
+
+# --- credit over turns ---------------------------------------------------------------------------
+
+
+def discounted_turn_returns(rewards: Array, spoke: Array, gamma: float | Array) -> Array:
+    """G_t = r_t + gamma * G_{t+1} over the turns spoken, [..., T] -> [..., T]; 0 where the
+    episode was already over."""
+    rewards = jnp.where(spoke, rewards, 0.0)
+
+    def back(following, reward):
+        value = reward + gamma * following
+        return value, value
+
+    _, returns = jax.lax.scan(
+        back, jnp.zeros(rewards.shape[:-1]), jnp.moveaxis(rewards, -1, 0), reverse=True
+    )
+    return jnp.where(spoke, jnp.moveaxis(returns, 0, -1), 0.0)
+
+
+def turn_advantages(
+    returns: Array, spoke: Array, baseline: str, scale_by_std: bool, std_eps: float = 1e-4
+) -> Array:
+    """[games, group, T] per-turn returns -> advantages: each episode's G_t against the group's
+    episodes that also spoke turn t (their mean; or, leave_one_out, the mean of the others), and
+    with scale_by_std divided by their standard deviation (ddof 1) + std_eps. 0 where the
+    episode did not speak turn t, or where it was the only one of its group to."""
+    weight = spoke.astype(jnp.float32)
+    count = weight.sum(axis=1, keepdims=True)
+    total = (returns * weight).sum(axis=1, keepdims=True)
+    if baseline == "leave_one_out":
+        reference = (total - returns) / jnp.maximum(count - 1, 1.0)
+    else:
+        reference = total / jnp.maximum(count, 1.0)
+    advantages = returns - reference
+    if scale_by_std:
+        mean = total / jnp.maximum(count, 1.0)
+        variance = ((returns - mean) ** 2 * weight).sum(axis=1, keepdims=True)
+        std = jnp.sqrt(variance / jnp.maximum(count - 1, 1.0))
+        advantages = advantages / (std + std_eps)
+    return jnp.where(spoke & (count > 1), advantages, 0.0)
+
+
+def token_advantages(per_turn: Array, turn_index: Array, valid: Array) -> Array:
+    """Each policy token's advantage, its turn's: [N, T] and [N, K] turn ids -> [N, K]."""
+    taken = jnp.take_along_axis(per_turn, jnp.maximum(turn_index, 0), axis=1)
+    return jnp.where(valid, taken, 0.0)
+
+
+# --- the loss ---------------------------------------------------------------------------------
+
+
+def make_loss(model: Transformer, config: Config, capacity: int) -> Callable[..., tuple]:
+    """`loss_fn(params, batch, hparams) -> (loss, metrics)` over a batch of conversations: the
+    recorded slots (tokens, mask, positions [N, S]), the policy's tokens gathered (predictors,
+    targets, valid [N, K]), token advantages [N, K] and episode weights [N]; old_log_probs
+    [N, K] when samples are reused."""
+    config = static(config)
+    spec = config.spec
+
+    def loss_fn(params: Any, batch: dict[str, Array], hp: HParams):
+        logits, _ = model.apply(
+            {"params": params}, batch["tokens"], batch["positions"], batch["mask"],
+            logit_positions=batch["predictors"],
+        )  # fmt: skip
+        log_probs, entropy = grpo.log_probs_and_entropy(
+            logits, batch["targets"], config.temperature
+        )
+        old = batch.get("old_log_probs", jax.lax.stop_gradient(log_probs))
+        loss, metrics = grpo.policy_loss(
+            log_probs, old, batch["advantages"], batch["valid"], batch["weights"],
+            clip_low=hp.clip_low, clip_high=grpo.upper_clip(spec, hp.clip_low, hp.clip_high),
+            aggregation=spec.aggregation, max_new_tokens=capacity, kl_beta=hp.kl_beta,
+            reference_log_probs=batch.get("reference_log_probs"),
+        )  # fmt: skip
+        ones = jnp.ones_like(batch["weights"])
+        metrics["entropy"] = grpo.aggregate(entropy, batch["valid"], ones, "token_mean", 1)
+        return loss - hp.entropy_coef * metrics["entropy"], metrics
+
+    return loss_fn
+
+
+# --- init and update --------------------------------------------------------------------------
+
+
+class Inputs(NamedTuple):
+    """The KL penalty's reference parameters (None: no penalty)."""
+
+    reference_params: Any = None
+
+
+def make(
+    config: Config,
+    model: ModelConfig,
+    env: Any,
+    params: Any,
+    eos_id: int,
+    pad_id: int,
+    mesh: Any = None,
+) -> Algorithm:
+    """Multi-turn GRPO on `env` (an `envs.text.multiturn.TextEnv`) as pure functions of one run,
+    from `params`: `init(key, hparams)` and `update(state, inputs, hparams)`, where one update
+    plays batch_size x group_size episodes and takes num_epochs x num_minibatches optimizer
+    steps on them. `eos_id` ends a turn (a chat template's end-of-turn token). Update i draws
+    its games and samples from fold_in(state.key, i), so a resumed run repeats an uninterrupted
+    one. Metrics: `return` (mean episode return), `success` (the fraction with a positive
+    return), `turns`, `policy_tokens` (per episode), and the optimizer steps' means."""
+    transformer = Transformer(model, mesh=mesh)
+    capacity = env.max_turns * config.max_new_tokens
+    loss_fn = make_loss(transformer, config, capacity)
+    config = static(config)
+    sampling = config.sampling(eos_id, pad_id)
+    games, group = config.batch_size, config.group_size
+
+    def log_probs_of(params: Any, batch: dict[str, Array]) -> Array:
+        logits, _ = transformer.apply(
+            {"params": params}, batch["tokens"], batch["positions"], batch["mask"],
+            logit_positions=batch["predictors"],
+        )  # fmt: skip
+        log_probs, _ = grpo.log_probs_and_entropy(logits, batch["targets"], config.temperature)
+        return jax.lax.stop_gradient(log_probs)
+
+    def rollout(policy: Any, key: Array, hp: HParams) -> tuple[dict[str, Array], dict]:
+        game_key, sample_key = jax.random.split(key)
+        reset_keys = jnp.repeat(jax.random.split(game_key, games), group, axis=0)
+        sample_keys = jax.random.split(sample_key, games * group)
+        episodes, _ = dialogue.converse(model, policy, env, reset_keys, sample_keys, sampling, mesh)
+        gathered = dialogue.policy_tokens(episodes, capacity)
+        returns = episodes.rewards.sum(axis=1)
+        if config.credit == "episode":
+            advantages = grpo.group_advantages(
+                returns.reshape(games, group), config.spec.baseline, config.spec.scale_by_std,
+                config.std_eps,
+            ).reshape(-1)  # fmt: skip
+            per_token = jnp.where(gathered.valid, advantages[:, None], 0.0)
+        else:
+            turn_returns = discounted_turn_returns(episodes.rewards, episodes.spoke, hp.gamma)
+            shape = (games, group, env.max_turns)
+            per_turn = turn_advantages(
+                turn_returns.reshape(shape), episodes.spoke.reshape(shape),
+                config.spec.baseline, config.spec.scale_by_std, config.std_eps,
+            ).reshape(games * group, env.max_turns)  # fmt: skip
+            per_token = token_advantages(per_turn, gathered.turn_index, gathered.valid)
+        grouped = returns.reshape(games, group)
+        varied = jnp.repeat(jnp.std(grouped, axis=1) > 0, group)
+        weights = varied if config.spec.drop_zero_variance_groups else jnp.ones_like(varied)
+        batch = {
+            "tokens": episodes.tokens, "mask": episodes.mask, "positions": episodes.positions,
+            "predictors": gathered.predictors, "targets": gathered.tokens,
+            "valid": gathered.valid, "advantages": per_token,
+            "weights": weights.astype(jnp.float32),
+        }  # fmt: skip
+        metrics = {
+            "return": returns.mean(),
+            "success": (returns > 0).mean(),
+            "turns": episodes.spoke.sum(axis=1).mean(),
+            "policy_tokens": gathered.valid.sum(axis=1).mean(),
+            "zero_variance_fraction": 1.0 - varied.mean(),
+            "slots_used": episodes.length.astype(jnp.float32),
+        }
+        return batch, metrics
+
+    def update(state: training.TrainState, inputs: Inputs | None, hp: HParams):
+        reference_params = inputs.reference_params if inputs is not None else None
+        rollout_key, shuffle_key = jax.random.split(jax.random.fold_in(state.key, state.step))
+        batch, metrics = rollout(state.params, rollout_key, hp)
+        if config.reuses_samples:
+            batch["old_log_probs"] = log_probs_of(state.params, batch)
+        if reference_params is not None:
+            batch["reference_log_probs"] = log_probs_of(reference_params, batch)
+        state, step_metrics = training.minibatch_epochs(
+            lambda p, micro_batch: loss_fn(p, micro_batch, hp), state, batch, hp, config,
+            shuffle_key, config.num_epochs, config.num_minibatches, mesh,
+        )  # fmt: skip
+        metrics.update(jax.tree.map(jnp.mean, step_metrics))
+        return state._replace(step=state.step + 1), metrics
+
+    return Algorithm(training.make_init(params, config, mesh, model), update)

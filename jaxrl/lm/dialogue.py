@@ -1,0 +1,248 @@
+"""Multi-turn episodes sampled inside one compiled program: the policy speaks a turn, a text
+environment answers, its answer joins the context, and so on until every episode is over.
+
+    episodes, env_states = converse(model_config, params, env, reset_keys, sample_keys, config)
+
+`env` has `reset(key) -> (state, message)` and `step(state, utterance) -> (state, message,
+reward, done)` over token ids (`envs.text.multiturn.TextEnv`; a message has `.ids` [L] and
+`.length`), pure and vmappable; `converse` vmaps them over the batch.
+
+One KV cache holds the whole conversation. The opening is prefilled; each turn decodes up to
+`config.max_new_tokens` tokens (a row's turn ends at its end-of-turn token, `config.eos_id`);
+a turn cut off by that budget gets the end-of-turn token appended, so the context stays in the
+chat format; the environment reads the turn and its answer is prefilled after it. Rows finish at
+different times, so the cache's slots are shared and a row's unused slots are masked out of the
+attention. Every slot written is also recorded (token, mask, position), so the training pass
+reads exactly the context the sampler saw: one forward over `Episodes.tokens` with
+`Episodes.mask` and `Episodes.positions` gives the sampled tokens' log-probs again. Only the
+policy's own tokens (`policy_mask`) carry a loss; the environment's tokens are context.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from jaxrl.lm.model import ModelConfig, Transformer, init_cache
+from jaxrl.lm.sampler import SamplingConfig, sample_token
+
+Array = jax.Array
+
+
+class Episodes(NamedTuple):
+    """A batch of conversations as the cache holds them, [B, S] per slot, plus per-turn
+    outcomes [B, max_turns]."""
+
+    tokens: Array  # [B, S] int32
+    mask: Array  # [B, S] bool: a real token (the attention's key mask)
+    positions: Array  # [B, S] int32 rotary positions
+    policy_mask: Array  # [B, S] bool: sampled by the policy (end-of-turn included): the loss mask
+    log_probs: Array  # [B, S] fp32: the sampler's log-prob of each policy token, 0 elsewhere
+    turn_index: Array  # [B, S] int32: the turn a policy token belongs to, -1 elsewhere
+    rewards: Array  # [B, T] fp32: the environment's reward after each turn
+    spoke: Array  # [B, T] bool: the policy spoke that turn (the episode was not yet over)
+    done: Array  # [B] bool: the episode ended (solved, or out of turns)
+    length: Array  # int32: slots used (the same for every row)
+
+
+def episode_length(opening: int, max_turns: int, turn_tokens: int, message_tokens: int) -> int:
+    """Slots a conversation can need: the opening, then per turn the policy's budget, an
+    appended end of turn, and the environment's widest message."""
+    return opening + max_turns * (turn_tokens + 1 + message_tokens)
+
+
+def converse(
+    model_config: ModelConfig,
+    params: Any,
+    env: Any,
+    reset_keys: Array,
+    sample_keys: Array,
+    config: SamplingConfig,
+    mesh: Any = None,
+    rules: Any = None,
+) -> tuple[Episodes, Any]:
+    """One episode per row of `reset_keys` [B] (the environment's draw: episodes with the same
+    reset key play the same game) and `sample_keys` [B] (the policy's): reset, then turns until
+    every episode is done or `env.max_turns` have been spoken. Returns the episodes and the
+    environments' final states."""
+    model = Transformer(model_config, mesh=mesh, rules=rules)
+    batch = reset_keys.shape[0]
+    env_state, opening = jax.vmap(env.reset)(reset_keys)
+    opening_width, message_width = opening.ids.shape[1], env.max_message_tokens
+    budget = config.max_new_tokens
+    size = episode_length(opening_width, env.max_turns, budget, message_width)
+    record = {
+        "tokens": jnp.full((batch, size), config.pad_id, jnp.int32),
+        "mask": jnp.zeros((batch, size), bool),
+        "positions": jnp.zeros((batch, size), jnp.int32),
+        "policy_mask": jnp.zeros((batch, size), bool),
+        "log_probs": jnp.zeros((batch, size), jnp.float32),
+        "turn_index": jnp.full((batch, size), -1, jnp.int32),
+    }
+
+    def write(record: dict, column: Array, **values: Array) -> dict:
+        """Record [B, T] values at slots column..column+T (the slots the cache just got)."""
+        return {
+            name: jax.lax.dynamic_update_slice(array, values[name].astype(array.dtype), (0, column))
+            if name in values
+            else array
+            for name, array in record.items()
+        }
+
+    def feed(carry: dict, tokens: Array, real: Array) -> dict:
+        """Prefill a right-padded message [B, W] (rows with real tokens only): record it, extend
+        the cache, and keep the logits after each row's last real token."""
+        start = carry["cache"]["index"]
+        positions = carry["position"][:, None] + jnp.cumsum(real, axis=1) - 1
+        last = jnp.maximum(jnp.sum(real, axis=1) - 1, 0)[:, None]
+        logits, cache = model.apply(
+            {"params": params}, tokens, positions, real, carry["cache"], logit_positions=last
+        )
+        spoke = jnp.any(real, axis=1)
+        return dict(
+            carry,
+            cache=cache,
+            record=write(carry["record"], start, tokens=tokens, mask=real, positions=positions),
+            logits=jnp.where(spoke[:, None], logits[:, 0], carry["logits"]),
+            position=carry["position"] + jnp.sum(real, axis=1),
+        )
+
+    carry = {
+        "cache": init_cache(model_config, batch, size),
+        "record": record,
+        "logits": jnp.zeros((batch, model_config.vocab_size), jnp.float32),
+        "position": jnp.zeros((batch,), jnp.int32),
+        "env": env_state,
+        "done": jnp.zeros((batch,), bool),
+        "turn": jnp.zeros((), jnp.int32),
+        "rewards": jnp.zeros((batch, env.max_turns), jnp.float32),
+        "spoke": jnp.zeros((batch, env.max_turns), bool),
+        "keys": sample_keys,
+    }
+    carry = feed(carry, opening.ids, jnp.arange(opening_width)[None] < opening.length[:, None])
+
+    def speak_one(state: dict) -> dict:
+        """Sample one token per row still speaking this turn, record it, feed it back."""
+        carry, said, ended = state["carry"], state["said"], state["ended"]
+        keys = jax.vmap(jax.random.split)(carry["keys"])
+        token, log_prob = jax.vmap(lambda row, k: sample_token(row[None], k, config))(
+            carry["logits"], keys[:, 1]
+        )
+        token, log_prob = token[:, 0], log_prob[:, 0]
+        alive = ~ended
+        token = jnp.where(alive, token, config.pad_id)
+        column = carry["cache"]["index"]
+        positions = carry["position"]
+        logits, cache = model.apply(
+            {"params": params}, token[:, None], positions[:, None], alive[:, None], carry["cache"]
+        )
+        record = write(
+            carry["record"], column, tokens=token[:, None], mask=alive[:, None],
+            positions=positions[:, None], policy_mask=alive[:, None],
+            log_probs=jnp.where(alive, log_prob, 0.0)[:, None],
+            turn_index=jnp.where(alive, carry["turn"], -1)[:, None],
+        )  # fmt: skip
+        carry = dict(
+            carry, cache=cache, record=record, keys=keys[:, 0],
+            logits=jnp.where(alive[:, None], logits[:, -1], carry["logits"]),
+            position=positions + alive,
+        )  # fmt: skip
+        said = jax.lax.dynamic_update_slice(said, token[:, None], (0, state["step"]))
+        finished = ended | (alive & (token == config.eos_id))
+        return {"carry": carry, "said": said, "ended": finished, "step": state["step"] + 1,
+                "length": state["length"] + alive}  # fmt: skip
+
+    def one_turn(carry: dict) -> dict:
+        speaking = ~carry["done"]
+        turn = {
+            "carry": carry,
+            "said": jnp.full((batch, budget), config.pad_id, jnp.int32),
+            "ended": ~speaking,
+            "step": jnp.zeros((), jnp.int32),
+            "length": jnp.zeros((batch,), jnp.int32),
+        }
+        turn = jax.lax.while_loop(
+            lambda t: (t["step"] < budget) & ~jnp.all(t["ended"]), speak_one, turn
+        )
+        carry, said, length = turn["carry"], turn["said"], turn["length"]
+        # A turn cut off by the budget gets its end-of-turn token (context, not policy).
+        unfinished = speaking & ~jnp.any((said == config.eos_id) & (length[:, None] > 0), axis=1)
+        carry = feed(carry, jnp.full((batch, 1), config.eos_id, jnp.int32), unfinished[:, None])
+        utterance = type(opening)(said, length)
+        env_state, message, reward, done = jax.vmap(env.step)(carry["env"], utterance)
+        index = carry["turn"]
+        carry = dict(
+            carry, env=env_state, done=carry["done"] | done,
+            rewards=carry["rewards"].at[:, index].set(jnp.where(speaking, reward, 0.0)),
+            spoke=carry["spoke"].at[:, index].set(speaking), turn=index + 1,
+        )  # fmt: skip
+        real = (jnp.arange(message_width)[None] < message.length[:, None]) & ~carry["done"][:, None]
+        return feed(carry, message.ids, real)
+
+    carry = jax.lax.while_loop(
+        lambda c: (c["turn"] < env.max_turns) & ~jnp.all(c["done"]), one_turn, carry
+    )
+    record = carry["record"]
+    episodes = Episodes(
+        **record, rewards=carry["rewards"], spoke=carry["spoke"], done=carry["done"],
+        length=carry["cache"]["index"],
+    )  # fmt: skip
+    return episodes, carry["env"]
+
+
+class PolicyTokens(NamedTuple):
+    """The policy's tokens of each conversation gathered to the front, [B, K] with K the most a
+    conversation can hold (max_turns x turn budget); `valid` marks the real ones."""
+
+    slots: Array  # [B, K] int32: where each sits in `Episodes.tokens`
+    predictors: Array  # [B, K] int32: the slot whose output predicts it (the last real before)
+    tokens: Array  # [B, K] int32
+    valid: Array  # [B, K] bool
+    turn_index: Array  # [B, K] int32 (-1 where not valid)
+    sampled_log_probs: Array  # [B, K] fp32: what the sampler recorded
+
+
+def policy_tokens(episodes: Episodes, capacity: int) -> PolicyTokens:
+    """Gather each row's policy tokens, in order, to [B, capacity]."""
+    order = jnp.argsort(~episodes.policy_mask, axis=1, stable=True)[:, :capacity]
+    take = lambda array: jnp.take_along_axis(array, order, axis=1)  # noqa: E731
+    valid = take(episodes.policy_mask)
+    return PolicyTokens(
+        order.astype(jnp.int32), take(previous_real_slot(episodes.mask)), take(episodes.tokens),
+        valid, jnp.where(valid, take(episodes.turn_index), -1), take(episodes.log_probs),
+    )  # fmt: skip
+
+
+def previous_real_slot(mask: Array) -> Array:
+    """[B, S]: the last real slot before each slot (0 where there is none). A token's logits come
+    from there: rows share the cache's slots, so the slot just before may be another turn's hole."""
+    slots = jnp.arange(mask.shape[1])
+    latest = jax.lax.cummax(jnp.where(mask, slots[None], -1), axis=1)
+    return jnp.maximum(jnp.concatenate([jnp.full_like(latest[:, :1], -1), latest[:, :-1]], 1), 0)
+
+
+def policy_logits(
+    model: Transformer, params: Any, episodes: Episodes, gathered: PolicyTokens
+) -> Array:
+    """Logits [B, K, V] that predict the policy's tokens under `params`: one forward pass over
+    the recorded conversations, the head only at each policy token's predictor."""
+    logits, _ = model.apply(
+        {"params": params}, episodes.tokens, episodes.positions, episodes.mask,
+        logit_positions=gathered.predictors,
+    )  # fmt: skip
+    return logits
+
+
+def policy_log_probs(
+    model: Transformer, params: Any, episodes: Episodes, gathered: PolicyTokens, temperature: float
+) -> Array:
+    """Log-probs [B, K] of the policy's tokens under `params`, at the sampling temperature as
+    the sampler recorded them; 0 where not valid."""
+    logits = policy_logits(model, params, episodes, gathered)
+    if temperature > 0:
+        logits = logits / temperature
+    log_probs = jax.nn.log_softmax(logits, axis=-1)
+    chosen = jnp.take_along_axis(log_probs, gathered.tokens[..., None], axis=-1)[..., 0]
+    return jnp.where(gathered.valid, chosen, 0.0)
