@@ -197,3 +197,40 @@ def test_config_errors_name_the_field(field, value, message):
     with pytest.raises(ConfigError, match=message) as error:
         multiturn.Config(max_new_tokens=4, **{field: value})
     assert field in str(error.value)
+
+
+def test_supervised_rows_are_laid_out_as_the_sampler_lays_out_a_conversation():
+    """conversation_batch on the transcripts of sampled episodes gives each row's real tokens in
+    the sampler's order; its loss mask is the policy's tokens plus the end of turn the sampler
+    appended to turns the budget cut (a teacher's turns always end). Rows whose sampled bytes
+    are not valid UTF-8 text (a transcript cannot hold them) are left out."""
+    env, _, sampling, episodes, states = converse(episodes=48)
+    reference = Reference("guess_my_number")
+    transcripts, expected_tokens, expected_loss = [], [], []
+    for row in range(episodes.tokens.shape[0]):
+        real = episodes.mask[row]
+        tokens, policy = episodes.tokens[row][real], episodes.policy_mask[row][real]
+        turn_ids = episodes.turn_index[row][real]
+        transcript = [("env", env.messages[0])]
+        for turn in range(int(episodes.spoke[row].sum())):
+            said = [t for t in tokens[(turn_ids == turn) & policy].tolist() if t != BYTES.eos_id]
+            text = BYTES.decode(said)
+            answer, _ = reference.reply(int(states.secret[row]), text.encode())
+            transcript += [("policy", text), ("env", answer)]
+        if any(
+            BYTES.encode(text) != [t for t in tokens[(turn_ids == k) & policy] if t != BYTES.eos_id]
+            for k, text in enumerate(t for speaker, t in transcript if speaker == "policy")
+        ):
+            continue  # bytes that are not text
+        transcripts.append(transcript)
+        expected_tokens.append(tokens.tolist())
+        ends = np.zeros_like(policy)
+        ends[1:] = (tokens[1:] == BYTES.eos_id) & policy[:-1] & ~policy[1:]
+        expected_loss.append((policy | ends).tolist())
+    assert len(transcripts) >= 4
+    width = episodes.tokens.shape[1]
+    rows = games.conversation_batch(transcripts, BYTES, BYTES.eos_id, width)
+    for row in range(len(transcripts)):
+        real = rows["attention_mask"][row]
+        assert rows["tokens"][row][real].tolist() == expected_tokens[row], row
+        assert rows["loss_mask"][row][real].tolist() == expected_loss[row], row

@@ -481,10 +481,12 @@ GAMES = {
 
 
 class BinarySearch:
-    """Guess-my-number's optimal player: halve the interval the answers leave."""
+    """Guess-my-number's optimal player: halve the interval the answers leave. With
+    `plausible=True`, a weaker player that never contradicts an answer: a uniform guess in the
+    interval."""
 
-    def __init__(self, maximum: int) -> None:
-        self.maximum = maximum
+    def __init__(self, maximum: int, plausible: bool = False) -> None:
+        self.maximum, self.plausible = maximum, plausible
 
     def speak(self, heard: str, rng: np.random.Generator) -> str:
         if heard.startswith("I am thinking"):
@@ -493,13 +495,20 @@ class BinarySearch:
             self.low = self.guess + 1
         elif heard == "Lower.":
             self.high = self.guess - 1
-        self.guess = (self.low + self.high) // 2
+        if self.plausible:
+            self.guess = int(rng.integers(self.low, self.high + 1))
+        else:
+            self.guess = (self.low + self.high) // 2
         return f"{self.guess}"
 
 
 class GreedyQuestioner:
     """Twenty questions: ask the property that splits the objects still possible most evenly;
-    guess when one is left."""
+    guess when one is left. With `plausible=True`, a weaker player: any property that splits
+    them, at random."""
+
+    def __init__(self, plausible: bool = False) -> None:
+        self.plausible = plausible
 
     def speak(self, heard: str, rng: np.random.Generator) -> str:
         if heard.startswith("I am thinking"):
@@ -516,16 +525,21 @@ class GreedyQuestioner:
             inside = sum(c in members for c in self.candidates)
             return max(inside, len(self.candidates) - inside)
 
-        self.asked = min(PROPERTIES, key=lambda name: larger_side(PROPERTIES[name]))
+        if self.plausible:
+            splits = [n for n, m in PROPERTIES.items() if larger_side(m) < len(self.candidates)]
+            self.asked = splits[rng.integers(len(splits))]
+        else:
+            self.asked = min(PROPERTIES, key=lambda name: larger_side(PROPERTIES[name]))
         return f"Is it {self.asked}?"
 
 
 class MinimaxWordGuesser:
     """The word game: guess the word (any on the list) whose worst-case pattern leaves the
-    fewest words possible, preferring words still possible; guess the last one left."""
+    fewest words possible, preferring words still possible; guess the last one left. With
+    `plausible=True`, a weaker player: any word still possible, at random."""
 
-    def __init__(self, words: Sequence[str] = WORDS) -> None:
-        self.words = tuple(words)
+    def __init__(self, words: Sequence[str] = WORDS, plausible: bool = False) -> None:
+        self.words, self.plausible = tuple(words), plausible
 
     def speak(self, heard: str, rng: np.random.Generator) -> str:
         if heard.startswith("I am thinking"):
@@ -542,8 +556,11 @@ class MinimaxWordGuesser:
                 sizes[pattern] = sizes.get(pattern, 0) + 1
             return max(sizes.values()), guess not in self.candidates
 
-        pool = self.candidates if len(self.candidates) <= 2 else self.words
-        self.guess = min(pool, key=worst_case)
+        if self.plausible:
+            self.guess = self.candidates[rng.integers(len(self.candidates))]
+        else:
+            pool = self.candidates if len(self.candidates) <= 2 else self.words
+            self.guess = min(pool, key=worst_case)
         return self.guess
 
 
@@ -558,17 +575,31 @@ class RandomSpeaker:
 
 
 def scripted_players(name: str, **game: Any) -> dict[str, Any]:
-    """{"scripted": the near-optimal player, "random": the random one} for a game of GAMES,
-    given the game's keyword arguments (its `maximum`, `words`)."""
+    """The baselines of a game of GAMES, given the game's keyword arguments (its `maximum`,
+    `words`): "scripted", the near-optimal player; "plausible", one that never contradicts an
+    answer but chooses at random among what is still possible (a teacher whose imitation leaves
+    room to improve); "random", a valid utterance drawn uniformly each turn."""
     if name == "guess_my_number":
         maximum = game.get("maximum", 32)
         numbers = [str(n) for n in range(1, maximum + 1)]
-        return {"scripted": BinarySearch(maximum), "random": RandomSpeaker(numbers)}
+        return {
+            "scripted": BinarySearch(maximum),
+            "plausible": BinarySearch(maximum, plausible=True),
+            "random": RandomSpeaker(numbers),
+        }
     if name == "twenty_questions":
         questions, guesses = question_phrases()
-        return {"scripted": GreedyQuestioner(), "random": RandomSpeaker(questions + guesses)}
+        return {
+            "scripted": GreedyQuestioner(),
+            "plausible": GreedyQuestioner(plausible=True),
+            "random": RandomSpeaker(questions + guesses),
+        }
     words = game.get("words", WORDS)
-    return {"scripted": MinimaxWordGuesser(words), "random": RandomSpeaker(words)}
+    return {
+        "scripted": MinimaxWordGuesser(words),
+        "plausible": MinimaxWordGuesser(words, plausible=True),
+        "random": RandomSpeaker(words),
+    }
 
 
 def play(
@@ -605,3 +636,43 @@ def play(
     for i, said in enumerate(np.asarray(states.said)):
         transcripts[i].append(("env", env.messages[said]))
     return {"returns": returns, "turns": np.asarray(states.turn), "transcripts": transcripts}
+
+
+def conversation_batch(
+    transcripts: Sequence[Sequence[tuple[str, str]]],
+    tokenizer: Any,
+    end_of_turn: int,
+    width: int,
+    render: Callable[[str, bool], str] = plain_render,
+) -> dict[str, np.ndarray]:
+    """Transcripts (`play`'s) as supervised fine-tuning rows laid out as `converse` lays out a
+    conversation: the rendered opening, then each policy turn followed by `end_of_turn` (the
+    loss is on these) and each answer rendered (context); the answer after the last turn is
+    left out, as the sampler never feeds it. Rows right-padded to `width` (an error if longer):
+    `algos.sft`'s tokens, attention_mask and loss_mask [N, width]."""
+    rows = len(transcripts)
+    batch = {
+        "tokens": np.full((rows, width), tokenizer.pad_id, np.int32),
+        "attention_mask": np.zeros((rows, width), bool),
+        "loss_mask": np.zeros((rows, width), bool),
+    }
+    for row, transcript in enumerate(transcripts):
+        tokens, loss = tokenizer.encode(render(transcript[0][1], True)), []
+        loss = [False] * len(tokens)
+        spoken = [i for i, (speaker, _) in enumerate(transcript) if speaker == "policy"]
+        for i in spoken:
+            said = [*tokenizer.encode(transcript[i][1]), end_of_turn]
+            tokens += said
+            loss += [True] * len(said)
+            if i != spoken[-1]:
+                answer = tokenizer.encode(render(transcript[i + 1][1], False))
+                tokens += answer
+                loss += [False] * len(answer)
+        if len(tokens) > width:
+            raise ValueError(
+                f"conversation_batch: a conversation of {len(tokens)} tokens > {width}"
+            )
+        batch["tokens"][row, : len(tokens)] = tokens
+        batch["attention_mask"][row, : len(tokens)] = True
+        batch["loss_mask"][row, : len(tokens)] = loss
+    return batch
