@@ -229,3 +229,40 @@ def test_token_text_keeps_the_spaces_a_tokenizer_drops_alone():
     read = mt.token_text(tokenizer)
     ids = tokenizer.encode("is it an animal")
     assert "".join(read(i) for i in ids).strip() == tokenizer.decode(ids)
+
+
+@pytest.mark.parametrize(
+    "template,end_of_turn",
+    [("chatml_smollm2", "<|im_end|>"), ("qwen25", "<|im_end|>"), ("llama32", "<|eot_id|>")],
+)
+def test_chat_render_pieces_make_the_templates_conversation(tmp_path, template, end_of_turn):
+    """The opening, then each policy turn with its end-of-turn token and each answer rendered,
+    is the chat template's own rendering of the conversation (system, user, assistant, user,
+    assistant), for three templates."""
+    from tests.test_chat_template import REFERENCE, checkpoint_dir, template_text
+
+    tokens = REFERENCE["tokenizer_config_tokens"][template]
+    tokenizer = load_tokenizer(checkpoint_dir(tmp_path / template, template_text(template), tokens))
+    render = mt.chat_render(tokenizer, end_of_turn, system="You play a game.")
+    pieces = render("Guess my number.", True) + "12" + end_of_turn
+    pieces += render("Higher.", False) + "15" + end_of_turn
+    conversation = tokenizer.apply_chat_template(
+        [
+            {"role": "system", "content": "You play a game."},
+            {"role": "user", "content": "Guess my number."},
+            {"role": "assistant", "content": "12"},
+            {"role": "user", "content": "Higher."},
+            {"role": "assistant", "content": "15"},
+        ]
+    )
+    assert conversation.startswith(pieces), (pieces, conversation)
+    assert conversation[len(pieces) :].strip() == ""
+
+
+def test_chat_render_refuses_a_wrong_end_of_turn(tmp_path):
+    from tests.test_chat_template import REFERENCE, checkpoint_dir, template_text
+
+    tokens = REFERENCE["tokenizer_config_tokens"]["qwen25"]
+    tokenizer = load_tokenizer(checkpoint_dir(tmp_path / "q", template_text("qwen25"), tokens))
+    with pytest.raises(ValueError, match="does not end an assistant turn with '<\\|eot_id\\|>'"):
+        mt.chat_render(tokenizer, "<|eot_id|>")

@@ -69,6 +69,41 @@ def plain_render(text: str, first: bool) -> str:
     return text + "\n" if first else "\n" + text + "\n"
 
 
+def chat_render(
+    tokenizer: Any, end_of_turn: str, system: str | None = None
+) -> Callable[[str, bool], str]:
+    """A `render` for chat models: the environment speaks in user turns of the tokenizer's chat
+    template and the policy in assistant turns, each ending with `end_of_turn` (the template's
+    end-of-turn token, e.g. "<|im_end|>", which the sampler stops at and keeps). The opening is
+    the conversation up to the first assistant header (after `system`, if given); each later
+    message is what the template writes between an assistant turn's end-of-turn token and the
+    next assistant header. Found by rendering a conversation of markers, so any template that
+    renders a prefix of a conversation as the conversation's start works."""
+    a, x, b = "\x00opening\x00", "\x00turn\x00", "\x00answer\x00"
+    head = [{"role": "system", "content": system}] if system else []
+    user = lambda text: {"role": "user", "content": text}  # noqa: E731
+    first = tokenizer.apply_chat_template([*head, user(a)], add_generation_prompt=True)
+    full = tokenizer.apply_chat_template(
+        [*head, user(a), {"role": "assistant", "content": x}, user(b)], add_generation_prompt=True
+    )
+    after_turn = full.split(x, 1)[1] if x in full else ""
+    if not full.startswith(first) or not after_turn.startswith(end_of_turn) or b not in after_turn:
+        raise ValueError(
+            f"chat_render: the chat template does not end an assistant turn with {end_of_turn!r} "
+            "followed by the next user turn; pass the template's end-of-turn token, or a render "
+            "of your own"
+        )
+    opening_before, opening_after = first.split(a)
+    answer_before, answer_after = after_turn[len(end_of_turn) :].split(b)
+
+    def render(text: str, is_first: bool) -> str:
+        if is_first:
+            return opening_before + text + opening_after
+        return answer_before + text + answer_after
+
+    return render
+
+
 # --- messages out: a table of tokenised messages ----------------------------------------------
 
 
