@@ -62,6 +62,7 @@ class TextEnv(NamedTuple):
     max_turns: int  # the policy speaks at most this many turns
     max_message_tokens: int  # the widest answer it can send (the answers' Tokens.ids length)
     messages: tuple[str, ...]  # every message it can send, unrendered, by table row (transcripts)
+    batched: bool = False  # reset/step take the whole batch (a host environment), not one episode
 
 
 def plain_render(text: str, first: bool) -> str:

@@ -5,7 +5,8 @@ environment answers, its answer joins the context, and so on until every episode
 
 `env` has `reset(key) -> (state, message)` and `step(state, utterance) -> (state, message,
 reward, done)` over token ids (`envs.text.multiturn.TextEnv`; a message has `.ids` [L] and
-`.length`), pure and vmappable; `converse` vmaps them over the batch.
+`.length`), pure and vmappable; `converse` vmaps them over the batch. An environment marked
+`batched` (a host environment, `envs.text.host_env`) takes the whole batch itself.
 
 One KV cache holds the whole conversation. The opening is prefilled; each turn decodes up to
 `config.max_new_tokens` tokens (a row's turn ends at its end-of-turn token, `config.eos_id`);
@@ -69,7 +70,10 @@ def converse(
     environments' final states."""
     model = Transformer(model_config, mesh=mesh, rules=rules)
     batch = reset_keys.shape[0]
-    env_state, opening = jax.vmap(env.reset)(reset_keys)
+    # A host environment takes the batch at once; a JAX one is written for one episode.
+    env_reset = env.reset if getattr(env, "batched", False) else jax.vmap(env.reset)
+    env_step = env.step if getattr(env, "batched", False) else jax.vmap(env.step)
+    env_state, opening = env_reset(reset_keys)
     opening_width, message_width = opening.ids.shape[1], env.max_message_tokens
     budget = config.max_new_tokens
     size = episode_length(opening_width, env.max_turns, budget, message_width)
@@ -171,7 +175,7 @@ def converse(
         unfinished = speaking & ~jnp.any((said == config.eos_id) & (length[:, None] > 0), axis=1)
         carry = feed(carry, jnp.full((batch, 1), config.eos_id, jnp.int32), unfinished[:, None])
         utterance = type(opening)(said, length)
-        env_state, message, reward, done = jax.vmap(env.step)(carry["env"], utterance)
+        env_state, message, reward, done = env_step(carry["env"], utterance)
         index = carry["turn"]
         carry = dict(
             carry, env=env_state, done=carry["done"] | done,
