@@ -3,6 +3,10 @@
 env = envs.make("CartPole-v1")                      # single env, no auto-reset
 venv = envs.make_vec("CartPole-v1", num_envs=64)     # auto-reset, stats, vectorised
 env = envs.make("HalfCheetah-v5")                   # MuJoCo via MJX: pip install "jaxrl[mujoco]"
+
+The names below live in `envs.registry`, imported when one is first used: gymnax imports
+seaborn, scipy and pandas, seconds at every start, and the language-model side (`envs.text`)
+needs none of it.
 """
 
 from __future__ import annotations
@@ -11,103 +15,7 @@ from __future__ import annotations
 import jaxrl  # noqa: F401  sets XLA CPU runtime flags; must precede gymnax, which computes on import
 # isort: on
 
-import dataclasses
-import difflib
 from typing import Any
-
-import gymnax
-
-from envs import mujoco as _mujoco
-from envs.core import GymnaxEnv, StepResult, Wrapper, action_dim, is_discrete
-from envs.mujoco import HalfCheetah, Hopper, MujocoEnv, MujocoState
-from envs.wrappers import (
-    AutoReset,
-    ClipAction,
-    EpisodeStatistics,
-    EpisodeStatisticsState,
-    NormalizeObservation,
-    NormalizeObservationState,
-    NormalizeReward,
-    RunningMeanStd,
-    Vectorize,
-    find_state,
-    with_reward_discount,
-)
-from jaxrl.config import ConfigError
-
-
-def registered() -> list[str]:
-    """All environment names `make` accepts: gymnax's, and the MuJoCo ones when mujoco-mjx is
-    installed (the optional extra `jaxrl[mujoco]`)."""
-    names = list(gymnax.registered_envs)
-    if _mujoco.mjx_available():
-        names += list(_mujoco.ENVIRONMENTS)
-    return names
-
-
-def make(name: str, **env_params: Any) -> GymnaxEnv | MujocoEnv:
-    """Build one environment by name; keyword arguments override its gymnax `EnvParams` fields
-    (MuJoCo environments: their Gymnasium v5 constructor arguments, e.g. `ctrl_cost_weight`).
-
-    An unknown name raises a ValueError listing the closest registered names; a MuJoCo name without
-    the `mujoco` extra installed raises an ImportError saying what to install.
-    """
-    if name in _mujoco.ENVIRONMENTS:
-        if not _mujoco.mjx_available():
-            raise ImportError(f"{name} is simulated with MJX. {_mujoco.INSTALL_HINT}")
-        return _mujoco.make(name, **env_params)
-    names = registered()
-    if name not in names:
-        close = difflib.get_close_matches(name, names, n=5, cutoff=0.4)
-        hint = f" Did you mean: {', '.join(close)}?" if close else ""
-        raise ValueError(
-            f"Unknown environment {name!r}.{hint} See envs.registered() for all {len(names)} names."
-        )
-    gymnax_env, params = gymnax.make(name)
-    if env_params:
-        fields = {f.name for f in dataclasses.fields(params)}
-        unknown = sorted(set(env_params) - fields)
-        if unknown:
-            raise ValueError(
-                f"Environment {name!r} has no parameter(s) {unknown}; its parameters are "
-                f"{sorted(fields)}."
-            )
-        params = params.replace(**env_params)
-    return GymnaxEnv(name, gymnax_env, params)
-
-
-def require_registered(name: str, field: str = "env_name") -> None:
-    """Raise a `ConfigError` naming `field` and the closest registered names unless `make(name)`
-    would succeed (what every algorithm's Config checks)."""
-    if name in registered():
-        return
-    try:
-        make(name)
-    except (ValueError, ImportError) as error:
-        raise ConfigError(f"{field}: {error}") from None
-
-
-def make_vec(
-    name: str,
-    num_envs: int,
-    *,
-    normalize_observation: bool = False,
-    normalize_reward: bool = False,
-    gamma: float = 0.99,
-    **env_params: Any,
-) -> Wrapper:
-    """The standard training stack: clipped actions, auto-reset, episode stats, `num_envs` copies,
-    and optional observation / reward normalisation (`gamma`: the reward normaliser's initial
-    discount; `with_reward_discount` sets a run's own on its state)."""
-    env: Any = make(name, **env_params)
-    env = EpisodeStatistics(AutoReset(ClipAction(env)))
-    env = Vectorize(env, num_envs)
-    if normalize_observation:
-        env = NormalizeObservation(env)
-    if normalize_reward:
-        env = NormalizeReward(env, gamma)
-    return env
-
 
 __all__ = [
     "AutoReset",
@@ -135,3 +43,15 @@ __all__ = [
     "registered",
     "require_registered",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from envs import registry
+
+        return getattr(registry, name)
+    raise AttributeError(f"module 'envs' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -50,12 +50,18 @@ def converse(budget=4, episodes=16, seed=1, temperature=1.0):
     return env, params, sampling, jax.device_get(episodes_), jax.device_get(states)
 
 
-def test_the_recorded_conversation_is_opening_turns_and_answers():
+@pytest.fixture(scope="module")
+def conversation():
+    """48 sampled episodes (one compile), shared by the tests that read the recorded slots."""
+    return converse(episodes=48)
+
+
+def test_the_recorded_conversation_is_opening_turns_and_answers(conversation):
     """Each row's real tokens, in slot order, are the rendered opening, then per turn the
     policy's tokens (EOS included; EOS appended, outside the loss mask, where the budget cut the
     turn) and the rendered answer the reference game gives to what was said; the loss mask is
     exactly the policy's tokens; rewards and ends match the reference."""
-    env, _, sampling, episodes, states = converse()
+    env, _, sampling, episodes, states = conversation
     reference = Reference("guess_my_number")
     opening = BYTES.encode(games.plain_render(env.messages[0], True))
     eos = BYTES.eos_id
@@ -93,17 +99,15 @@ def test_the_recorded_conversation_is_opening_turns_and_answers():
 
 def test_one_forward_pass_gives_the_sampler_log_probs():
     """Recomputed from the recorded slots (rows with holes where other rows spoke longer), the
-    policy tokens' log-probs equal the sampler's, at temperature 1 and 0.7."""
-    for temperature in (1.0, 0.7):
-        env, params, sampling, episodes, _ = converse(temperature=temperature, episodes=6)
-        gathered = dialogue.policy_tokens(episodes, env.max_turns * sampling.max_new_tokens)
-        recomputed = dialogue.policy_log_probs(
-            Transformer(TINY), params, episodes, gathered, temperature
-        )
-        assert gathered.valid.sum() > 20
-        np.testing.assert_allclose(
-            np.where(gathered.valid, recomputed, 0), gathered.sampled_log_probs, atol=2e-5
-        )
+    policy tokens' log-probs equal the sampler's, at temperature 0.7 (a temperature other than 1:
+    the division is in both)."""
+    env, params, sampling, episodes, _ = converse(temperature=0.7, episodes=6)
+    gathered = dialogue.policy_tokens(episodes, env.max_turns * sampling.max_new_tokens)
+    recomputed = dialogue.policy_log_probs(Transformer(TINY), params, episodes, gathered, 0.7)
+    assert gathered.valid.sum() > 20
+    np.testing.assert_allclose(
+        np.where(gathered.valid, recomputed, 0), gathered.sampled_log_probs, atol=2e-5
+    )
 
 
 def numpy_turn_returns(rewards, spoke, gamma):
@@ -199,12 +203,12 @@ def test_config_errors_name_the_field(field, value, message):
     assert field in str(error.value)
 
 
-def test_supervised_rows_are_laid_out_as_the_sampler_lays_out_a_conversation():
+def test_supervised_rows_are_laid_out_as_the_sampler_lays_out_a_conversation(conversation):
     """conversation_batch on the transcripts of sampled episodes gives each row's real tokens in
     the sampler's order; its loss mask is the policy's tokens plus the end of turn the sampler
     appended to turns the budget cut (a teacher's turns always end). Rows whose sampled bytes
     are not valid UTF-8 text (a transcript cannot hold them) are left out."""
-    env, _, sampling, episodes, states = converse(episodes=48)
+    env, _, sampling, episodes, states = conversation
     reference = Reference("guess_my_number")
     transcripts, expected_tokens, expected_loss = [], [], []
     for row in range(episodes.tokens.shape[0]):
