@@ -133,6 +133,13 @@ def token_advantages(per_turn: Array, turn_index: Array, valid: Array) -> Array:
 # --- the loss ---------------------------------------------------------------------------------
 
 
+def policy_logits_of(model: Transformer, params: Any, batch: dict[str, Array]) -> Array:
+    """`dialogue.policy_logits` on a batch of recorded conversations."""
+    return dialogue.policy_logits(
+        model, params, batch["tokens"], batch["positions"], batch["mask"], batch["predictors"]
+    )
+
+
 def make_loss(model: Transformer, config: Config, capacity: int) -> Callable[..., tuple]:
     """`loss_fn(params, batch, hparams) -> (loss, metrics)` over a batch of conversations: the
     recorded slots (tokens, mask, positions [N, S]), the policy's tokens gathered (predictors,
@@ -142,10 +149,7 @@ def make_loss(model: Transformer, config: Config, capacity: int) -> Callable[...
     spec = config.spec
 
     def loss_fn(params: Any, batch: dict[str, Array], hp: HParams):
-        logits, _ = model.apply(
-            {"params": params}, batch["tokens"], batch["positions"], batch["mask"],
-            logit_positions=batch["predictors"],
-        )  # fmt: skip
+        logits = policy_logits_of(model, params, batch)
         log_probs, entropy = grpo.log_probs_and_entropy(
             logits, batch["targets"], config.temperature
         )
@@ -196,10 +200,7 @@ def make(
     games, group = config.batch_size, config.group_size
 
     def log_probs_of(params: Any, batch: dict[str, Array]) -> Array:
-        logits, _ = transformer.apply(
-            {"params": params}, batch["tokens"], batch["positions"], batch["mask"],
-            logit_positions=batch["predictors"],
-        )  # fmt: skip
+        logits = policy_logits_of(transformer, params, batch)
         log_probs, _ = grpo.log_probs_and_entropy(logits, batch["targets"], config.temperature)
         return jax.lax.stop_gradient(log_probs)
 

@@ -54,7 +54,8 @@ from absl import app, flags  # noqa: E402
 from algos import dpo, grpo, online_dpo, ppo_lm, reward_model, sft  # noqa: E402
 from envs.text import make_task  # noqa: E402
 from envs.text.task import supervised_batch  # noqa: E402
-from jaxrl import hparams, loop  # noqa: E402
+from jaxrl import hparams, loop, runner  # noqa: E402
+from jaxrl.config import ConfigError  # noqa: E402
 from jaxrl.lm.model import ModelConfig, init_params  # noqa: E402
 from jaxrl.lm.sampler import generate  # noqa: E402
 from jaxrl.lm.tokenizer import ByteTokenizer  # noqa: E402
@@ -182,15 +183,20 @@ def train_ensemble(
     return state.params, accuracy.tolist(), float(np.mean(agrees))
 
 
-def ppo_curves(
-    model: ModelConfig, sft_params: dict, reward_params: dict, rule: str, seed: int
-) -> dict[str, list[float]]:
-    """PPO from the SFT policy against the proxy: gold reward, proxy score and KL per update."""
-    config = ppo_lm.Config(
+def ppo_config(rule: str) -> ppo_lm.Config:
+    """The study's PPO settings with the KL flags (checked by `ppo_lm.Config`)."""
+    return ppo_lm.Config(
         batch_size=256, max_new_tokens=4, num_minibatches=4, num_epochs=4, learning_rate=3e-4,
         kl_coef=FLAGS.kl_coef, target_kl=FLAGS.target_kl, kl_horizon=FLAGS.kl_horizon,
         ensemble_rule=rule,
     )  # fmt: skip
+
+
+def ppo_curves(
+    model: ModelConfig, sft_params: dict, reward_params: dict, rule: str, seed: int
+) -> dict[str, list[float]]:
+    """PPO from the SFT policy against the proxy: gold reward, proxy score and KL per update."""
+    config = ppo_config(rule)
     algorithm = ppo_lm.make(
         config, model, TASK, ppo_lm.init_params(sft_params, model), reward_model_config=model
     )
@@ -404,6 +410,12 @@ def plot_online_vs_offline(results: dict, path: str) -> None:
 
 def main(argv: list[str]) -> None:
     del argv
+    if FLAGS.study == "overoptimisation":
+        try:  # the KL flags, before minutes of SFT and reward-model training
+            for rule in ("mean", FLAGS.rule):
+                ppo_config(rule)
+        except ConfigError as error:
+            runner.fail(f"--{error}")
     os.makedirs(FLAGS.out, exist_ok=True)
     model = model_config()
     results = {"flags": {f.name: f.value for f in FLAGS.get_key_flags_for_module(sys.argv[0])}}

@@ -550,9 +550,8 @@ class GreedyQuestioner:
         if heard.startswith("I am thinking"):
             self.candidates = list(OBJECTS)
         elif heard in ("Yes.", "No."):
-            members = PROPERTIES.get(self.asked, (self.asked,))
-            keep = (heard == "Yes.").__eq__
-            self.candidates = [c for c in self.candidates if keep(c in members)]
+            members, yes = PROPERTIES.get(self.asked, (self.asked,)), heard == "Yes."
+            self.candidates = [c for c in self.candidates if (c in members) == yes]
         if len(self.candidates) == 1:
             self.asked = self.candidates[0]
             return f"Is it a {self.asked}?"

@@ -171,8 +171,9 @@ def converse(
             lambda t: (t["step"] < budget) & ~jnp.all(t["ended"]), speak_one, turn
         )
         carry, said, length = turn["carry"], turn["said"], turn["length"]
-        # A turn cut off by the budget gets its end-of-turn token (context, not policy).
-        unfinished = speaking & ~jnp.any((said == config.eos_id) & (length[:, None] > 0), axis=1)
+        # A turn cut off by the budget gets its end-of-turn token (context, not policy): a row
+        # still speaking when the loop stopped never said it.
+        unfinished = speaking & ~turn["ended"]
         carry = feed(carry, jnp.full((batch, 1), config.eos_id, jnp.int32), unfinished[:, None])
         utterance = type(opening)(said, length)
         env_state, message, reward, done = env_step(carry["env"], utterance)
@@ -228,14 +229,17 @@ def previous_real_slot(mask: Array) -> Array:
 
 
 def policy_logits(
-    model: Transformer, params: Any, episodes: Episodes, gathered: PolicyTokens
+    model: Transformer,
+    params: Any,
+    tokens: Array,
+    positions: Array,
+    mask: Array,
+    predictors: Array,
 ) -> Array:
     """Logits [B, K, V] that predict the policy's tokens under `params`: one forward pass over
-    the recorded conversations, the head only at each policy token's predictor."""
-    logits, _ = model.apply(
-        {"params": params}, episodes.tokens, episodes.positions, episodes.mask,
-        logit_positions=gathered.predictors,
-    )  # fmt: skip
+    the recorded slots (`Episodes.tokens`, `.positions`, `.mask`), the head only at each policy
+    token's predictor (`PolicyTokens.predictors`)."""
+    logits, _ = model.apply({"params": params}, tokens, positions, mask, logit_positions=predictors)
     return logits
 
 
@@ -244,7 +248,9 @@ def policy_log_probs(
 ) -> Array:
     """Log-probs [B, K] of the policy's tokens under `params`, at the sampling temperature as
     the sampler recorded them; 0 where not valid."""
-    logits = policy_logits(model, params, episodes, gathered)
+    logits = policy_logits(
+        model, params, episodes.tokens, episodes.positions, episodes.mask, gathered.predictors
+    )
     if temperature > 0:
         logits = logits / temperature
     log_probs = jax.nn.log_softmax(logits, axis=-1)
