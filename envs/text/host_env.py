@@ -39,6 +39,8 @@ Array = jax.Array
 
 
 class HostState(NamedTuple):
+    """A host game's state as the compiled loop sees it: an episode key and the turn counters."""
+
     episode: Array  # [B] int32: the host's key for this episode's game object
     turn: Array  # [B] int32
     done: Array  # [B] bool

@@ -109,6 +109,8 @@ def chat_render(
 
 
 class MessageTable(NamedTuple):
+    """A game's fixed messages, tokenised once: a turn picks a row instead of encoding text."""
+
     opening: Tokens  # the first message, messages[0], rendered as the conversation's start
     ids: Array  # [M, L] int32: messages[1:] by row (row 0 empty), pad after each
     lengths: Array  # [M] int32
@@ -131,10 +133,12 @@ def message_table(
 
 
 def message(table: MessageTable, row: Array) -> Tokens:
+    """The tokens of message `row` (0 is the empty message)."""
     return Tokens(table.ids[row], table.lengths[row])
 
 
 def no_message(table: MessageTable) -> Tokens:
+    """An empty message: what the environment says after the conversation ended."""
     return Tokens(jnp.zeros_like(table.ids[0]), jnp.zeros((), jnp.int32))
 
 
@@ -214,6 +218,8 @@ def normalize(text: Array, length: Array) -> tuple[Array, Array]:
 
 
 class PhraseTable(NamedTuple):
+    """Normalised phrases as zero-padded bytes, compared in the program with what was said."""
+
     data: Array  # [P, W] uint8, the normalised phrases, zeros after
     length: Array  # [P] int32
 
@@ -460,6 +466,7 @@ def word_feedback(guess: str, secret: str) -> tuple[int, ...]:
 
 
 def pattern_text(marks: Sequence[int]) -> str:
+    """The word game's feedback marks as text, one symbol per letter."""
     return " ".join(PATTERN_SYMBOLS[m] for m in marks)
 
 
