@@ -86,7 +86,7 @@ class Setup(NamedTuple):
     flat: ml_collections.ConfigDict  # the whole config, sections included
     config: Any  # the algorithm's frozen Config
     mesh: Any
-    task: DigitTask
+    task: DigitTask | None  # None on a game (experiments/_games.py)
     tokenizer: Tokenizer
     model: ModelConfig  # the model trained: the config's, or init_from's architecture
     workdir: str
@@ -103,7 +103,8 @@ def setup(flags: dict[str, Any], config_cls: type, name: str) -> Setup:
     config = runner.build_config(config_cls, flat, SETTINGS)
     runner.check_run_settings(flat.run)
     mesh = make_mesh(config.mesh_shape)
-    task = make_text_task(flat.task)
+    # A game's task section (experiments/_games.py) names a game, not a digit task.
+    task = None if "game" in flat.task else make_text_task(flat.task)
     source = start_checkpoint(flat)
     tokenizer, tokenizer_source = run_tokenizer(flat.task.tokenizer, source)
     check_vocabulary(tokenizer, source.model, source, "config.task.tokenizer")
@@ -112,7 +113,7 @@ def setup(flags: dict[str, Any], config_cls: type, name: str) -> Setup:
     except ConfigError as error:
         fail(f"config.{error}")
     workdir = flags["workdir"].value or os.path.join(
-        "runs", f"{name}-{task.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        "runs", f"{name}-{task.name if task else flat.task.game}-{time.strftime('%Y%m%d-%H%M%S')}"
     )
     return Setup(
         name, flat, config, mesh, task, tokenizer, source.model, workdir, source, tokenizer_source

@@ -37,7 +37,7 @@ import numpy as np  # noqa: E402
 
 import envs.text  # noqa: E402, F401  (the tasks: imported at start, as a run needs them)
 from algos import sft  # noqa: E402
-from experiments import _lm  # noqa: E402
+from experiments import _games, _lm  # noqa: E402
 from jaxrl import runner, sharding  # noqa: E402
 from jaxrl.config import ConfigError  # noqa: E402
 from jaxrl.data import tokenize_sft  # noqa: E402
@@ -193,12 +193,41 @@ def held_out_loss(
     return {"eval_loss": nll / targets, "eval_token_accuracy": correct / targets}
 
 
+def game_data(run: _lm.Setup) -> SftData:
+    """A game's teacher episodes (config.task: `experiments/_games.game_task`), num_train to
+    train on and num_eval held out (other draws), in the layout the multi-turn sampler uses."""
+    section = run.flat.task
+    game = _games.make_game(section, run.tokenizer)
+    seed = section.data_seed
+    train, success, longest = _games.demonstrations(
+        section, game, run.tokenizer, section.num_train, seed
+    )
+    held_out, _, _ = _games.demonstrations(section, game, run.tokenizer, section.num_eval, seed + 1)
+    width = max(train["tokens"].shape[1], held_out["tokens"].shape[1])
+    train, held_out = (
+        {key: np.pad(value, ((0, 0), (0, width - value.shape[1]))) for key, value in rows.items()}
+        for rows in (train, held_out)
+    )
+    print(
+        f"Demonstrations of {section.game}: the teacher ({section.teacher}, "
+        f"{section.scripted_fraction:g} of episodes scripted) wins {success:.3f}; its longest "
+        f"turn is {longest} tokens (multiturn.py's max_new_tokens must hold it)"
+    )
+    return SftData(section.game, train, held_out, 0, width, {"train": 0, "eval": 0}, [])
+
+
 def main(argv: list[str]) -> None:
     run = _lm.setup(FLAGS, sft.Config, "sft")
     flat, config, mesh, task = run.flat, run.config, run.mesh, run.task
-    check_task_settings(flat.task)
-    data = file_data(run) if flat.task.train_jsonl else task_data(run)
-    from_file = bool(flat.task.train_jsonl)
+    on_game = "game" in flat.task
+    if on_game:
+        data = game_data(run)
+    else:
+        check_task_settings(flat.task)
+        data = file_data(run) if flat.task.train_jsonl else task_data(run)
+    # Without a task to score generations with (a file, a game's demonstrations), the held-out
+    # loss is the measure.
+    from_file = on_game or bool(flat.task.train_jsonl)
     num_train = len(data.train["tokens"])
     if config.batch_size > num_train:
         what = f"the {num_train} training rows" if from_file else f"num_train={num_train}"
@@ -247,8 +276,8 @@ def main(argv: list[str]) -> None:
     summary = runner.summary_fields(job, result, time.time() - t0)
     tokens_per_step = config.batch_size * data.max_length  # padded sequence tokens
     summary |= {
-        "task": None if from_file else task.name,
-        "dataset": flat.task.train_jsonl or None,
+        "task": flat.task.game if on_game else None if from_file else task.name,
+        "dataset": None if on_game else flat.task.train_jsonl or None,
         "init_from": source,
         "tokens": config.num_steps * tokens_per_step,
         "tokens_per_second": round(summary["steps_per_second"] * tokens_per_step),

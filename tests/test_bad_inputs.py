@@ -29,6 +29,7 @@ TRAINERS = (
     "reward_model.py",
     "ppo_lm.py",
     "online_dpo.py",
+    "multiturn.py",
 )
 
 PROMPTS = "--config.task.train_jsonl=tests/fixtures/prompts/"
@@ -296,6 +297,27 @@ CASES = [
         "grpo.py",
         f"{SAY_DIGIT} {REWARD}says_answer --config.task.prompt_column=question",
         "tests/fixtures/prompts/say_digit.jsonl:1: no 'question' column (prompt_column",
+    ),
+    ("multiturn.py", "--config.task.game=chess", "config.task.game: unknown game 'chess'"),
+    ("multiturn.py", "--config.task.max_turns=0", "config.task.max_turns: got 0"),
+    ("multiturn.py", "--config.credit=step", "config.credit: unknown credit"),
+    ("multiturn.py", "--config.gamma=0.9", "config.gamma: is read only by credit=turn"),
+    (
+        "multiturn.py",
+        "--config.task.game=word_game --config.task.maximum=10",
+        "config.task.maximum: is read only by guess_my_number",
+    ),
+    ("multiturn.py", "--config.task.system=Hi", "config.task.system: a system prompt needs"),
+    ("multiturn.py", "--config.task.teacher=scripted", "--config.task.teacher: not a setting"),
+    (
+        "sft.py",
+        "--config=experiments/configs/sft.py:guess_my_number --config.task.teacher=oracle",
+        "config.task.teacher: got 'oracle'",
+    ),
+    (
+        "sft.py",
+        "--config=experiments/configs/sft.py:guess_my_number --config.task.scripted_fraction=2",
+        "config.task.scripted_fraction: got 2",
     ),
     ("generate.py", "--prompt=hi", "--model: missing"),
     ("generate.py", "--model=tests/fixtures/hf/tiny_llama --prompt=hi", "--model=tests/fixtures"),

@@ -77,6 +77,18 @@ SMALL = {
         GROUP_SIZE=4,
         EVAL_EVERY=2,
     ),
+    "multiturn.ipynb": dict(
+        HIDDEN_SIZE=16,
+        NUM_LAYERS=1,
+        NUM_DEMOS=64,
+        SFT_STEPS=4,
+        SFT_BATCH_SIZE=8,
+        RL_UPDATES=4,
+        GAMES_PER_UPDATE=2,
+        GROUP_SIZE=2,
+        EVAL_EVERY=2,
+        NUM_EVAL=8,
+    ),
     "grpo_smollm2.ipynb": dict(
         NUM_PROBLEMS=40,
         NUM_EVAL=8,
@@ -104,6 +116,7 @@ HEADLINES = {
     ],
     "dpo.ipynb": ["sft_eval_task_accuracy:", "eval_reward_accuracy:", "eval_task_accuracy:"],
     "grpo.ipynb": ["final_mean_reward:", "eval_task_accuracy:"],
+    "multiturn.ipynb": ["initial_eval_success:", "eval_success:", "tool_call_rate:"],
     "grpo_smollm2.ipynb": ["final_mean_reward:", "eval_task_accuracy:", "own_data_mean_reward:"],
 }
 

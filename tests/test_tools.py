@@ -1,12 +1,20 @@
 """Tools for multi-turn agents (envs/text/tools.py): the calculator on hand cases, the isolated
 Python tool's limits and refusals, tool calls routed before the game, and the multiplication
-task scored from its rules."""
+task scored from its rules, with its players."""
 
 import time
 
 import pytest
 
-from envs.text.tools import Multiplication, calculator, python_tool, tool_call, with_tools
+from envs.text.tools import (
+    Multiplication,
+    calculator,
+    multiplication_players,
+    play_host,
+    python_tool,
+    tool_call,
+    with_tools,
+)
 
 
 @pytest.mark.parametrize(
@@ -71,3 +79,31 @@ def test_tool_calls_go_to_the_tool_and_other_turns_to_the_game():
     other = Multiplication(digits=3)
     other.reset(1)
     assert other.step("answer: 12") == ("Wrong.", 0.0, True)
+
+
+def test_a_tool_result_too_long_for_the_environment_is_answered_as_an_error():
+    game = with_tools(lambda: Multiplication(digits=2), {"calc": calculator}, max_result_chars=12)()
+    game.reset(0)
+    assert game.step("calc: 99 ** 9") == (
+        "error: the result is longer than 12 characters",
+        0.0,
+        False,
+    )
+    assert game.step("calc: 99 * 99") == ("= 9801", 0.0, False)
+
+
+def test_multiplication_players_score_as_designed():
+    """The calculator user and the direct answerer always win (two turns and one), a random
+    answer of the right size almost never does."""
+    make = with_tools(lambda: Multiplication(digits=2), {"calc": calculator})
+    players = multiplication_players()
+    for kind, wins, turns in (("scripted", 1.0, 2), ("plausible", 1.0, 1)):
+        played = play_host(make, [players[kind]] * 64, max_turns=3, seed=0)
+        assert played["returns"].mean() == wins and (played["turns"] == turns).all(), kind
+        first = played["transcripts"][0]
+        assert first[0][0] == "env" and first[0][1].startswith("What is")
+    scripted = play_host(make, [players["scripted"]], max_turns=3)["transcripts"][0]
+    assert [who for who, _ in scripted] == ["env", "policy", "env", "policy", "env"]
+    assert scripted[1][1].startswith("calc: ") and scripted[3][1].startswith("answer: ")
+    played = play_host(make, [players["random"]] * 256, max_turns=3, seed=1)
+    assert played["returns"].mean() < 0.05

@@ -22,7 +22,7 @@ import operator
 import re
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -133,8 +133,11 @@ def tool_call(utterance: str, tools: dict[str, Callable[[str], str]]) -> tuple[s
 
 
 class _WithTools:
-    def __init__(self, game: Any, tools: dict[str, Callable[[str], str]]) -> None:
+    def __init__(
+        self, game: Any, tools: dict[str, Callable[[str], str]], max_result_chars: int
+    ) -> None:
         self.game, self.tools, self.calls = game, tools, 0
+        self.max_result_chars = max_result_chars
 
     def reset(self, seed: int) -> str:
         return self.game.reset(seed)
@@ -145,14 +148,22 @@ class _WithTools:
             return self.game.step(utterance)
         self.calls += 1
         name, argument = call
-        return self.tools[name](argument), 0.0, False
+        result = self.tools[name](argument)
+        if len(result) > self.max_result_chars:  # the policy chose the call: an answer, not a fault
+            result = f"error: the result is longer than {self.max_result_chars} characters"
+        return result, 0.0, False
 
 
 def with_tools(
-    make_game: Callable[[], Any], tools: dict[str, Callable[[str], str]]
+    make_game: Callable[[], Any],
+    tools: dict[str, Callable[[str], str]],
+    max_result_chars: int = 40,
 ) -> Callable[[], Any]:
-    """A host game (for `host_text_env`) whose turns may call `tools` first."""
-    return lambda: _WithTools(make_game(), tools)
+    """A host game (for `host_text_env`) whose turns may call `tools` first. A result longer
+    than `max_result_chars` is answered as an error (keep it within the environment's
+    max_message_tokens): what a policy asks a tool is its choice, so the answer is part of the
+    game, not a failure of the run."""
+    return lambda: _WithTools(make_game(), tools, max_result_chars)
 
 
 class Multiplication:
@@ -177,3 +188,67 @@ class Multiplication:
         numbers = re.findall(r"[0-9]+", match.group(1).replace(",", ""))
         right = bool(numbers) and int(numbers[-1]) == self.a * self.b
         return ("Right." if right else "Wrong."), float(right), True
+
+
+# --- the multiplication task's players: its baselines and SFT teachers, in host Python ---------
+
+
+class CalculatorUser:
+    """Multiplication's scripted player: ask the calculator, then answer with its result."""
+
+    def speak(self, heard: str, rng: np.random.Generator) -> str:
+        question = re.match(r"^What is ([0-9]+) \* ([0-9]+)\?", heard)
+        if question is not None:
+            return f"calc: {question.group(1)} * {question.group(2)}"
+        return f"answer: {heard.removeprefix('= ')}"
+
+
+class DirectAnswerer:
+    """Multiplication answered without the tool: right (a teacher that can multiply) or, with
+    `random=True`, a random number with the product's number of digits (the random baseline)."""
+
+    def __init__(self, random: bool = False) -> None:
+        self.random = random
+
+    def speak(self, heard: str, rng: np.random.Generator) -> str:
+        a, b = (int(x) for x in re.match(r"^What is ([0-9]+) \* ([0-9]+)\?", heard).groups())
+        product = a * b
+        if self.random:
+            digits = len(str(product))
+            product = int(rng.integers(10 ** (digits - 1), 10**digits))
+        return f"answer: {product}"
+
+
+def multiplication_players() -> dict[str, Any]:
+    """The multiplication task's players by the names of `multiturn.scripted_players`:
+    "scripted" calls the calculator, "plausible" answers right without it (a teacher whose
+    imitation a small model cannot follow), "random" answers a random number of the right size."""
+    return {
+        "scripted": CalculatorUser(),
+        "plausible": DirectAnswerer(),
+        "random": DirectAnswerer(random=True),
+    }
+
+
+def play_host(
+    make_game: Callable[[], Any], players: Sequence[Any], max_turns: int, seed: int = 0
+) -> dict[str, Any]:
+    """Host players against a host game (`host_env`'s kind), one episode each, seeded seed+i:
+    `multiturn.play`'s result (returns, turns, transcripts) for games that are not JAX."""
+    rng = np.random.default_rng(seed)
+    returns, turns = np.zeros(len(players)), np.zeros(len(players), np.int32)
+    transcripts = []
+    for i, player in enumerate(players):
+        game = make_game()
+        heard = game.reset(seed + i)
+        transcript = [("env", heard)]
+        for turn in range(max_turns):
+            said = player.speak(heard, rng)
+            heard, reward, done = game.step(said)
+            transcript += [("policy", said), ("env", heard)]
+            returns[i] += reward
+            turns[i] = turn + 1
+            if done:
+                break
+        transcripts.append(transcript)
+    return {"returns": returns, "turns": turns, "transcripts": transcripts}

@@ -16,13 +16,49 @@ PRESETS = {
         task=dict(name="addition", num_digits=2, held_out="hash"),
     ),
 }
+# SFT on a game's demonstrations (experiments/_games.py), the start of experiments/multiturn.py:
+# a teacher that never contradicts an answer but picks at random among what is still possible,
+# near-optimal in 40% of episodes, so the SFT policy wins sometimes and RL has room to improve.
+GAMES = {
+    "guess_my_number": dict(
+        num_steps=300,
+        batch_size=32,
+        learning_rate=2e-3,
+        task=dict(game="guess_my_number", maximum=32, max_turns=6, scripted_fraction=0.4),
+    ),
+    "twenty_questions": dict(
+        num_steps=300,
+        batch_size=32,
+        learning_rate=2e-3,
+        task=dict(game="twenty_questions", max_turns=6, scripted_fraction=0.4),
+    ),
+    "word_game": dict(
+        num_steps=300,
+        batch_size=32,
+        learning_rate=2e-3,
+        task=dict(game="word_game", max_turns=6, scripted_fraction=0.4),
+    ),
+    # Two-digit multiplication with a calculator: 30% of the teacher's episodes call it, the
+    # rest answer right without it, which the tiny model cannot imitate reliably.
+    "multiplication": dict(
+        num_steps=300,
+        batch_size=32,
+        learning_rate=2e-3,
+        task=dict(game="multiplication", digits=2, max_turns=3, scripted_fraction=0.3),
+    ),
+}
 
 
 def get_config(preset: str = "reverse_digits") -> ml_collections.ConfigDict:
     """The preset's config: `algos.sft.Config` fields and the LM sections."""
     from algos import sft
+    from experiments import _games
     from jaxrl import runner
 
     # 50 optimizer steps per compiled chunk.
-    chosen = runner.preset_of(PRESETS, preset)
-    return lm_config(sft.Config(), chosen, num_chunks=chosen["num_steps"] // 50)
+    chosen = dict(runner.preset_of(PRESETS | GAMES, preset))
+    game = chosen.pop("task") if preset in GAMES else None
+    config = lm_config(sft.Config(), chosen, num_chunks=chosen["num_steps"] // 50)
+    if game is not None:  # a game's section replaces the text task's
+        config.task = _games.game_task(demonstrations=True, **game)
+    return config
