@@ -13,6 +13,7 @@ conversations RL samples share one layout.
 from __future__ import annotations
 
 import functools
+import importlib
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -33,9 +34,12 @@ TEACHERS = ("scripted", "plausible", "random")
 # The task section's fields that one game reads, with their defaults.
 GAME_ARGUMENTS = {"guess_my_number": {"maximum": 32}, "multiplication": {"digits": 2}}
 # A game in host Python (envs.text.host_env): multiply two numbers, with a calculator to call
-# ("calc: 37 * 48"); its answers are short, its opening a question and how to use the tool.
+# ("calc: 37 * 48").
 TOOL_GAME = "multiplication"
-TOOL_MESSAGE_TOKENS, TOOL_OPENING_TOKENS = 48, 160
+# The fields that only games in host Python read (the tool game, a game of your own
+# "module:Class"), with their defaults: the widest answer and opening in tokens, once rendered,
+# and how long one call may take.
+HOST_SETTINGS = {"max_message_tokens": 48, "max_opening_tokens": 160, "timeout_s": 10.0}
 TOOLS = {"calc": tools.calculator}
 TRANSCRIPTS_SHOWN = 8
 
@@ -52,6 +56,7 @@ def game_task(demonstrations: bool = False, **overrides: Any) -> ml_collections.
         tokenizer="",  # as the LM scripts: "" is the checkpoint's own (bytes without one)
         system="",  # a system prompt before the opening (chat templates only)
         num_eval=256,  # RL: evaluation episodes, the same before and after; SFT: held out
+        **HOST_SETTINGS,
         data_seed=0,
     )
     if demonstrations:
@@ -71,9 +76,13 @@ class Game(NamedTuple):
 def make_game(section: ml_collections.ConfigDict, tokenizer: Any) -> Game:
     """The task section's game for `tokenizer` (one error line for a bad setting)."""
     name = section.game
-    if name not in (*games.GAMES, TOOL_GAME):
+    own = ":" in name  # "module.path:GameClass", a host game of the user's
+    if not own and name not in (*games.GAMES, TOOL_GAME):
         known = ", ".join((*games.GAMES, TOOL_GAME))
-        fail(f"config.task.game: unknown game {name!r}; use one of {known}")
+        fail(
+            f"config.task.game: unknown game {name!r}; use one of {known}, or a host game of "
+            "your own as 'module.path:GameClass'"
+        )
     if section.max_turns < 1:
         fail(f"config.task.max_turns: got {section.max_turns}; use at least 1")
     if section.num_eval < 1:
@@ -82,6 +91,15 @@ def make_game(section: ml_collections.ConfigDict, tokenizer: Any) -> Game:
         for field, default in fields.items():
             if game != name and section[field] != default:
                 fail(f"config.task.{field}: is read only by {game}, not {name}; drop it")
+    if not own and name != TOOL_GAME:
+        for field, default in HOST_SETTINGS.items():
+            if section[field] != default:
+                fail(f"config.task.{field}: is read only by games in host Python; drop it")
+    for field in ("max_message_tokens", "max_opening_tokens"):
+        if section[field] < 1:
+            fail(f"config.task.{field}: got {section[field]}; use at least 1")
+    if not section.timeout_s > 0:
+        fail(f"config.task.timeout_s: got {section.timeout_s}; use a positive number of seconds")
     arguments = {field: section[field] for field in GAME_ARGUMENTS.get(name, {})}
     if name == "guess_my_number" and section.maximum < 2:
         fail(f"config.task.maximum: got {section.maximum}; use at least 2")
@@ -97,14 +115,48 @@ def make_game(section: ml_collections.ConfigDict, tokenizer: Any) -> Game:
         if section.system:
             fail("config.task.system: a system prompt needs a chat template; drop it")
         render = games.plain_render
-    if name == TOOL_GAME:
+    if own or name == TOOL_GAME:
+        make = user_game(name) if own else tool_game(section.digits)
         env = host_text_env(
-            name, tool_game(section.digits), tokenizer, section.max_turns,
-            TOOL_MESSAGE_TOKENS, TOOL_OPENING_TOKENS, render,
+            name, make, tokenizer, section.max_turns, section.max_message_tokens,
+            section.max_opening_tokens, render, section.timeout_s,
         )  # fmt: skip
     else:
         env = games.GAMES[name](tokenizer, max_turns=section.max_turns, render=render, **arguments)
     return Game(env, render, tokenizer.eos_id, arguments)
+
+
+def user_game(spec: str) -> Callable[[], Any]:
+    """The game class (or factory) `spec` names, "module.path:GameClass": objects with
+    `reset(seed) -> opening` and `step(utterance) -> (answer, reward, done)`. Tried once, before
+    anything compiles (a new game, reset(0), then one step), so that a game that cannot even
+    start is one error line, not a failure inside the program."""
+    module_name, _, attribute = spec.partition(":")
+    try:
+        make = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError, ValueError) as error:
+        fail(
+            f"config.task.game: cannot load {spec!r} ({error}); give 'module.path:GameClass' "
+            "importable from the working directory"
+        )
+    if not callable(make):
+        fail(f"config.task.game: {spec!r} is not a class or function; name the game's class")
+    try:
+        game = make()
+        opening = game.reset(0)
+        answer = game.step("")
+    except Exception as error:  # the user's code: any failure is reported, in one line
+        fail(
+            f"config.task.game: {spec}: {type(error).__name__}: {error} (tried as a new game, "
+            "reset(0), then step('')); fix the game"
+        )
+    if not isinstance(opening, str):
+        fail(f"config.task.game: {spec}: reset(0) returned {opening!r}; return the opening text")
+    if not (isinstance(answer, tuple) and len(answer) == 3):
+        fail(
+            f"config.task.game: {spec}: step('') returned {answer!r}; return (answer, reward, done)"
+        )
+    return make
 
 
 def tool_game(digits: int) -> Callable[[], Any]:
@@ -120,6 +172,11 @@ def teachers(section: ml_collections.ConfigDict, game: Game, count: int, seed: i
         fail(f"config.task.scripted_fraction: got {section.scripted_fraction}; use 0..1")
     rng = np.random.default_rng(seed)
     chosen = np.where(rng.random(count) < section.scripted_fraction, "scripted", section.teacher)
+    if ":" in section.game:
+        fail(
+            "config.task.game: a game of your own has no teacher to demonstrate it; train "
+            "multiturn.py on it from a model that already plays it a little (config.init_from)"
+        )
     if section.game == TOOL_GAME:
         return [tools.multiplication_players()[kind] for kind in chosen]
     return [games.scripted_players(section.game, **game.arguments)[kind] for kind in chosen]

@@ -310,6 +310,19 @@ CASES = [
     ("multiturn.py", "--config.task.system=Hi", "config.task.system: a system prompt needs"),
     ("multiturn.py", "--config.task.teacher=scripted", "--config.task.teacher: not a setting"),
     (
+        "multiturn.py",
+        "--config.task.game=tests.fixtures.host_games:NoOpening",
+        "config.task.game: tests.fixtures.host_games:NoOpening: reset(0) returned 42",
+    ),
+    ("multiturn.py", "--config.task.game=no_such_module:Game", "config.task.game: cannot load"),
+    ("multiturn.py", "--config.task.timeout_s=3", "config.task.timeout_s: is read only by games"),
+    (
+        "sft.py",
+        "--config=experiments/configs/sft.py:guess_my_number "
+        "--config.task.game=tests.fixtures.host_games:GuessEight",
+        "config.task.game: a game of your own has no teacher",
+    ),
+    (
         "sft.py",
         "--config=experiments/configs/sft.py:guess_my_number --config.task.teacher=oracle",
         "config.task.teacher: got 'oracle'",
