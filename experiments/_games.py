@@ -49,7 +49,9 @@ def game_task(demonstrations: bool = False, **overrides: Any) -> ml_collections.
     with `demonstrations` (SFT's), the teacher's episodes it imitates: num_train by `teacher`,
     or by the near-optimal player in `scripted_fraction` of them."""
     section = dict(
-        game="guess_my_number",  # one of envs.text.multiturn.GAMES
+        # one of envs.text.multiturn.GAMES, "multiplication" (with a calculator), or a host
+        # game of your own, "module.path:GameClass"
+        game="guess_my_number",
         maximum=32,  # guess_my_number's numbers are 1..maximum
         digits=2,  # multiplication's numbers have this many digits
         max_turns=6,

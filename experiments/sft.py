@@ -4,11 +4,14 @@ starting point of DPO and GRPO).
     python experiments/sft.py --workdir=runs/sft
     python experiments/sft.py --config.num_steps=400 --config.mesh_shape="(1,2,1)"
     python experiments/sft.py --config.init_from=<HF dir> --config.task.train_jsonl=chat.jsonl
+    python experiments/sft.py --config=experiments/configs/sft.py:guess_my_number   # a game
 
 Trains on (prompt, answer) pairs of the task, or on the rows of --config.task.train_jsonl in the
 formats TRL takes (`jaxrl.data.chat`): "prompt"/"completion" strings or chat messages, or a whole
 "messages" conversation rendered with the checkpoint's chat template, the loss on every assistant
-turn or (--config.task.assistant_turns=last) the last. Held-out rows come from
+turn or (--config.task.assistant_turns=last) the last. On a game's preset (config.task.game,
+`experiments/_games.py`) it trains on a teacher's episodes laid out as the multi-turn sampler
+lays out a conversation, the start of `experiments/multiturn.py`. Held-out rows come from
 --config.task.eval_jsonl, or are config.task.num_eval rows of the training file. Sequence lengths
 are the config's, or with 0 taken from the rows (config.task.length_percentile; a task's are then
 _lm.TASK_LENGTHS); rows they cut are counted, printed and reported as `cut_rows`.
