@@ -221,7 +221,7 @@ class Played(NamedTuple):
 
     success: np.ndarray  # [num_eval] 1.0 where the episode was won (a positive return)
     turns: np.ndarray  # [num_eval] turns spoken
-    tool_calls: np.ndarray  # [num_eval] 1.0 where the policy called a tool
+    tool_calls: np.ndarray  # [num_eval] 1.0 where the policy called a tool (the tool game only)
     transcripts: list[str]  # the first few episodes, as text
 
 
@@ -271,17 +271,21 @@ def evaluator(
     def evaluate(params: Any, temperature: float) -> Played:
         played = jax.device_get(episodes(params, temperature))
         returns = played.rewards.sum(axis=1)
-        spoken = [turns_of(played, row, tokenizer) for row in range(count)]
-        called = [
-            any(who == "policy" and tools.tool_call(text, TOOLS) for who, text in turns)
-            for turns in spoken
-        ]
+        # Every episode is decoded only where tool calls are counted; otherwise the shown ones.
+        decoded = count if section.game == TOOL_GAME else min(TRANSCRIPTS_SHOWN, count)
+        spoken = [turns_of(played, row, tokenizer) for row in range(decoded)]
+        called = np.zeros(count)
+        if section.game == TOOL_GAME:
+            called = np.array([
+                any(who == "policy" and tools.tool_call(text, TOOLS) for who, text in turns)
+                for turns in spoken
+            ], np.float64)  # fmt: skip
         shown = [
             transcript(spoken[row], returns[row]) for row in range(min(TRANSCRIPTS_SHOWN, count))
         ]
         return Played(
             (returns > 0).astype(np.float64), played.spoke.sum(axis=1).astype(np.float64),
-            np.array(called, np.float64), shown,
+            called, shown,
         )  # fmt: skip
 
     return evaluate
