@@ -55,6 +55,7 @@ class Config:
             envs.make(self.env_name)
         except ValueError as error:
             raise ConfigError(f"env_name: {error}") from None
+        envs.require_jax_env(self.env_name, "behaviour cloning")
 
 
 @struct.dataclass

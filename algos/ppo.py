@@ -36,6 +36,7 @@ from jaxrl.config import (
     require_positive,
     require_step_count,
 )
+from jaxrl.hl_gauss import HLGauss, make_hl_gauss, validate_hl_gauss
 from jaxrl.hparams import HParams, hparams, static, swept
 from jaxrl.loop import Algorithm, zeros_step
 from jaxrl.nets import ACTIVATIONS, ActorCritic
@@ -72,10 +73,25 @@ class Config:
     activation: str = "tanh"  # a key of jaxrl.nets.ACTIVATIONS
     adam_eps: float = 1e-5
     eval_episodes: int = 32  # episodes of the deterministic policy in the final evaluation
+    # Value learning by classification (jaxrl.hl_gauss): > 0 bins make the critic classify the
+    # return over hl_gauss_range with an HL-Gauss target sigma bin widths wide; 0 regresses.
+    hl_gauss_bins: int = 0
+    hl_gauss_range: tuple[float, ...] = ()  # (low, high) of the returns, e.g. (0, 100)
+    hl_gauss_sigma: float = 0.75  # in bin widths (Farebrother et al., 2024)
 
     def __post_init__(self) -> None:
         # ml_collections hands us lists; the config must stay hashable.
         object.__setattr__(self, "hidden_sizes", tuple(self.hidden_sizes))
+        object.__setattr__(self, "hl_gauss_range", tuple(self.hl_gauss_range))
+        validate_hl_gauss(
+            self.hl_gauss_bins, self.hl_gauss_range, self.hl_gauss_sigma, example="(0, 100)"
+        )
+        require(
+            not (self.hl_gauss_bins and self.clip_value),
+            "clip_value",
+            "clips a regressed value; a classification critic (hl_gauss_bins > 0) has none",
+            "set clip_value=False with hl_gauss_bins",
+        )
         require_positive(
             self,
             "total_timesteps",
@@ -121,6 +137,11 @@ class Config:
             f"set total_timesteps >= {batch}",
         )
         envs.require_registered(self.env_name)
+
+    @property
+    def hl_gauss(self) -> HLGauss | None:
+        """The critic's bins when it classifies (`hl_gauss_bins` > 0), else None."""
+        return make_hl_gauss(self.hl_gauss_bins, self.hl_gauss_range, self.hl_gauss_sigma)
 
     @property
     def batch_size(self) -> int:
@@ -202,12 +223,15 @@ def ppo_loss_terms(
     ent_coef: float | jax.Array,
     clip_value: bool = True,
     normalize_advantages: bool = True,
+    value_logits: jax.Array | None = None,
+    hl_gauss: HLGauss | None = None,
 ) -> tuple[jax.Array, Metrics]:
     """The PPO objective on a minibatch of per-sample quantities (no network inside).
 
     Every array argument has shape [batch]. Returns (loss, metrics): the scalar clipped-surrogate
     policy loss + vf_coef * value loss - ent_coef * entropy, and scalar `loss`, `policy_loss`,
-    `value_loss`, `entropy`, `approx_kl` and `clip_fraction` metrics.
+    `value_loss`, `entropy`, `approx_kl` and `clip_fraction` metrics. With `hl_gauss` the value
+    loss is the HL-Gauss cross-entropy of `value_logits` ([batch, num_bins]) to the returns.
     """
     if normalize_advantages:
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
@@ -216,11 +240,14 @@ def ppo_loss_terms(
     clipped_ratio = jnp.clip(ratio, 1.0 - clip_eps, 1.0 + clip_eps)
     policy_loss = -jnp.minimum(ratio * advantages, clipped_ratio * advantages).mean()
 
-    value_error = jnp.square(value - returns)
-    if clip_value:
-        clipped_value = old_value + jnp.clip(value - old_value, -clip_eps, clip_eps)
-        value_error = jnp.maximum(value_error, jnp.square(clipped_value - returns))
-    value_loss = 0.5 * value_error.mean()
+    if hl_gauss is not None:
+        value_loss = hl_gauss.loss(value_logits, returns).mean()
+    else:
+        value_error = jnp.square(value - returns)
+        if clip_value:
+            clipped_value = old_value + jnp.clip(value - old_value, -clip_eps, clip_eps)
+            value_error = jnp.maximum(value_error, jnp.square(clipped_value - returns))
+        value_loss = 0.5 * value_error.mean()
 
     entropy = entropy.mean()
     loss = policy_loss + vf_coef * value_loss - ent_coef * entropy
@@ -260,6 +287,7 @@ def make_network(config: Config) -> ActorCritic:
         hidden_sizes=config.hidden_sizes,
         activation=config.activation,
         obs_ndim=len(probe.observation_space.shape),
+        value_bins=config.hl_gauss_bins,
     )
 
 
@@ -287,6 +315,12 @@ def make(config: Config) -> Algorithm:
     """
     config = static(config)
     env, network = make_env(config), make_network(config)
+    hl_gauss = config.hl_gauss
+
+    def value_of(critic_output: jax.Array) -> jax.Array:
+        """The critic's value: its output, or the expectation of its bins when it classifies."""
+        return critic_output if hl_gauss is None else hl_gauss.value(critic_output)
+
     gradient_steps_per_update = config.num_epochs * config.num_minibatches
     total_gradient_steps = config.num_steps * gradient_steps_per_update
 
@@ -317,12 +351,12 @@ def make(config: Config) -> Algorithm:
         return (params, result.state, result.obs), transition
 
     def loss_fn(params, batch, hp):
-        dist, value = network.apply(params, batch["obs"])
+        dist, critic_output = network.apply(params, batch["obs"])
         return ppo_loss_terms(
             log_prob=dist.log_prob(batch["action"]),
             old_log_prob=batch["log_prob"],
             advantages=batch["advantages"],
-            value=value,
+            value=value_of(critic_output),
             old_value=batch["value"],
             returns=batch["returns"],
             entropy=dist.entropy(),
@@ -331,6 +365,8 @@ def make(config: Config) -> Algorithm:
             ent_coef=hp.ent_coef,
             clip_value=config.clip_value,
             normalize_advantages=config.normalize_advantages,
+            value_logits=critic_output,
+            hl_gauss=hl_gauss,
         )
 
     def update(state: TrainState, inputs: None, hp: HParams) -> tuple[TrainState, Metrics]:
@@ -343,8 +379,8 @@ def make(config: Config) -> Algorithm:
         )
         # The critic runs once over the whole rollout: a few large matrix products instead of
         # small ones at every step. next_values[t] is V of the observation step t led to.
-        _, values = network.apply(state.params, traj.obs)
-        _, next_values = network.apply(state.params, traj.next_obs)
+        values = value_of(network.apply(state.params, traj.obs)[1])
+        next_values = value_of(network.apply(state.params, traj.next_obs)[1])
         advantages, returns = gae(
             traj.reward, values, next_values, traj.terminated, traj.done, hp.gamma, hp.gae_lambda
         )
@@ -431,7 +467,7 @@ def make_policy(
 
 def make_evaluate(config: Config) -> Callable[[TrainState, PRNGKey], jax.Array]:
     """`evaluate(state, key) -> returns[eval_episodes]`, undiscounted, from fresh episodes."""
-    env = envs.ClipAction(envs.make(config.env_name))
+    env = envs.make_eval(config.env_name, config.eval_episodes)
     act = make_policy(config)
 
     def evaluate(state: TrainState, key: PRNGKey) -> jax.Array:

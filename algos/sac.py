@@ -43,6 +43,7 @@ from jaxrl.config import (
     require_positive,
     require_step_count,
 )
+from jaxrl.hl_gauss import HLGauss, make_hl_gauss, validate_hl_gauss
 from jaxrl.hparams import HParams, hparams, static, swept
 from jaxrl.loop import Algorithm, zeros_step
 from jaxrl.nets import ACTIVATIONS, QEnsemble, SquashedGaussianActor
@@ -74,10 +75,19 @@ class LearnerConfig:
     num_critics: int = 2  # Q-networks in the ensemble; targets take their minimum
     hidden_sizes: tuple[int, ...] = (256, 256)  # of the actor and of every critic
     activation: str = "relu"  # a key of jaxrl.nets.ACTIVATIONS
+    # Value learning by classification (jaxrl.hl_gauss): > 0 bins make every critic classify the
+    # soft TD target over hl_gauss_range with an HL-Gauss target sigma bin widths wide.
+    hl_gauss_bins: int = 0
+    hl_gauss_range: tuple[float, ...] = ()  # (low, high) of Q, e.g. (-1700, 100) on Pendulum
+    hl_gauss_sigma: float = 0.75  # in bin widths (Farebrother et al., 2024)
 
     def __post_init__(self) -> None:
         # ml_collections hands us lists; the config must stay hashable.
         object.__setattr__(self, "hidden_sizes", tuple(self.hidden_sizes))
+        object.__setattr__(self, "hl_gauss_range", tuple(self.hl_gauss_range))
+        validate_hl_gauss(
+            self.hl_gauss_bins, self.hl_gauss_range, self.hl_gauss_sigma, example="(-1700, 100)"
+        )
         require_positive(
             self, "batch_size", "actor_lr", "critic_lr", "alpha_lr", "init_alpha", "num_critics"
         )
@@ -98,6 +108,7 @@ class LearnerConfig:
             "e.g. hidden_sizes=(256, 256)",
         )
         envs.require_registered(self.env_name)
+        envs.require_jax_env(self.env_name, "the soft actor-critic learner (SAC, CQL)")
         if envs.is_discrete(envs.make(self.env_name).action_space):
             raise ConfigError(
                 f"env_name: {self.env_name!r} has discrete actions; the soft actor-critic "
@@ -203,6 +214,14 @@ def soft_td_target(
 def critic_loss(q: jax.Array, target: jax.Array) -> jax.Array:
     """Sum over critics of each one's mean squared error to the (fixed) soft TD target."""
     return jnp.square(q - jax.lax.stop_gradient(target)).mean(axis=-1).sum()
+
+
+def classification_critic_loss(
+    logits: jax.Array, target: jax.Array, hl_gauss: HLGauss
+) -> jax.Array:
+    """Sum over critics of each one's mean HL-Gauss cross-entropy to the (fixed) soft TD target;
+    `logits` has shape [num_critics, batch, num_bins]."""
+    return hl_gauss.loss(logits, jax.lax.stop_gradient(target)).mean(axis=-1).sum()
 
 
 def actor_loss(log_prob: jax.Array, q: jax.Array, alpha: jax.Array) -> jax.Array:
@@ -338,7 +357,8 @@ def make_learner(config: LearnerConfig) -> Learner:
     read from the `hparams` given to `init` and `gradient_step`."""
     config = static(config)
     actor = make_actor(config.env_name, config.hidden_sizes, config.activation)
-    critic = QEnsemble(config.num_critics, config.hidden_sizes, config.activation)
+    hl_gauss = make_hl_gauss(config.hl_gauss_bins, config.hl_gauss_range, config.hl_gauss_sigma)
+    critic = QEnsemble(config.num_critics, config.hidden_sizes, config.activation, hl_gauss)
     entropy_target = target_entropy(config)
 
     def init(actor_key: PRNGKey, critic_key: PRNGKey, hp: HParams) -> LearnerState:
@@ -358,8 +378,13 @@ def make_learner(config: LearnerConfig) -> Learner:
         )
 
     def critic_objective(critic_params, batch, target, penalty, key):
-        q = critic.apply(critic_params, batch.obs, batch.action)
-        loss = critic_loss(q, target)
+        if hl_gauss is None:
+            q = critic.apply(critic_params, batch.obs, batch.action)
+            loss = critic_loss(q, target)
+        else:
+            logits = critic.apply(critic_params, batch.obs, batch.action, logits=True)
+            q = hl_gauss.value(logits)
+            loss = classification_critic_loss(logits, target, hl_gauss)
         metrics = {"critic_loss": loss, "q_mean": q.mean()}
         if penalty is not None:
             penalty_loss, penalty_metrics = penalty(critic_params, key)
@@ -381,7 +406,7 @@ def make_learner(config: LearnerConfig) -> Learner:
         next_key, penalty_key, actor_key = jax.random.split(key, 3)
         alpha = jnp.exp(state.log_alpha)
 
-        # Critic: regress every Q_i onto the soft TD target of the target critics.
+        # Critic: regress (or classify) every Q_i onto the soft TD target of the target critics.
         next_action, next_log_prob = actor.dist(
             state.actor_params, batch.next_obs
         ).sample_and_log_prob(seed=next_key)

@@ -3,6 +3,7 @@
 env = envs.make("CartPole-v1")                      # single env, no auto-reset
 venv = envs.make_vec("CartPole-v1", num_envs=64)     # auto-reset, stats, vectorised
 env = envs.make("HalfCheetah-v5")                   # MuJoCo via MJX: pip install "jaxrl[mujoco]"
+venv = envs.make_vec("gymnasium:CartPole-v1", 8)    # Gymnasium on the host, through io_callback
 
 The names below live in `envs.registry`, imported when one is first used: gymnax imports
 seaborn, scipy and pandas, seconds at every start, and the language-model side (`envs.text`)
@@ -22,7 +23,9 @@ __all__ = [
     "ClipAction",
     "EpisodeStatistics",
     "EpisodeStatisticsState",
+    "GymnasiumVectorEnv",
     "GymnaxEnv",
+    "HostEnvState",
     "HalfCheetah",
     "Hopper",
     "MujocoEnv",
@@ -37,10 +40,13 @@ __all__ = [
     "action_dim",
     "find_state",
     "is_discrete",
+    "is_host_env",
     "make",
+    "make_eval",
     "make_vec",
     "with_reward_discount",
     "registered",
+    "require_jax_env",
     "require_registered",
 ]
 

@@ -14,8 +14,10 @@ from typing import Any
 
 import gymnax
 
+from envs import host as _host
 from envs import mujoco as _mujoco
 from envs.core import GymnaxEnv, StepResult, Wrapper, action_dim, is_discrete
+from envs.host import GymnasiumVectorEnv, HostEnvState, is_host_env
 from envs.mujoco import HalfCheetah, Hopper, MujocoEnv, MujocoState
 from envs.wrappers import (
     AutoReset,
@@ -42,13 +44,17 @@ def registered() -> list[str]:
     return names
 
 
-def make(name: str, **env_params: Any) -> GymnaxEnv | MujocoEnv:
+def make(name: str, **env_params: Any) -> GymnaxEnv | MujocoEnv | GymnasiumVectorEnv:
     """Build one environment by name; keyword arguments override its gymnax `EnvParams` fields
     (MuJoCo environments: their Gymnasium v5 constructor arguments, e.g. `ctrl_cost_weight`).
 
+    A host environment (`gymnasium:<id>`, `envs.host`) is always batched and auto-resetting: this
+    returns one copy, whose spaces and time limit describe it; `make_vec` builds the training set.
     An unknown name raises a ValueError listing the closest registered names; a MuJoCo name without
     the `mujoco` extra installed raises an ImportError saying what to install.
     """
+    if _host.is_host_env(name):
+        return GymnasiumVectorEnv(name, 1, **env_params)
     if name in _mujoco.ENVIRONMENTS:
         if not _mujoco.mjx_available():
             raise ImportError(f"{name} is simulated with MJX. {_mujoco.INSTALL_HINT}")
@@ -78,10 +84,27 @@ def require_registered(name: str, field: str = "env_name") -> None:
     would succeed (what every algorithm's Config checks)."""
     if name in registered():
         return
+    if _host.is_host_env(name) and name in _known_host_envs:
+        return
     try:
         make(name)
     except (ValueError, ImportError) as error:
         raise ConfigError(f"{field}: {error}") from None
+    if _host.is_host_env(name):
+        _known_host_envs.add(name)  # configs are validated often; make a Gymnasium env once
+
+
+_known_host_envs: set[str] = set()
+
+
+def require_jax_env(name: str, algorithm: str, field: str = "env_name") -> None:
+    """Raise a `ConfigError` if `name` is a host environment: `algorithm` needs a JAX one."""
+    if _host.is_host_env(name):
+        raise ConfigError(
+            f"{field}: {name!r} is a host (Gymnasium) environment, which {algorithm} cannot run "
+            f"yet; use PPO (algos.ppo) for host environments, or a JAX environment from "
+            f"envs.registered()"
+        )
 
 
 def make_vec(
@@ -96,9 +119,14 @@ def make_vec(
     """The standard training stack: clipped actions, auto-reset, episode stats, `num_envs` copies,
     and optional observation / reward normalisation (`gamma`: the reward normaliser's initial
     discount; `with_reward_discount` sets a run's own on its state)."""
-    env: Any = make(name, **env_params)
-    env = EpisodeStatistics(AutoReset(ClipAction(env)))
-    env = Vectorize(env, num_envs)
+    env: Any
+    if _host.is_host_env(name):
+        # Already batched and auto-resetting on the host: statistics count over the batch.
+        env = GymnasiumVectorEnv(name, num_envs, **env_params)
+        env = EpisodeStatistics(ClipAction(env), batch_shape=(num_envs,))
+    else:
+        env = EpisodeStatistics(AutoReset(ClipAction(make(name, **env_params))))
+        env = Vectorize(env, num_envs)
     if normalize_observation:
         env = NormalizeObservation(env)
     if normalize_reward:
@@ -106,12 +134,23 @@ def make_vec(
     return env
 
 
+def make_eval(name: str, num_episodes: int) -> Any:
+    """What `jaxrl.evaluation.evaluate_episodes` plays `num_episodes` fresh episodes of: a single
+    JAX environment with clipped actions (the episodes are vmapped), or for a host environment a
+    batch of `num_episodes` copies (`batched`), each of whose first episodes counts."""
+    if _host.is_host_env(name):
+        return ClipAction(GymnasiumVectorEnv(name, num_episodes))
+    return ClipAction(make(name))
+
+
 __all__ = [
     "AutoReset",
     "ClipAction",
     "EpisodeStatistics",
     "EpisodeStatisticsState",
+    "GymnasiumVectorEnv",
     "GymnaxEnv",
+    "HostEnvState",
     "HalfCheetah",
     "Hopper",
     "MujocoEnv",
@@ -126,9 +165,12 @@ __all__ = [
     "action_dim",
     "find_state",
     "is_discrete",
+    "is_host_env",
     "make",
+    "make_eval",
     "make_vec",
     "with_reward_discount",
     "registered",
+    "require_jax_env",
     "require_registered",
 ]

@@ -69,11 +69,20 @@ class EpisodeStatisticsState:
 
 
 class EpisodeStatistics(Wrapper):
-    """Accumulate undiscounted episode return and length; report them when an episode ends."""
+    """Accumulate undiscounted episode return and length; report them when an episode ends.
+
+    Over a single environment the counters are scalars; over an already batched one (a host
+    vector environment) they have its `batch_shape`, one per environment.
+    """
+
+    def __init__(self, env: Any, batch_shape: tuple[int, ...] = ()):
+        super().__init__(env)
+        self.batch_shape = batch_shape
 
     def reset(self, key: jax.Array) -> tuple[Observation, EpisodeStatisticsState]:
         obs, inner = self.env.reset(key)
-        zero_f, zero_i = jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32)
+        zero_f = jnp.zeros(self.batch_shape, jnp.float32)
+        zero_i = jnp.zeros(self.batch_shape, jnp.int32)
         return obs, EpisodeStatisticsState(inner, zero_f, zero_i, zero_f, zero_i)
 
     def step(self, key: jax.Array, state: EpisodeStatisticsState, action: jax.Array) -> StepResult:

@@ -31,7 +31,8 @@ def evaluate_episodes(
     num_episodes: int,
     max_steps: int | None = None,
 ) -> jax.Array:
-    """Undiscounted returns of `num_episodes` fresh episodes of a single, non-resetting `env`.
+    """Undiscounted returns of `num_episodes` fresh episodes of a single, non-resetting `env`
+    (or of a batched host environment of `num_episodes` copies, `envs.make_eval`).
 
     Episodes run side by side (vmapped); each stops accumulating reward at its first termination or
     truncation. The loop ends when all have ended, or after `max_steps` (default: the env's limit).
@@ -39,8 +40,16 @@ def evaluate_episodes(
     """
     max_steps = env.max_episode_steps if max_steps is None else max_steps
     reset_key, loop_key = jax.random.split(key)
-    obs, state = jax.vmap(env.reset)(jax.random.split(reset_key, num_episodes))
-    step_many = jax.vmap(env.step)
+    if getattr(env, "batched", False):
+        # A host vector environment of num_episodes copies: one call steps them all. It resets
+        # itself when an episode ends; `done` below keeps only each copy's first episode.
+        if env.num_envs != num_episodes:
+            raise ValueError(f"{env!r} holds {env.num_envs} copies, not {num_episodes}")
+        obs, state = env.reset(reset_key)
+        step_many = lambda keys, state, action: env.step(keys[0], state, action)  # noqa: E731
+    else:
+        obs, state = jax.vmap(env.reset)(jax.random.split(reset_key, num_episodes))
+        step_many = jax.vmap(env.step)
 
     def cond(carry):
         t, _, _, _, done, _ = carry
@@ -51,7 +60,9 @@ def evaluate_episodes(
         key, act_key, step_key = jax.random.split(key, 3)
         action = policy(obs, act_key)
         result = step_many(jax.random.split(step_key, num_episodes), state, action)
-        returns = returns + jnp.where(done, 0.0, result.reward)
+        # A multi-agent environment's return is the team's: the sum over its agents' rewards.
+        reward = result.reward.reshape(num_episodes, -1).sum(axis=-1)
+        returns = returns + jnp.where(done, 0.0, reward)
         done = done | result.terminated | result.truncated
         return t + 1, result.obs, result.state, returns, done, key
 

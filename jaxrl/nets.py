@@ -14,6 +14,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrl.hl_gauss import HLGauss
+
 ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     "tanh": nn.tanh,
     "relu": nn.relu,
@@ -107,15 +109,19 @@ class SquashedGaussianActor(nn.Module):
 
 
 class QNetwork(nn.Module):
-    """Q(s, a): an MLP on the concatenated observation and action."""
+    """Q(s, a): an MLP on the concatenated observation and action. With `value_bins` > 0 its head
+    gives that many logits (an HL-Gauss classification critic) instead of one value."""
 
     hidden_sizes: Sequence[int] = (256, 256)
     activation: str = "relu"
+    value_bins: int = 0
 
     @nn.compact
     def __call__(self, obs: jax.Array, action: jax.Array) -> jax.Array:
         x = jnp.concatenate([obs.astype(jnp.float32), action.astype(jnp.float32)], axis=-1)
         x = MLP(self.hidden_sizes, self.activation, name="torso")(x)
+        if self.value_bins:
+            return nn.Dense(self.value_bins, name="head")(x)
         return nn.Dense(1, name="head")(x).squeeze(-1)
 
 
@@ -124,15 +130,19 @@ class QEnsemble(nn.Module):
 
     `apply(params, obs, action) -> q` of shape [num_critics, *batch]. The members' parameters are
     stacked on a leading axis (`nn.vmap`), so twin critics cost one set of larger matrix products
-    rather than two sets of small ones.
+    rather than two sets of small ones. With `hl_gauss` the members classify: `apply` still
+    returns values (each member's expected bin centre), and `logits=True` returns the logits,
+    [num_critics, *batch, num_bins], that the cross-entropy loss trains.
     """
 
     num_critics: int = 2
     hidden_sizes: Sequence[int] = (256, 256)
     activation: str = "relu"
+    hl_gauss: HLGauss | None = None
 
     @nn.compact
-    def __call__(self, obs: jax.Array, action: jax.Array) -> jax.Array:
+    def __call__(self, obs: jax.Array, action: jax.Array, logits: bool = False) -> jax.Array:
+        bins = self.hl_gauss.num_bins if self.hl_gauss else 0
         ensemble = nn.vmap(
             QNetwork,
             variable_axes={"params": 0},
@@ -141,14 +151,20 @@ class QEnsemble(nn.Module):
             out_axes=0,
             axis_size=self.num_critics,
         )
-        return ensemble(self.hidden_sizes, self.activation, name="members")(obs, action)
+        out = ensemble(self.hidden_sizes, self.activation, bins, name="members")(obs, action)
+        if self.hl_gauss is None or logits:
+            return out
+        return self.hl_gauss.value(out)
 
 
 class ActorCritic(nn.Module):
     """Separate actor and critic MLPs (sharing a torso hurts PPO on small control tasks).
 
     `apply(params, obs) -> (distribution, value)`. Observations with `obs_ndim` axes (3 for
-    MinAtar images) are flattened; any leading axes are batch axes.
+    MinAtar images) are flattened; any leading axes are batch axes. With `value_bins` > 0 the
+    critic classifies (HL-Gauss): the second output is its `value_bins` logits, not a value.
+    `apply(params, obs, critic_obs)` gives the critic its own, flat input: a centralised critic's
+    world state (MAPPO), while the actor acts on the agent's observation.
     """
 
     action_dim: int
@@ -156,15 +172,21 @@ class ActorCritic(nn.Module):
     hidden_sizes: Sequence[int] = (64, 64)
     activation: str = "tanh"
     obs_ndim: int = 1
+    value_bins: int = 0
 
     @nn.compact
-    def __call__(self, obs: jax.Array) -> tuple[distrax.Distribution, jax.Array]:
+    def __call__(
+        self, obs: jax.Array, critic_obs: jax.Array | None = None
+    ) -> tuple[distrax.Distribution, jax.Array]:
         obs = obs.reshape(obs.shape[: obs.ndim - self.obs_ndim] + (-1,)).astype(jnp.float32)
         actor = MLP(self.hidden_sizes, self.activation, name="actor_torso")(obs)
         if self.discrete:
             dist = CategoricalHead(self.action_dim, name="actor_head")(actor)
         else:
             dist = GaussianHead(self.action_dim, name="actor_head")(actor)
-        critic = MLP(self.hidden_sizes, self.activation, name="critic_torso")(obs)
+        critic_input = obs if critic_obs is None else critic_obs.astype(jnp.float32)
+        critic = MLP(self.hidden_sizes, self.activation, name="critic_torso")(critic_input)
+        if self.value_bins:
+            return dist, nn.Dense(self.value_bins, name="critic_head")(critic)
         value = nn.Dense(1, kernel_init=orthogonal(1.0), name="critic_head")(critic)
         return dist, value.squeeze(-1)

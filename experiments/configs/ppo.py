@@ -26,6 +26,35 @@ PRESETS = {
         normalize_rewards=True,
         hidden_sizes=(64, 64),
     ),
+    # Value learning by classification (HL-Gauss, Farebrother et al., 2024): the critic classifies
+    # the return over 51 bins. CartPole's discounted returns lie in [0, 100] with gamma 0.99.
+    "cartpole_hl_gauss": dict(
+        env_name="CartPole-v1",
+        total_timesteps=500_000,
+        hl_gauss_bins=51,
+        hl_gauss_range=(0.0, 100.0),
+        clip_value=False,
+    ),
+    # Pendulum's settings above; the normalised discounted returns (gamma 0.95) stay inside
+    # [-10, 2] in units of their running standard deviation.
+    "pendulum_hl_gauss": dict(
+        env_name="Pendulum-v1",
+        total_timesteps=2_000_000,
+        num_envs=32,
+        rollout_length=128,
+        num_epochs=10,
+        num_minibatches=16,
+        learning_rate=1e-3,
+        gamma=0.95,
+        gae_lambda=0.95,
+        ent_coef=0.0,
+        normalize_observations=True,
+        normalize_rewards=True,
+        hidden_sizes=(64, 64),
+        hl_gauss_bins=51,
+        hl_gauss_range=(-10.0, 2.0),
+        clip_value=False,
+    ),
     # MinAtar Breakout with an MLP on the flattened 10x10x4 image.
     "breakout": dict(
         env_name="Breakout-MinAtar",

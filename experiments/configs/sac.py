@@ -11,6 +11,14 @@ PRESETS = {
     "pendulum": dict(env_name="Pendulum-v1", total_timesteps=20_000),
     # Small networks: about 6x faster on a CPU and still learns Pendulum (the CI test's setting).
     "pendulum_small": dict(env_name="Pendulum-v1", total_timesteps=20_000, hidden_sizes=(64, 64)),
+    # Classifying critics (HL-Gauss): 101 bins over Pendulum's soft returns, which lie in about
+    # [-1650, 0] (reward >= -16.3 per step, gamma 0.99), with room for the entropy bonus above.
+    "pendulum_hl_gauss": dict(
+        env_name="Pendulum-v1",
+        total_timesteps=20_000,
+        hl_gauss_bins=101,
+        hl_gauss_range=(-1700.0, 100.0),
+    ),
     # MuJoCo locomotion on MJX (pip install "jaxrl[mujoco]"); Haarnoja et al.'s settings.
     "halfcheetah": dict(
         env_name="HalfCheetah-v5",

@@ -1,0 +1,399 @@
+"""Multi-agent PPO: IPPO (de Witt et al., 2020) and MAPPO (Yu et al., 2022) as one pure function.
+
+    config = mappo.Config(critic="independent")                     # IPPO on MPE simple spread
+    train = jax.jit(mappo.make_train(config))
+    state, metrics = jax.vmap(train)(jax.random.split(key, 4))      # 4 seeds, one program
+
+Every agent acts with the same actor on its own observation (parameter sharing, as JaxMARL's
+baselines run them) and learns from its own reward with PPO's clipped surrogate. The two differ
+only in the critic:
+  - IPPO ("independent"): each agent's value is estimated from its own observation;
+  - MAPPO ("centralised"): from the world state, every agent's observation concatenated, which the
+    critic sees in training only; acting needs the actor alone.
+
+Read top to bottom: 1. Config; 2. the environment and network (PPO's pure pieces, `ppo.gae` and
+`ppo.ppo_loss_terms`, are reused as they are: an agent's sample is a sample); 3. `make(config)`:
+`init`, `update` (roll out `rollout_length` steps of `num_envs` environments, advantages per agent,
+`num_epochs` passes of `num_minibatches` gradient steps over every agent's samples) and
+`evaluate`; 4. `make_train`, the whole run as one program.
+
+Returns are the team's: the sum over agents of their episode returns (the scale JaxMARL logs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+from jax.flatten_util import ravel_pytree
+
+import envs
+from algos import ppo
+from envs import multi_agent
+from jaxrl import evaluation, loop
+from jaxrl.config import (
+    divisors,
+    require,
+    require_in_range,
+    require_non_negative,
+    require_positive,
+    require_step_count,
+)
+from jaxrl.hparams import HParams, hparams, static, swept
+from jaxrl.loop import Algorithm, zeros_step
+from jaxrl.nets import ACTIVATIONS, ActorCritic
+from jaxrl.types import Metrics, PRNGKey
+
+CRITICS = ("independent", "centralised")
+
+# --------------------------------------------------------------------------------------------
+# 1. Configuration
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Multi-agent PPO settings. Defaults are JaxMARL's IPPO settings for MPE (its
+    `ippo_ff_mpe.yaml`) with a centralised critic; `critic="independent"` is IPPO."""
+
+    env_name: str = "jaxmarl:MPE_simple_spread_v3"  # envs.multi_agent.registered()
+    critic: str = "centralised"  # "independent" (IPPO) or "centralised" (MAPPO)
+    total_timesteps: int = 2_000_000  # environment steps per seed (each moves every agent)
+    num_envs: int = 16
+    rollout_length: int = 128
+    num_epochs: int = 4
+    num_minibatches: int = 4  # must divide num_envs * rollout_length * num_agents
+    learning_rate: float = swept(2.5e-4)
+    anneal_lr: bool = True
+    gamma: float = swept(0.99)
+    gae_lambda: float = swept(0.95)
+    clip_eps: float = swept(0.2)
+    clip_value: bool = True
+    ent_coef: float = swept(0.01)
+    vf_coef: float = swept(0.5)
+    max_grad_norm: float = swept(0.5)
+    normalize_advantages: bool = True
+    hidden_sizes: tuple[int, ...] = (64, 64)
+    activation: str = "tanh"
+    adam_eps: float = 1e-5
+    eval_episodes: int = 32
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "hidden_sizes", tuple(self.hidden_sizes))
+        require_positive(
+            self,
+            "total_timesteps",
+            "num_envs",
+            "rollout_length",
+            "num_epochs",
+            "num_minibatches",
+            "learning_rate",
+            "clip_eps",
+            "max_grad_norm",
+            "adam_eps",
+            "eval_episodes",
+        )
+        require_in_range(self, "gamma", 0.0, 1.0)
+        require_in_range(self, "gae_lambda", 0.0, 1.0)
+        require_non_negative(self, "ent_coef", "vf_coef")
+        require(
+            self.critic in CRITICS,
+            "critic",
+            f"unknown critic {self.critic!r}",
+            f"choose one of {list(CRITICS)} (IPPO, MAPPO)",
+        )
+        require(
+            self.activation in ACTIVATIONS,
+            "activation",
+            f"unknown activation {self.activation!r}",
+            f"choose one of {sorted(ACTIVATIONS)}",
+        )
+        require(
+            all(h > 0 for h in self.hidden_sizes),
+            "hidden_sizes",
+            f"every layer width must be positive, got {self.hidden_sizes}",
+            "e.g. hidden_sizes=(64, 64)",
+        )
+        require(
+            self.env_name in multi_agent.registered(),
+            "env_name",
+            f"{self.env_name!r} is not a multi-agent environment jaxrl runs",
+            f"choose one of {multi_agent.registered()}",
+        )
+        require_step_count(self, "total_timesteps")
+        steps_per_update = self.num_envs * self.rollout_length
+        require(
+            self.total_timesteps >= steps_per_update,
+            "total_timesteps",
+            f"({self.total_timesteps}) is less than one rollout, num_envs * rollout_length "
+            f"({steps_per_update})",
+            f"set total_timesteps >= {steps_per_update}",
+        )
+        samples = steps_per_update * self.num_agents
+        require(
+            samples % self.num_minibatches == 0,
+            "num_minibatches",
+            f"num_envs * rollout_length * num_agents ({samples}) must be divisible by "
+            f"num_minibatches ({self.num_minibatches})",
+            f"choose num_minibatches among {divisors(samples)[:12]}",
+        )
+
+    @property
+    def num_agents(self) -> int:
+        """Agents of the environment (every one a PPO learner sharing the parameters)."""
+        return _num_agents(self.env_name)
+
+    @property
+    def batch_size(self) -> int:
+        """Samples per update: num_envs * rollout_length * num_agents."""
+        return self.num_envs * self.rollout_length * self.num_agents
+
+    @property
+    def minibatch_size(self) -> int:
+        """Samples per gradient step: batch_size // num_minibatches."""
+        return self.batch_size // self.num_minibatches
+
+    @property
+    def env_steps_per_update(self) -> int:
+        """Environment steps per update: num_envs * rollout_length."""
+        return self.num_envs * self.rollout_length
+
+    @property
+    def num_steps(self) -> int:
+        """Updates in a run: total_timesteps // (num_envs * rollout_length)."""
+        return self.total_timesteps // self.env_steps_per_update
+
+
+_agent_counts: dict[str, int] = {}
+
+
+def _num_agents(env_name: str) -> int:
+    if env_name not in _agent_counts:
+        _agent_counts[env_name] = multi_agent.make(env_name).num_agents
+    return _agent_counts[env_name]
+
+
+@struct.dataclass
+class TrainState:
+    """One run: shared actor-critic parameters, optimiser, environments, PRNG key and step."""
+
+    params: dict
+    opt_state: object
+    env_state: object
+    obs: jax.Array  # [num_envs, num_agents, *obs_shape]
+    key: PRNGKey
+    step: jax.Array
+
+
+# --------------------------------------------------------------------------------------------
+# 2. Environment and network
+
+
+def make_network(config: Config) -> ActorCritic:
+    """The shared actor-critic: `apply(params, obs, critic_obs)`; `critic_obs` is the world state
+    for MAPPO and None (the agent's own observation) for IPPO."""
+    env = multi_agent.make(config.env_name)
+    return ActorCritic(
+        action_dim=int(env.action_space.n),
+        discrete=True,
+        hidden_sizes=config.hidden_sizes,
+        activation=config.activation,
+        obs_ndim=len(env.observation_space.shape),
+    )
+
+
+def make_critic_input(config: Config) -> Callable[[jax.Array], jax.Array | None]:
+    """`critic_input(obs)`: what the critic sees for observations [..., num_agents, *obs_shape]:
+    the world state, [..., num_agents, world_size], for MAPPO; None (their own) for IPPO."""
+    env = multi_agent.make(config.env_name)
+    obs_ndim = len(env.observation_space.shape)
+
+    def critic_input(obs: jax.Array) -> jax.Array | None:
+        if config.critic == "independent":
+            return None
+        lead = obs.shape[: obs.ndim - 1 - obs_ndim]
+        per_env = obs.reshape((-1,) + obs.shape[len(lead) :])
+        return jax.vmap(env.world_state)(per_env).reshape(lead + (env.num_agents, -1))
+
+    return critic_input
+
+
+# --------------------------------------------------------------------------------------------
+# 3. The algorithm
+
+
+def make(config: Config) -> Algorithm:
+    """Multi-agent PPO as pure functions of one run (`init`, `update`, `evaluate`).
+
+    `update`'s metrics are PPO's loss terms averaged over the update's gradient steps, plus
+    `episode_return` (the team return of the most recently finished episodes, mean over
+    environments) and `episode_length`. `evaluate` gives `eval_return[eval_episodes]`, the team
+    return of the deterministic policy.
+    """
+    config = static(config)
+    env = multi_agent.make_vec(config.env_name, config.num_envs)
+    network = make_network(config)
+    centralised = config.critic == "centralised"
+    gradient_steps_per_update = config.num_epochs * config.num_minibatches
+    total_gradient_steps = config.num_steps * gradient_steps_per_update
+
+    critic_input = make_critic_input(config)
+
+    def init(key: PRNGKey, hp: HParams) -> TrainState:
+        key, params_key, env_key = jax.random.split(key, 3)
+        obs, env_state = env.reset(env_key)
+        params = network.init(params_key, obs, critic_input(obs))
+        flat_params, _ = ravel_pytree(params)
+        opt_state = ppo.make_optimizer(hp, hp.learning_rate, config.adam_eps).init(flat_params)
+        return TrainState(params, opt_state, env_state, obs, key, zeros_step())
+
+    def rollout_step(carry, keys):
+        params, env_state, obs = carry
+        action_key, step_key = keys
+        dist, _ = network.apply(params, obs, critic_input(obs))
+        action, log_prob = dist.sample_and_log_prob(seed=action_key)
+        result = env.step(step_key, env_state, action)
+        # The episode's end is the environment's; every agent's sample carries it.
+        per_agent = lambda flag: jnp.broadcast_to(flag[:, None], action.shape)  # noqa: E731
+        transition = {
+            "obs": obs,
+            "action": action,
+            "reward": result.reward,
+            "terminated": per_agent(result.terminated),
+            "done": per_agent(jnp.logical_or(result.terminated, result.truncated)),
+            "log_prob": log_prob,
+            "next_obs": result.info["final_obs"],
+        }
+        return (params, result.state, result.obs), transition
+
+    def loss_fn(params, batch, hp):
+        dist, value = network.apply(params, batch["obs"], batch.get("critic_obs"))
+        return ppo.ppo_loss_terms(
+            log_prob=dist.log_prob(batch["action"]),
+            old_log_prob=batch["log_prob"],
+            advantages=batch["advantages"],
+            value=value,
+            old_value=batch["value"],
+            returns=batch["returns"],
+            entropy=dist.entropy(),
+            clip_eps=hp.clip_eps,
+            vf_coef=hp.vf_coef,
+            ent_coef=hp.ent_coef,
+            clip_value=config.clip_value,
+            normalize_advantages=config.normalize_advantages,
+        )
+
+    def update(state: TrainState, inputs: None, hp: HParams) -> tuple[TrainState, Metrics]:
+        del inputs
+        key, rollout_key, shuffle_key = jax.random.split(state.key, 3)
+        rollout_keys = jax.random.split(rollout_key, (config.rollout_length, 2))
+        (_, env_state, obs), traj = jax.lax.scan(
+            rollout_step, (state.params, state.env_state, state.obs), rollout_keys
+        )
+        # [time, env, agent] throughout; GAE runs over time for every (env, agent) at once.
+        critic_obs = critic_input(traj["obs"])
+        _, values = network.apply(state.params, traj["obs"], critic_obs)
+        _, next_values = network.apply(
+            state.params, traj["next_obs"], critic_input(traj["next_obs"])
+        )
+        advantages, returns = ppo.gae(
+            traj["reward"],
+            values,
+            next_values,
+            traj["terminated"],
+            traj["done"],
+            hp.gamma,
+            hp.gae_lambda,
+        )
+        samples = {
+            "obs": traj["obs"],
+            "action": traj["action"],
+            "log_prob": traj["log_prob"],
+            "value": values,
+            "advantages": advantages,
+            "returns": returns,
+        }
+        if centralised:
+            samples["critic_obs"] = critic_obs
+        # Every agent's step is one sample: flatten [time, env, agent].
+        samples = jax.tree.map(lambda x: x.reshape((config.batch_size,) + x.shape[3:]), samples)
+        flat_params, unravel = ravel_pytree(state.params)
+
+        def gradient_step(carry, minibatch):
+            flat_params, opt_state, step = carry
+            flat_loss = lambda p: loss_fn(unravel(p), minibatch, hp)  # noqa: E731
+            grads, metrics = jax.grad(flat_loss, has_aux=True)(flat_params)
+            fraction_left = 1.0 - step / total_gradient_steps
+            learning_rate = hp.learning_rate * (fraction_left if config.anneal_lr else 1.0)
+            optimizer = ppo.make_optimizer(hp, learning_rate, config.adam_eps)
+            updates, opt_state = optimizer.update(grads, opt_state, flat_params)
+            return (flat_params + updates, opt_state, step + 1), metrics
+
+        def epoch(carry, epoch_key):
+            permutation = jax.random.permutation(epoch_key, config.batch_size)
+            minibatches = jax.tree.map(
+                lambda x: x[permutation].reshape(
+                    (config.num_minibatches, config.minibatch_size) + x.shape[1:]
+                ),
+                samples,
+            )
+            return jax.lax.scan(gradient_step, carry, minibatches)
+
+        first_step = state.step * gradient_steps_per_update
+        (flat_params, opt_state, _), metrics = jax.lax.scan(
+            epoch,
+            (flat_params, state.opt_state, first_step.astype(jnp.float32)),
+            jax.random.split(shuffle_key, config.num_epochs),
+        )
+        metrics = jax.tree.map(jnp.mean, metrics)
+        stats = envs.find_state(env_state, envs.EpisodeStatisticsState)  # [env, agent]
+        metrics["episode_return"] = stats.last_return.sum(axis=-1).mean()  # team, over envs
+        metrics["episode_length"] = stats.last_length[..., 0].astype(jnp.float32).mean()
+        new_state = TrainState(unravel(flat_params), opt_state, env_state, obs, key, state.step + 1)
+        return new_state, metrics
+
+    evaluate_returns = make_evaluate(config)
+
+    def evaluate(state: TrainState, key: PRNGKey) -> Metrics:
+        return {"eval_return": evaluate_returns(state, key)}
+
+    return Algorithm(init, update, evaluate)
+
+
+def make_policy(config: Config) -> Callable[[TrainState, jax.Array, PRNGKey], jax.Array]:
+    """`act(state, obs, key) -> actions`: each agent's most likely action under the shared actor."""
+    network, critic_input = make_network(config), make_critic_input(config)
+
+    def act(state: TrainState, obs: jax.Array, key: PRNGKey) -> jax.Array:
+        del key
+        dist, _ = network.apply(state.params, obs, critic_input(obs))  # XLA drops the critic
+        return dist.mode()
+
+    return act
+
+
+def make_evaluate(config: Config) -> Callable[[TrainState, PRNGKey], jax.Array]:
+    """`evaluate(state, key) -> team returns[eval_episodes]` of the deterministic policy."""
+    env = multi_agent.make(config.env_name)
+    act = make_policy(config)
+
+    def evaluate(state: TrainState, key: PRNGKey) -> jax.Array:
+        return evaluation.evaluate_episodes(
+            env, lambda obs, k: act(state, obs, k), key, config.eval_episodes
+        )
+
+    return evaluate
+
+
+# --------------------------------------------------------------------------------------------
+# 4. The whole run
+
+
+def make_train(
+    config: Config, final_evaluation: bool = True
+) -> Callable[[PRNGKey, HParams | None], tuple[TrainState, Metrics]]:
+    """`train(key, hparams=None) -> (state, metrics)`: the whole run as one program, then a final
+    evaluation (unless `final_evaluation` is False)."""
+    return loop.make_train(make(config), config.num_steps, final_evaluation, hparams(config))

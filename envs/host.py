@@ -1,0 +1,213 @@
+"""Environments that are not written in JAX, stepped from inside the compiled loop.
+
+`GymnasiumVectorEnv` runs `num_envs` copies of any Gymnasium environment on the host and steps
+them all with one `io_callback` per step, so PPO's rollout, advantages and update stay one XLA
+program while the simulator is ordinary Python (or C++ behind Python). Name such an environment
+`gymnasium:<id>`, e.g. `gymnasium:CartPole-v1`, or `gymnasium:my_package.envs:MyEnv-v0` for one your
+own module registers (Gymnasium imports the module first).
+
+What the compiled program holds of it is a handle (`HostEnvState.group`: which set of host
+environments) and the last observations. The simulators' own state lives on the host, outside
+checkpoints: a run restored from a checkpoint in a new process finds its group gone, so the first
+step after a resume starts fresh episodes and reports the episodes in flight as truncated (a
+time-limit-like cut, bootstrapped from their last observation). JAX environments resume exactly;
+host environments resume with that one cut.
+
+The environments auto-reset on the host in the same step an episode ends, keeping the true last
+observation in `info["final_obs"]`, as `envs.AutoReset` does for JAX environments; the rest of the
+training stack (episode statistics, normalisation) is the usual wrappers over the batch.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import threading
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+from gymnax.environments import spaces
+from jax.experimental import io_callback
+
+from envs.core import StepResult
+from jaxrl import host
+
+PREFIX = "gymnasium:"
+
+
+def is_host_env(name: str) -> bool:
+    """Whether `name` names a host environment (`gymnasium:<id>`) rather than a JAX one."""
+    return name.startswith(PREFIX)
+
+
+@struct.dataclass
+class HostEnvState:
+    """What the program carries of a set of host environments: its group id and last observations
+    (the bootstrap observation of the episodes a resume cuts)."""
+
+    group: jax.Array  # int32 id of the host-side set of environments
+    obs: jax.Array  # [num_envs, *obs_shape]
+
+
+# The host side: groups of Gymnasium vector environments by id. Ids start at a random offset per
+# process, so a group id restored from a checkpoint written by another process is never mistaken
+# for one of this process's groups.
+_groups: dict[int, Any] = {}
+_group_ids = itertools.count(random.randrange(1, 2**30))
+_groups_lock = threading.Lock()
+
+
+def _gym_space_to_gymnax(space: Any) -> spaces.Space:
+    import gymnasium
+
+    if isinstance(space, gymnasium.spaces.Discrete):
+        if int(space.start) != 0:
+            raise ValueError(f"a Discrete action space starting at {space.start} (not 0)")
+        return spaces.Discrete(int(space.n))
+    if isinstance(space, gymnasium.spaces.Box):
+        return spaces.Box(
+            np.asarray(space.low), np.asarray(space.high), tuple(space.shape), space.dtype
+        )
+    raise ValueError(f"a {type(space).__name__} space (Discrete and Box are supported)")
+
+
+class GymnasiumVectorEnv:
+    """`num_envs` Gymnasium environments on the host with the batched env interface: `reset(key)`
+    and `step(key, state, action)` return arrays with a leading `num_envs` axis (like
+    `envs.Vectorize` of an auto-resetting JAX environment). `batched` tells evaluation so."""
+
+    batched = True
+
+    def __init__(self, name: str, num_envs: int, **make_kwargs: Any):
+        import gymnasium
+
+        self.name = name
+        self.env_id = name.removeprefix(PREFIX)
+        self.num_envs = int(num_envs)
+        self._make_kwargs = make_kwargs
+        try:
+            probe = gymnasium.make(self.env_id, **make_kwargs)
+        except Exception as error:  # gymnasium's NameNotFound, a module that fails to import, ...
+            first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+            raise ValueError(
+                f"Gymnasium cannot make {self.env_id!r}: {first_line}. Name a registered "
+                f"Gymnasium id (e.g. gymnasium:CartPole-v1) or module:id of your own"
+            ) from None
+        try:
+            self.observation_space = _gym_space_to_gymnax(probe.observation_space)
+            self.action_space = _gym_space_to_gymnax(probe.action_space)
+        except ValueError as error:
+            raise ValueError(f"{name} has {error}") from None
+        finally:
+            probe.close()
+        self.max_episode_steps = int(probe.spec.max_episode_steps or 0) if probe.spec else 0
+        self._obs_dtype = np.dtype(probe.observation_space.dtype)
+        self._action_dtype = np.dtype(probe.action_space.dtype)
+
+    # -- the host side ------------------------------------------------------------------------
+
+    def _new_group(self, seed: int) -> tuple[int, np.ndarray]:
+        import gymnasium
+        from gymnasium.vector import AutoresetMode, SyncVectorEnv
+
+        vector_env = SyncVectorEnv(
+            [lambda: gymnasium.make(self.env_id, **self._make_kwargs)] * self.num_envs,
+            autoreset_mode=AutoresetMode.SAME_STEP,
+        )
+        obs, _ = vector_env.reset(seed=[seed + i for i in range(self.num_envs)])
+        with _groups_lock:
+            group = next(_group_ids)
+            _groups[group] = vector_env
+        return group, obs
+
+    def _host_reset(self, key_data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        seed = int(np.asarray(key_data, np.uint32)[-1]) % 2**31
+        group, obs = self._new_group(seed)
+        return np.int32(group), self._obs(obs)
+
+    def _host_step(self, group: np.ndarray, action: np.ndarray, last_obs: np.ndarray, key_data):
+        vector_env = _groups.get(int(group))
+        if vector_env is None:
+            # Restored from a checkpoint of another process: the simulators are gone. Start fresh
+            # episodes and report the ones in flight as cut off at their last observation.
+            seed = int(np.asarray(key_data, np.uint32)[-1]) % 2**31
+            new_group, obs = self._new_group(seed)
+            zeros = np.zeros(self.num_envs, np.float32)
+            cut = np.ones(self.num_envs, bool)
+            return (np.int32(new_group), self._obs(obs), zeros, ~cut, cut, last_obs)
+        action = np.asarray(action).astype(self._action_dtype)
+        obs, reward, terminated, truncated, info = vector_env.step(action)
+        final_obs = np.array(obs, copy=True)
+        if "_final_obs" in info:
+            for i in np.flatnonzero(info["_final_obs"]):
+                final_obs[i] = info["final_obs"][i]
+        terminated = np.asarray(terminated, bool)
+        # A time limit that coincides with a true terminal is a termination: no bootstrap.
+        truncated = np.asarray(truncated, bool) & ~terminated
+        return (
+            np.int32(group),
+            self._obs(obs),
+            np.asarray(reward, np.float32),
+            terminated,
+            truncated,
+            self._obs(final_obs),
+        )
+
+    def _obs(self, obs: Any) -> np.ndarray:
+        return np.asarray(obs, self._obs_dtype).reshape(self._obs_shape)
+
+    @property
+    def _obs_shape(self) -> tuple[int, ...]:
+        return (self.num_envs, *self.observation_space.shape)
+
+    # -- the compiled side --------------------------------------------------------------------
+
+    def _obs_struct(self) -> jax.ShapeDtypeStruct:
+        return jax.ShapeDtypeStruct(self._obs_shape, self._obs_dtype)
+
+    def reset(self, key: jax.Array) -> tuple[jax.Array, HostEnvState]:
+        shapes = (jax.ShapeDtypeStruct((), jnp.int32), self._obs_struct())
+        group, obs = io_callback(
+            lambda k: host.call(self.name, self._host_reset, k), shapes, _key_data(key)
+        )
+        return obs, HostEnvState(group, obs)
+
+    def step(self, key: jax.Array, state: HostEnvState, action: jax.Array) -> StepResult:
+        batch = (self.num_envs,)
+        shapes = (
+            jax.ShapeDtypeStruct((), jnp.int32),
+            self._obs_struct(),
+            jax.ShapeDtypeStruct(batch, jnp.float32),
+            jax.ShapeDtypeStruct(batch, jnp.bool_),
+            jax.ShapeDtypeStruct(batch, jnp.bool_),
+            self._obs_struct(),
+        )
+        group, obs, reward, terminated, truncated, final_obs = io_callback(
+            lambda *args: host.call(self.name, self._host_step, *args),
+            shapes,
+            state.group,
+            action,
+            state.obs,
+            _key_data(key),
+        )
+        return StepResult(
+            obs=obs,
+            state=HostEnvState(group, obs),
+            reward=reward,
+            terminated=terminated,
+            truncated=truncated,
+            info={"final_obs": final_obs},
+        )
+
+    def __repr__(self) -> str:
+        return f"GymnasiumVectorEnv({self.name!r}, num_envs={self.num_envs})"
+
+
+def _key_data(key: jax.Array) -> jax.Array:
+    """Raw uint32 words of a (typed or legacy) PRNG key, which a host function can read."""
+    if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        return jax.random.key_data(key)
+    return key

@@ -1,0 +1,116 @@
+"""Gymnasium environments on the host inside the compiled loop (`envs.host`): the adapter equals
+stepping Gymnasium by hand, keeps termination and truncation apart, cuts the episodes in flight
+when a checkpoint is restored in a new process, refuses what it cannot run, and PPO learns
+CartPole through it."""
+
+import gymnasium
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from gymnasium.vector import AutoresetMode, SyncVectorEnv
+
+import envs
+from algos import ppo, sac
+from envs import host
+from jaxrl.config import ConfigError
+
+
+def rollout(env, actions, key):
+    """Reset `env`, then step it with `actions` [T, num_envs] in one compiled scan."""
+
+    def run(key):
+        obs, state = env.reset(key)
+
+        def step(state, action):
+            result = env.step(key, state, action)
+            out = (result.obs, result.reward, result.terminated, result.truncated)
+            return result.state, out + (result.info["final_obs"],)
+
+        return obs, jax.lax.scan(step, state, actions)[1]
+
+    return jax.jit(run)(key)
+
+
+def test_adapter_equals_stepping_gymnasium_by_hand():
+    num_envs, steps = 3, 60
+    env = host.GymnasiumVectorEnv("gymnasium:CartPole-v1", num_envs, max_episode_steps=20)
+    actions = np.random.default_rng(0).integers(0, 2, (steps, num_envs))
+    key = jax.random.key(7)
+    first_obs, (obs, reward, terminated, truncated, final_obs) = rollout(env, actions, key)
+
+    seed = int(np.asarray(jax.random.key_data(key))[-1]) % 2**31
+    by_hand = SyncVectorEnv(
+        [lambda: gymnasium.make("CartPole-v1", max_episode_steps=20)] * num_envs,
+        autoreset_mode=AutoresetMode.SAME_STEP,
+    )
+    expected_obs, _ = by_hand.reset(seed=[seed + i for i in range(num_envs)])
+    np.testing.assert_array_equal(np.asarray(first_obs), expected_obs)
+    for t in range(steps):
+        o, r, term, trunc, info = by_hand.step(actions[t])
+        np.testing.assert_array_equal(np.asarray(obs[t]), o)
+        np.testing.assert_array_equal(np.asarray(reward[t]), r)
+        np.testing.assert_array_equal(np.asarray(terminated[t]), term)
+        np.testing.assert_array_equal(np.asarray(truncated[t]), trunc & ~term)
+        for i in range(num_envs):
+            last = info["final_obs"][i] if info.get("_final_obs", np.zeros(3, bool))[i] else o[i]
+            np.testing.assert_array_equal(np.asarray(final_obs[t, i]), last)
+    # The 20-step limit truncated some episodes and the pole terminated others.
+    assert np.asarray(truncated).any() and np.asarray(terminated).any()
+
+
+def test_a_restored_group_cuts_the_episodes_in_flight():
+    """A group id from another process (a checkpoint) is unknown here: the step starts fresh
+    episodes, reports every one as truncated with reward 0, and bootstraps from the last obs."""
+    env = host.GymnasiumVectorEnv("gymnasium:CartPole-v1", 2)
+    last_obs = jnp.full((2, 4), 0.5, jnp.float32)
+    stale = host.HostEnvState(jnp.int32(-5), last_obs)
+    result = jax.jit(env.step)(jax.random.key(0), stale, jnp.zeros(2, jnp.int32))
+    assert np.asarray(result.truncated).all() and not np.asarray(result.terminated).any()
+    np.testing.assert_array_equal(np.asarray(result.reward), 0.0)
+    np.testing.assert_array_equal(np.asarray(result.info["final_obs"]), np.asarray(last_obs))
+    assert int(result.state.group) != -5
+    # The next step continues the fresh group.
+    after = jax.jit(env.step)(jax.random.key(1), result.state, jnp.ones(2, jnp.int32))
+    assert int(after.state.group) == int(result.state.group)
+    np.testing.assert_array_equal(np.asarray(after.reward), 1.0)
+
+
+def test_seeds_vmap_into_separate_groups():
+    """Two vmapped seeds each get their own host environments: the same as two separate runs."""
+    config = ppo.Config(
+        env_name="gymnasium:CartPole-v1", total_timesteps=2048, num_envs=4, eval_episodes=2
+    )
+    train = jax.jit(ppo.make_train(config, final_evaluation=False))
+    keys = jax.random.split(jax.random.key(3), 2)
+    together, _ = jax.jit(jax.vmap(ppo.make_train(config, final_evaluation=False)))(keys)
+    for i in range(2):
+        alone, _ = train(keys[i])
+        pairs = zip(jax.tree.leaves(alone.params), jax.tree.leaves(together.params), strict=True)
+        for a, b in pairs:
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b)[i], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "make, kwargs, problem",
+    [
+        (ppo.Config, dict(env_name="gymnasium:NoSuchEnv-v0"), "Gymnasium cannot make"),
+        (ppo.Config, dict(env_name="gymnasium:Blackjack-v1"), "Tuple space"),
+        (sac.Config, dict(env_name="gymnasium:Pendulum-v1"), "use PPO"),
+    ],
+)
+def test_what_it_cannot_run_is_a_config_error(make, kwargs, problem):
+    with pytest.raises(ConfigError) as error:
+        make(**kwargs)
+    message = str(error.value)
+    assert message.startswith("env_name: ") and problem in message, message
+    assert "\n" not in message
+
+
+def test_ppo_learns_gymnasium_cartpole():
+    """CartPole from Gymnasium (not gymnax), stepped on the host from inside the compiled
+    program, learns with PPO's default settings to the 475 threshold."""
+    config = ppo.Config(env_name="gymnasium:CartPole-v1", eval_episodes=16)
+    assert isinstance(envs.make_vec(config.env_name, 4).env.env, host.GymnasiumVectorEnv)
+    _, metrics = jax.jit(ppo.make_train(config))(jax.random.key(0))
+    assert float(metrics["eval_return"]) >= 475, metrics["eval_return"]
