@@ -93,14 +93,17 @@ class GymnasiumVectorEnv:
         except Exception as error:  # gymnasium's NameNotFound, a module that fails to import, ...
             first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
             raise ValueError(
-                f"Gymnasium cannot make {self.env_id!r}: {first_line}. Name a registered "
-                f"Gymnasium id (e.g. gymnasium:CartPole-v1) or module:id of your own"
+                f"Gymnasium cannot make {self.env_id!r} ({first_line.rstrip('.')}); name a "
+                f"registered Gymnasium id (e.g. gymnasium:CartPole-v1) or module:id of your own"
             ) from None
         try:
             self.observation_space = _gym_space_to_gymnax(probe.observation_space)
             self.action_space = _gym_space_to_gymnax(probe.action_space)
         except ValueError as error:
-            raise ValueError(f"{name} has {error}") from None
+            raise ValueError(
+                f"{name} has {error}; flatten it with a Gymnasium wrapper in a module of your "
+                f"own and name that (gymnasium:my_module:MyEnv-v0)"
+            ) from None
         finally:
             probe.close()
         self.max_episode_steps = int(probe.spec.max_episode_steps or 0) if probe.spec else 0

@@ -18,6 +18,10 @@ import pytest
 
 from tests.script_runs import tree_digest
 
+# Each case's time is bounded by its script's bare start time: run with nothing else on the
+# machine (the README's test command runs the `serial` tests after the parallel ones).
+pytestmark = pytest.mark.serial
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAINERS = (
     "ppo.py",
@@ -30,6 +34,7 @@ TRAINERS = (
     "ppo_lm.py",
     "online_dpo.py",
     "multiturn.py",
+    "mappo.py",
 )
 
 PROMPTS = "--config.task.train_jsonl=tests/fixtures/prompts/"
@@ -83,6 +88,17 @@ CASES = [
     ("ppo.py", "--config.activation=sigmoidal", "config.activation: unknown activation"),
     ("ppo.py", "--config.hidden_sizes=(0,64)", "config.hidden_sizes: every layer width"),
     ("ppo.py", "--config.env_name=CartPol-v1", "config.env_name: Unknown environment"),
+    # --- control breadth: host environments, HL-Gauss critics, multi-agent PPO
+    ("ppo.py", "--config.env_name=gymnasium:NoSuch-v0", "config.env_name: Gymnasium cannot make"),
+    ("ppo.py", "--config.env_name=gymnasium:Blackjack-v1", "config.env_name: gymnasium:Black"),
+    ("sac.py", "--config.env_name=gymnasium:Pendulum-v1", "config.env_name: 'gymnasium:Pendu"),
+    ("ppo.py", "--config.hl_gauss_bins=51 --config.clip_value=False", "config.hl_gauss_range:"),
+    ("ppo.py", "--config.hl_gauss_range=(0,100)", "config.hl_gauss_range: is set but"),
+    ("ppo.py", "--config.hl_gauss_bins=51 --config.hl_gauss_range=(0,100)", "config.clip_value:"),
+    ("sac.py", "--config.hl_gauss_bins=51 --config.hl_gauss_range=(5,1)", "config.hl_gauss_range"),
+    ("mappo.py", "--config.critic=shared", "config.critic: unknown critic 'shared'"),
+    ("mappo.py", "--config.env_name=jaxmarl:MPE_simple_tag_v3", "config.env_name: 'jaxmarl:MPE"),
+    ("mappo.py", "--config.num_minibatches=7", "config.num_minibatches: num_envs * rollout"),
     ("ppo.py", "--config.rollout_length=-5", "config.rollout_length: must be positive"),
     ("ppo.py", "--config.adam_eps=0", "config.adam_eps: must be positive"),
     ("ppo.py", "--config.eval_episodes=0", "config.eval_episodes: must be positive"),
