@@ -319,39 +319,24 @@ def make(config: Config) -> Algorithm:
             samples["critic_obs"] = critic_obs
         # Every agent's step is one sample: flatten [time, env, agent].
         samples = jax.tree.map(lambda x: x.reshape((config.batch_size,) + x.shape[3:]), samples)
-        flat_params, unravel = ravel_pytree(state.params)
-
-        def gradient_step(carry, minibatch):
-            flat_params, opt_state, step = carry
-            flat_loss = lambda p: loss_fn(unravel(p), minibatch, hp)  # noqa: E731
-            grads, metrics = jax.grad(flat_loss, has_aux=True)(flat_params)
-            fraction_left = 1.0 - step / total_gradient_steps
-            learning_rate = hp.learning_rate * (fraction_left if config.anneal_lr else 1.0)
-            optimizer = ppo.make_optimizer(hp, learning_rate, config.adam_eps)
-            updates, opt_state = optimizer.update(grads, opt_state, flat_params)
-            return (flat_params + updates, opt_state, step + 1), metrics
-
-        def epoch(carry, epoch_key):
-            permutation = jax.random.permutation(epoch_key, config.batch_size)
-            minibatches = jax.tree.map(
-                lambda x: x[permutation].reshape(
-                    (config.num_minibatches, config.minibatch_size) + x.shape[1:]
-                ),
-                samples,
-            )
-            return jax.lax.scan(gradient_step, carry, minibatches)
-
-        first_step = state.step * gradient_steps_per_update
-        (flat_params, opt_state, _), metrics = jax.lax.scan(
-            epoch,
-            (flat_params, state.opt_state, first_step.astype(jnp.float32)),
-            jax.random.split(shuffle_key, config.num_epochs),
+        params, opt_state, metrics = ppo.minibatch_epochs(
+            loss_fn,
+            samples,
+            state.params,
+            state.opt_state,
+            state.step * gradient_steps_per_update,
+            shuffle_key,
+            hp,
+            num_epochs=config.num_epochs,
+            num_minibatches=config.num_minibatches,
+            total_gradient_steps=total_gradient_steps,
+            anneal_lr=config.anneal_lr,
+            adam_eps=config.adam_eps,
         )
-        metrics = jax.tree.map(jnp.mean, metrics)
         stats = envs.find_state(env_state, envs.EpisodeStatisticsState)  # [env, agent]
         metrics["episode_return"] = stats.last_return.sum(axis=-1).mean()  # team, over envs
         metrics["episode_length"] = stats.last_length[..., 0].astype(jnp.float32).mean()
-        new_state = TrainState(unravel(flat_params), opt_state, env_state, obs, key, state.step + 1)
+        new_state = TrainState(params, opt_state, env_state, obs, key, state.step + 1)
         return new_state, metrics
 
     evaluate_returns = make_evaluate(config)

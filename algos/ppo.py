@@ -301,6 +301,59 @@ def make_optimizer(hp: HParams, learning_rate: jax.Array, adam_eps: float):
     )
 
 
+def minibatch_epochs(
+    loss_fn: Callable[[Params, dict[str, jax.Array], HParams], tuple[jax.Array, Metrics]],
+    samples: dict[str, jax.Array],
+    params: Params,
+    opt_state: optax.OptState,
+    first_step: jax.Array,
+    key: PRNGKey,
+    hp: HParams,
+    *,
+    num_epochs: int,
+    num_minibatches: int,
+    total_gradient_steps: int,
+    anneal_lr: bool,
+    adam_eps: float,
+) -> tuple[Params, optax.OptState, Metrics]:
+    """PPO's optimisation of one batch: `num_epochs` passes over `samples` (leading axis: the
+    samples) in `num_minibatches` shuffled minibatches, a gradient step of `loss_fn(params,
+    minibatch, hp) -> (loss, metrics)` on each. The learning rate decays linearly to zero over
+    `total_gradient_steps` when `anneal_lr` (`first_step`: gradient steps already taken).
+    Returns the parameters, the optimiser state and the metrics averaged over the steps."""
+    # The optimiser works on all parameters as one flat vector: Adam and the global-norm clip
+    # become a handful of large operations rather than a few per parameter array, which is
+    # what small networks spend their time on (about 10% of a CartPole run on a CPU).
+    flat_params, unravel = ravel_pytree(params)
+    batch_size = jax.tree.leaves(samples)[0].shape[0]
+    minibatch_size = batch_size // num_minibatches
+
+    def gradient_step(carry, minibatch):
+        flat_params, opt_state, step = carry
+        flat_loss = lambda p: loss_fn(unravel(p), minibatch, hp)  # noqa: E731
+        grads, metrics = jax.grad(flat_loss, has_aux=True)(flat_params)
+        fraction_left = 1.0 - step / total_gradient_steps
+        learning_rate = hp.learning_rate * (fraction_left if anneal_lr else 1.0)
+        optimizer = make_optimizer(hp, learning_rate, adam_eps)
+        updates, opt_state = optimizer.update(grads, opt_state, flat_params)
+        return (flat_params + updates, opt_state, step + 1), metrics
+
+    def epoch(carry, epoch_key):
+        permutation = jax.random.permutation(epoch_key, batch_size)
+        minibatches = jax.tree.map(
+            lambda x: x[permutation].reshape((num_minibatches, minibatch_size) + x.shape[1:]),
+            samples,
+        )
+        return jax.lax.scan(gradient_step, carry, minibatches)
+
+    (flat_params, opt_state, _), metrics = jax.lax.scan(
+        epoch,
+        (flat_params, opt_state, jnp.asarray(first_step).astype(jnp.float32)),
+        jax.random.split(key, num_epochs),
+    )
+    return unravel(flat_params), opt_state, jax.tree.map(jnp.mean, metrics)
+
+
 # --------------------------------------------------------------------------------------------
 # 4. The algorithm: init, update (rollout, advantages, epochs of minibatch steps), evaluate
 
@@ -395,39 +448,20 @@ def make(config: Config) -> Algorithm:
         }
         samples = jax.tree.map(lambda x: x.reshape((config.batch_size,) + x.shape[2:]), samples)
 
-        # The optimiser works on all parameters as one flat vector: Adam and the global-norm clip
-        # become a handful of large operations rather than a few per parameter array, which is
-        # what small networks spend their time on (about 10% of a CartPole run on a CPU).
-        flat_params, unravel = ravel_pytree(state.params)
-
-        def gradient_step(carry, minibatch):
-            flat_params, opt_state, step = carry
-            flat_loss = lambda p: loss_fn(unravel(p), minibatch, hp)
-            grads, metrics = jax.grad(flat_loss, has_aux=True)(flat_params)
-            fraction_left = 1.0 - step / total_gradient_steps
-            learning_rate = hp.learning_rate * (fraction_left if config.anneal_lr else 1.0)
-            optimizer = make_optimizer(hp, learning_rate, config.adam_eps)
-            updates, opt_state = optimizer.update(grads, opt_state, flat_params)
-            return (flat_params + updates, opt_state, step + 1), metrics
-
-        def epoch(carry, epoch_key):
-            permutation = jax.random.permutation(epoch_key, config.batch_size)
-            minibatches = jax.tree.map(
-                lambda x: x[permutation].reshape(
-                    (config.num_minibatches, config.minibatch_size) + x.shape[1:]
-                ),
-                samples,
-            )
-            return jax.lax.scan(gradient_step, carry, minibatches)
-
-        first_step = state.step * gradient_steps_per_update
-        (flat_params, opt_state, _), metrics = jax.lax.scan(
-            epoch,
-            (flat_params, state.opt_state, first_step.astype(jnp.float32)),
-            jax.random.split(shuffle_key, config.num_epochs),
+        params, opt_state, metrics = minibatch_epochs(
+            loss_fn,
+            samples,
+            state.params,
+            state.opt_state,
+            state.step * gradient_steps_per_update,
+            shuffle_key,
+            hp,
+            num_epochs=config.num_epochs,
+            num_minibatches=config.num_minibatches,
+            total_gradient_steps=total_gradient_steps,
+            anneal_lr=config.anneal_lr,
+            adam_eps=config.adam_eps,
         )
-        params = unravel(flat_params)
-        metrics = jax.tree.map(jnp.mean, metrics)
         stats = envs.find_state(env_state, envs.EpisodeStatisticsState)
         metrics["episode_return"] = stats.last_return.mean()
         metrics["episode_length"] = stats.last_length.astype(jnp.float32).mean()

@@ -35,26 +35,6 @@ PRESETS = {
         hl_gauss_range=(0.0, 100.0),
         clip_value=False,
     ),
-    # Pendulum's settings above; the normalised discounted returns (gamma 0.95) stay inside
-    # [-10, 2] in units of their running standard deviation.
-    "pendulum_hl_gauss": dict(
-        env_name="Pendulum-v1",
-        total_timesteps=2_000_000,
-        num_envs=32,
-        rollout_length=128,
-        num_epochs=10,
-        num_minibatches=16,
-        learning_rate=1e-3,
-        gamma=0.95,
-        gae_lambda=0.95,
-        ent_coef=0.0,
-        normalize_observations=True,
-        normalize_rewards=True,
-        hidden_sizes=(64, 64),
-        hl_gauss_bins=51,
-        hl_gauss_range=(-10.0, 2.0),
-        clip_value=False,
-    ),
     # MinAtar Breakout with an MLP on the flattened 10x10x4 image.
     "breakout": dict(
         env_name="Breakout-MinAtar",
@@ -69,6 +49,13 @@ PRESETS = {
         activation="relu",
     ),
 }
+
+
+# Pendulum's settings with an HL-Gauss critic; the normalised discounted returns (gamma 0.95)
+# stay inside [-10, 2] in units of their running standard deviation.
+PRESETS["pendulum_hl_gauss"] = dict(
+    PRESETS["pendulum"], hl_gauss_bins=51, hl_gauss_range=(-10.0, 2.0), clip_value=False
+)
 
 
 def get_config(preset: str = "cartpole") -> ml_collections.ConfigDict:
