@@ -127,8 +127,7 @@ class GymnasiumVectorEnv:
         return group, obs
 
     def _host_reset(self, key_data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        seed = int(np.asarray(key_data, np.uint32)[-1]) % 2**31
-        group, obs = self._new_group(seed)
+        group, obs = self._new_group(_seed_of(key_data))
         return np.int32(group), self._obs(obs)
 
     def _host_step(self, group: np.ndarray, action: np.ndarray, last_obs: np.ndarray, key_data):
@@ -136,8 +135,7 @@ class GymnasiumVectorEnv:
         if vector_env is None:
             # Restored from a checkpoint of another process: the simulators are gone. Start fresh
             # episodes and report the ones in flight as cut off at their last observation.
-            seed = int(np.asarray(key_data, np.uint32)[-1]) % 2**31
-            new_group, obs = self._new_group(seed)
+            new_group, obs = self._new_group(_seed_of(key_data))
             zeros = np.zeros(self.num_envs, np.float32)
             cut = np.ones(self.num_envs, bool)
             return (np.int32(new_group), self._obs(obs), zeros, ~cut, cut, last_obs)
@@ -214,3 +212,8 @@ def _key_data(key: jax.Array) -> jax.Array:
     if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
         return jax.random.key_data(key)
     return key
+
+
+def _seed_of(key_data: np.ndarray) -> int:
+    """The Gymnasium seed of a PRNG key's raw words: its last word, as a non-negative int."""
+    return int(np.asarray(key_data, np.uint32)[-1]) % 2**31

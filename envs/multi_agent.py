@@ -7,7 +7,7 @@ multi-agent environment is the single-agent interface with an agents axis in fro
     step(key, state, actions [num_agents]) -> StepResult(obs, state, reward [num_agents],
                                                          terminated [], truncated [], info)
 
-with `info["world_state"]`, what a centralised critic sees (MAPPO), and no auto-reset, so that the
+with `world_state(obs)`, what a centralised critic sees (MAPPO), and no auto-reset, so that the
 usual wrappers (`AutoReset`, `EpisodeStatistics` per agent, `Vectorize`) do what they do for one
 agent. Agents are homogeneous (one observation and one action space), which is what parameter
 sharing across agents (IPPO and MAPPO as JaxMARL runs them) needs.
@@ -34,11 +34,6 @@ PREFIX = "jaxmarl:"
 # The families whose episodes end only at their time limit: every end is a truncation (bootstrap),
 # not a termination. JaxMARL reports a `done` either way; which it is depends on the family.
 TIME_LIMIT_ONLY = ("MPE_simple_spread_v3", "MPE_simple_reference_v3", "MPE_simple_v3")
-
-
-def is_multi_agent_env(name: str) -> bool:
-    """Whether `name` names a JaxMARL environment (`jaxmarl:<id>`)."""
-    return name.startswith(PREFIX)
 
 
 def _import_jaxmarl() -> Any:

@@ -14,7 +14,6 @@ from typing import Any
 
 import gymnax
 
-from envs import host as _host
 from envs import mujoco as _mujoco
 from envs.core import GymnaxEnv, StepResult, Wrapper, action_dim, is_discrete
 from envs.host import GymnasiumVectorEnv, HostEnvState, is_host_env
@@ -53,7 +52,7 @@ def make(name: str, **env_params: Any) -> GymnaxEnv | MujocoEnv | GymnasiumVecto
     An unknown name raises a ValueError listing the closest registered names; a MuJoCo name without
     the `mujoco` extra installed raises an ImportError saying what to install.
     """
-    if _host.is_host_env(name):
+    if is_host_env(name):
         return GymnasiumVectorEnv(name, 1, **env_params)
     if name in _mujoco.ENVIRONMENTS:
         if not _mujoco.mjx_available():
@@ -84,13 +83,13 @@ def require_registered(name: str, field: str = "env_name") -> None:
     would succeed (what every algorithm's Config checks)."""
     if name in registered():
         return
-    if _host.is_host_env(name) and name in _known_host_envs:
+    if is_host_env(name) and name in _known_host_envs:
         return
     try:
         make(name)
     except (ValueError, ImportError) as error:
         raise ConfigError(f"{field}: {error}") from None
-    if _host.is_host_env(name):
+    if is_host_env(name):
         _known_host_envs.add(name)  # configs are validated often; make a Gymnasium env once
 
 
@@ -99,7 +98,7 @@ _known_host_envs: set[str] = set()
 
 def require_jax_env(name: str, algorithm: str, field: str = "env_name") -> None:
     """Raise a `ConfigError` if `name` is a host environment: `algorithm` needs a JAX one."""
-    if _host.is_host_env(name):
+    if is_host_env(name):
         raise ConfigError(
             f"{field}: {name!r} is a host (Gymnasium) environment, which {algorithm} cannot run "
             f"yet; use PPO (algos.ppo) for host environments, or a JAX environment from "
@@ -120,7 +119,7 @@ def make_vec(
     and optional observation / reward normalisation (`gamma`: the reward normaliser's initial
     discount; `with_reward_discount` sets a run's own on its state)."""
     env: Any
-    if _host.is_host_env(name):
+    if is_host_env(name):
         # Already batched and auto-resetting on the host: statistics count over the batch.
         env = GymnasiumVectorEnv(name, num_envs, **env_params)
         env = EpisodeStatistics(ClipAction(env), batch_shape=(num_envs,))
@@ -138,7 +137,7 @@ def make_eval(name: str, num_episodes: int) -> Any:
     """What `jaxrl.evaluation.evaluate_episodes` plays `num_episodes` fresh episodes of: a single
     JAX environment with clipped actions (the episodes are vmapped), or for a host environment a
     batch of `num_episodes` copies (`batched`), each of whose first episodes counts."""
-    if _host.is_host_env(name):
+    if is_host_env(name):
         return ClipAction(GymnasiumVectorEnv(name, num_episodes))
     return ClipAction(make(name))
 
