@@ -45,6 +45,7 @@ from jaxrl.config import (
 from jaxrl.hparams import HParams, hparams, static, swept
 from jaxrl.loop import Algorithm, zeros_step
 from jaxrl.nets import ACTIVATIONS, ActorCritic
+from jaxrl.prng import loop_keys
 from jaxrl.types import Metrics, PRNGKey
 
 CRITICS = ("independent", "centralised")
@@ -288,7 +289,7 @@ def make(config: Config) -> Algorithm:
     def update(state: TrainState, inputs: None, hp: HParams) -> tuple[TrainState, Metrics]:
         del inputs
         key, rollout_key, shuffle_key = jax.random.split(state.key, 3)
-        rollout_keys = jax.random.split(rollout_key, (config.rollout_length, 2))
+        rollout_keys = loop_keys(rollout_key, (config.rollout_length, 2))  # Philox: jaxrl.prng
         (_, env_state, obs), traj = jax.lax.scan(
             rollout_step, (state.params, state.env_state, state.obs), rollout_keys
         )

@@ -40,6 +40,7 @@ from jaxrl.hl_gauss import HLGauss, make_hl_gauss, validate_hl_gauss
 from jaxrl.hparams import HParams, hparams, static, swept
 from jaxrl.loop import Algorithm, zeros_step
 from jaxrl.nets import ACTIVATIONS, ActorCritic
+from jaxrl.prng import loop_keys
 from jaxrl.types import Metrics, Params, PRNGKey, Rollout
 
 # --------------------------------------------------------------------------------------------
@@ -349,7 +350,7 @@ def minibatch_epochs(
     (flat_params, opt_state, _), metrics = jax.lax.scan(
         epoch,
         (flat_params, opt_state, jnp.asarray(first_step).astype(jnp.float32)),
-        jax.random.split(key, num_epochs),
+        loop_keys(key, num_epochs),
     )
     return unravel(flat_params), opt_state, jax.tree.map(jnp.mean, metrics)
 
@@ -425,8 +426,9 @@ def make(config: Config) -> Algorithm:
     def update(state: TrainState, inputs: None, hp: HParams) -> tuple[TrainState, Metrics]:
         del inputs  # the environments run inside
         key, rollout_key, shuffle_key = jax.random.split(state.key, 3)
-        # All of the rollout's random keys in one batched call rather than a split per step.
-        rollout_keys = jax.random.split(rollout_key, (config.rollout_length, 2))
+        # All of the rollout's random keys in one batched call rather than a split per step, as
+        # Philox keys: each threefry draw inside the loop would be a nested loop (jaxrl.prng).
+        rollout_keys = loop_keys(rollout_key, (config.rollout_length, 2))
         (_, env_state, obs), traj = jax.lax.scan(
             rollout_step, (state.params, state.env_state, state.obs), rollout_keys
         )

@@ -47,6 +47,7 @@ from jaxrl.hl_gauss import HLGauss, make_hl_gauss, validate_hl_gauss
 from jaxrl.hparams import HParams, hparams, static, swept
 from jaxrl.loop import Algorithm, zeros_step
 from jaxrl.nets import ACTIVATIONS, QEnsemble, SquashedGaussianActor
+from jaxrl.prng import loop_keys
 from jaxrl.types import Metrics, Params, PRNGKey, Transition
 
 # --------------------------------------------------------------------------------------------
@@ -539,7 +540,10 @@ def make(config: Config) -> Algorithm:
 
     def update(state: TrainState, inputs: None, hp: HParams) -> tuple[TrainState, Metrics]:
         del inputs  # the environments run inside
-        key, action_key, step_key, learn_key = jax.random.split(state.key, 4)
+        # Philox keys for everything this step draws (jaxrl.prng); the run's own key stays a
+        # legacy uint32 key in the state, as every algorithm keeps it.
+        key, action_key, step_key, learn_key = loop_keys(state.key, 4)
+        key = jax.random.key_data(key)
         action = actor.dist(state.learner.actor_params, state.obs).sample(seed=action_key)
         state = env_step(state.replace(key=key), action, step_key)
 

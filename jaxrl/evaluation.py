@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from numpy.typing import ArrayLike
 
+from jaxrl.prng import loop_keys
 from jaxrl.types import PRNGKey
 
 
@@ -66,6 +67,8 @@ def evaluate_episodes(
         done = done | result.terminated | result.truncated
         return t + 1, result.obs, result.state, returns, done, key
 
+    # Philox keys inside the loop: a threefry split there is a nested loop (jaxrl.prng).
+    loop_key = loop_keys(loop_key)
     init = (0, obs, state, jnp.zeros(num_episodes), jnp.zeros(num_episodes, bool), loop_key)
     return jax.lax.while_loop(cond, body, init)[3]
 
