@@ -237,8 +237,6 @@ def make(config: Config) -> Algorithm:
     env = multi_agent.make_vec(config.env_name, config.num_envs)
     network = make_network(config)
     centralised = config.critic == "centralised"
-    gradient_steps_per_update = config.num_epochs * config.num_minibatches
-    total_gradient_steps = config.num_steps * gradient_steps_per_update
 
     critic_input = make_critic_input(config)
 
@@ -321,18 +319,7 @@ def make(config: Config) -> Algorithm:
         # Every agent's step is one sample: flatten [time, env, agent].
         samples = jax.tree.map(lambda x: x.reshape((config.batch_size,) + x.shape[3:]), samples)
         params, opt_state, metrics = ppo.minibatch_epochs(
-            loss_fn,
-            samples,
-            state.params,
-            state.opt_state,
-            state.step * gradient_steps_per_update,
-            shuffle_key,
-            hp,
-            num_epochs=config.num_epochs,
-            num_minibatches=config.num_minibatches,
-            total_gradient_steps=total_gradient_steps,
-            anneal_lr=config.anneal_lr,
-            adam_eps=config.adam_eps,
+            loss_fn, samples, state.params, state.opt_state, state.step, shuffle_key, hp, config
         )
         stats = envs.find_state(env_state, envs.EpisodeStatisticsState)  # [env, agent]
         metrics["episode_return"] = stats.last_return.sum(axis=-1).mean()  # team, over envs

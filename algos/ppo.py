@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -302,26 +302,38 @@ def make_optimizer(hp: HParams, learning_rate: jax.Array, adam_eps: float):
     )
 
 
+class EpochSettings(Protocol):
+    """What `minibatch_epochs` reads from an algorithm's config (PPO's and MAPPO's have it)."""
+
+    num_epochs: int
+    num_minibatches: int
+    anneal_lr: bool
+    adam_eps: float
+
+    @property
+    def num_steps(self) -> int: ...  # updates in a run
+
+
 def minibatch_epochs(
     loss_fn: Callable[[Params, dict[str, jax.Array], HParams], tuple[jax.Array, Metrics]],
     samples: dict[str, jax.Array],
     params: Params,
     opt_state: optax.OptState,
-    first_step: jax.Array,
+    updates_done: jax.Array,
     key: PRNGKey,
     hp: HParams,
-    *,
-    num_epochs: int,
-    num_minibatches: int,
-    total_gradient_steps: int,
-    anneal_lr: bool,
-    adam_eps: float,
+    config: EpochSettings,
 ) -> tuple[Params, optax.OptState, Metrics]:
-    """PPO's optimisation of one batch: `num_epochs` passes over `samples` (leading axis: the
-    samples) in `num_minibatches` shuffled minibatches, a gradient step of `loss_fn(params,
-    minibatch, hp) -> (loss, metrics)` on each. The learning rate decays linearly to zero over
-    `total_gradient_steps` when `anneal_lr` (`first_step`: gradient steps already taken).
-    Returns the parameters, the optimiser state and the metrics averaged over the steps."""
+    """PPO's optimisation of one batch: `config.num_epochs` passes over `samples` (leading axis:
+    the samples) in `config.num_minibatches` shuffled minibatches, a gradient step of
+    `loss_fn(params, minibatch, hp) -> (loss, metrics)` on each. With `config.anneal_lr` the
+    learning rate decays linearly to zero over the run's gradient steps (`updates_done`: updates
+    before this one). Returns the parameters, the optimiser state and the metrics averaged over
+    the steps."""
+    num_epochs, num_minibatches = config.num_epochs, config.num_minibatches
+    gradient_steps_per_update = num_epochs * num_minibatches
+    total_gradient_steps = config.num_steps * gradient_steps_per_update
+    first_step = updates_done * gradient_steps_per_update
     # The optimiser works on all parameters as one flat vector: Adam and the global-norm clip
     # become a handful of large operations rather than a few per parameter array, which is
     # what small networks spend their time on (about 10% of a CartPole run on a CPU).
@@ -334,8 +346,8 @@ def minibatch_epochs(
         flat_loss = lambda p: loss_fn(unravel(p), minibatch, hp)  # noqa: E731
         grads, metrics = jax.grad(flat_loss, has_aux=True)(flat_params)
         fraction_left = 1.0 - step / total_gradient_steps
-        learning_rate = hp.learning_rate * (fraction_left if anneal_lr else 1.0)
-        optimizer = make_optimizer(hp, learning_rate, adam_eps)
+        learning_rate = hp.learning_rate * (fraction_left if config.anneal_lr else 1.0)
+        optimizer = make_optimizer(hp, learning_rate, config.adam_eps)
         updates, opt_state = optimizer.update(grads, opt_state, flat_params)
         return (flat_params + updates, opt_state, step + 1), metrics
 
@@ -374,9 +386,6 @@ def make(config: Config) -> Algorithm:
     def value_of(critic_output: jax.Array) -> jax.Array:
         """The critic's value: its output, or the expectation of its bins when it classifies."""
         return critic_output if hl_gauss is None else hl_gauss.value(critic_output)
-
-    gradient_steps_per_update = config.num_epochs * config.num_minibatches
-    total_gradient_steps = config.num_steps * gradient_steps_per_update
 
     def init(key: PRNGKey, hp: HParams) -> TrainState:
         key, params_key, env_key = jax.random.split(key, 3)
@@ -451,18 +460,7 @@ def make(config: Config) -> Algorithm:
         samples = jax.tree.map(lambda x: x.reshape((config.batch_size,) + x.shape[2:]), samples)
 
         params, opt_state, metrics = minibatch_epochs(
-            loss_fn,
-            samples,
-            state.params,
-            state.opt_state,
-            state.step * gradient_steps_per_update,
-            shuffle_key,
-            hp,
-            num_epochs=config.num_epochs,
-            num_minibatches=config.num_minibatches,
-            total_gradient_steps=total_gradient_steps,
-            anneal_lr=config.anneal_lr,
-            adam_eps=config.adam_eps,
+            loss_fn, samples, state.params, state.opt_state, state.step, shuffle_key, hp, config
         )
         stats = envs.find_state(env_state, envs.EpisodeStatisticsState)
         metrics["episode_return"] = stats.last_return.mean()
