@@ -79,6 +79,10 @@ class Config:
     hidden_sizes: tuple[int, ...] = (64, 64)
     activation: str = "tanh"
     adam_eps: float = 1e-5
+    # Environments with a shaping reward apart from their task reward (Overcooked): the learner
+    # adds it with a weight falling linearly from 1 to 0 over this many environment steps, as
+    # JaxMARL's IPPO does (REW_SHAPING_HORIZON); 0 learns from the task reward alone.
+    reward_shaping_horizon: int = 0
     eval_episodes: int = 32
 
     def __post_init__(self) -> None:
@@ -98,7 +102,7 @@ class Config:
         )
         require_in_range(self, "gamma", 0.0, 1.0)
         require_in_range(self, "gae_lambda", 0.0, 1.0)
-        require_non_negative(self, "ent_coef", "vf_coef")
+        require_non_negative(self, "ent_coef", "vf_coef", "reward_shaping_horizon")
         require(
             self.critic in CRITICS,
             "critic",
@@ -122,6 +126,12 @@ class Config:
             "env_name",
             f"{self.env_name!r} is not a multi-agent environment jaxrl runs",
             f"choose one of {multi_agent.registered()}",
+        )
+        require(
+            self.reward_shaping_horizon == 0 or multi_agent.has_shaped_reward(self.env_name),
+            "reward_shaping_horizon",
+            f"{self.env_name!r} has no shaping reward, so the horizon would be ignored",
+            "set reward_shaping_horizon=0, or choose a jaxmarl:overcooked_* environment",
         )
         require_step_count(self, "total_timesteps")
         steps_per_update = self.num_envs * self.rollout_length
@@ -239,6 +249,11 @@ def make(config: Config) -> Algorithm:
     centralised = config.critic == "centralised"
 
     critic_input = make_critic_input(config)
+    shaped = config.reward_shaping_horizon > 0
+
+    def shaping_weight(updates_done: jax.Array) -> jax.Array:
+        env_steps = updates_done.astype(jnp.float32) * config.env_steps_per_update
+        return jnp.maximum(0.0, 1.0 - env_steps / max(config.reward_shaping_horizon, 1))
 
     def init(key: PRNGKey, hp: HParams) -> TrainState:
         key, params_key, env_key = jax.random.split(key, 3)
@@ -249,23 +264,26 @@ def make(config: Config) -> Algorithm:
         return TrainState(params, opt_state, env_state, obs, key, zeros_step())
 
     def rollout_step(carry, keys):
-        params, env_state, obs = carry
+        params, env_state, obs, reward_shaping = carry
         action_key, step_key = keys
         dist, _ = network.apply(params, obs, critic_input(obs))
         action, log_prob = dist.sample_and_log_prob(seed=action_key)
         result = env.step(step_key, env_state, action)
+        reward = result.reward
+        if shaped:  # learn from the shaping reward too; returns still count the task reward
+            reward = reward + reward_shaping * result.info["shaped_reward"]
         # The episode's end is the environment's; every agent's sample carries it.
         per_agent = lambda flag: jnp.broadcast_to(flag[:, None], action.shape)  # noqa: E731
         transition = {
             "obs": obs,
             "action": action,
-            "reward": result.reward,
+            "reward": reward,
             "terminated": per_agent(result.terminated),
             "done": per_agent(jnp.logical_or(result.terminated, result.truncated)),
             "log_prob": log_prob,
             "next_obs": result.info["final_obs"],
         }
-        return (params, result.state, result.obs), transition
+        return (params, result.state, result.obs, reward_shaping), transition
 
     def loss_fn(params, batch, hp):
         dist, value = network.apply(params, batch["obs"], batch.get("critic_obs"))
@@ -288,8 +306,11 @@ def make(config: Config) -> Algorithm:
         del inputs
         key, rollout_key, shuffle_key = jax.random.split(state.key, 3)
         rollout_keys = loop_keys(rollout_key, (config.rollout_length, 2))  # Philox: jaxrl.prng
-        (_, env_state, obs), traj = jax.lax.scan(
-            rollout_step, (state.params, state.env_state, state.obs), rollout_keys
+        reward_shaping = shaping_weight(state.step)
+        (_, env_state, obs, _), traj = jax.lax.scan(
+            rollout_step,
+            (state.params, state.env_state, state.obs, reward_shaping),
+            rollout_keys,
         )
         # [time, env, agent] throughout; GAE runs over time for every (env, agent) at once.
         critic_obs = critic_input(traj["obs"])
@@ -324,6 +345,8 @@ def make(config: Config) -> Algorithm:
         stats = envs.find_state(env_state, envs.EpisodeStatisticsState)  # [env, agent]
         metrics["episode_return"] = stats.last_return.sum(axis=-1).mean()  # team, over envs
         metrics["episode_length"] = stats.last_length[..., 0].astype(jnp.float32).mean()
+        if shaped:
+            metrics["reward_shaping_weight"] = reward_shaping
         new_state = TrainState(params, opt_state, env_state, obs, key, state.step + 1)
         return new_state, metrics
 
