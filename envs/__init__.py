@@ -4,6 +4,7 @@ env = envs.make("CartPole-v1")                      # single env, no auto-reset
 venv = envs.make_vec("CartPole-v1", num_envs=64)     # auto-reset, stats, vectorised
 env = envs.make("HalfCheetah-v5")                   # MuJoCo via MJX: pip install "jaxrl[mujoco]"
 venv = envs.make_vec("gymnasium:CartPole-v1", 8)    # Gymnasium on the host, through io_callback
+venv = envs.make_vec("envpool:Pong-v5", 8)           # EnvPool's C++ pool, the same way
 
 The names below live in `envs.registry`, imported when one is first used: gymnax imports
 seaborn, scipy and pandas, seconds at every start, and the language-model side (`envs.text`)
@@ -23,6 +24,7 @@ __all__ = [
     "ClipAction",
     "EpisodeStatistics",
     "EpisodeStatisticsState",
+    "EnvPoolVectorEnv",
     "GymnasiumVectorEnv",
     "GymnaxEnv",
     "HostEnvState",

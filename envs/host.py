@@ -6,6 +6,15 @@ program while the simulator is ordinary Python (or C++ behind Python). Name such
 `gymnasium:<id>`, e.g. `gymnasium:CartPole-v1`, or `gymnasium:my_package.envs:MyEnv-v0` for one your
 own module registers (Gymnasium imports the module first).
 
+`EnvPoolVectorEnv` does the same for EnvPool's C++ environments (`envpool:<task>`, e.g.
+`envpool:Pong-v5` or `envpool:CartPole-v1`; `envpool.list_all_envs()` names them), stepping its
+batched pool in one call. EnvPool also has an XLA interface (custom calls, no callback), but it
+resets an environment only in the step *after* its episode ends, ignoring that step's action, so
+every learner would need masked reset transitions, and its handle is a process-local pointer that a
+checkpoint cannot carry. Through the callback the pool resets the ended environments at once
+(`reset(env_id)`), which keeps the same-step auto-reset every learner here is written for; the
+callback's cost is small beside an Atari step (README, Host environments).
+
 What the compiled program holds of it is a handle (`HostEnvState.group`: which set of host
 environments) and the last observations. The simulators' own state lives on the host, outside
 checkpoints: a run restored from a checkpoint in a new process finds its group gone, so the first
@@ -20,9 +29,13 @@ training stack (episode statistics, normalisation) is the usual wrappers over th
 
 from __future__ import annotations
 
+import contextlib
+import difflib
 import itertools
 import random
 import threading
+import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -36,11 +49,20 @@ from envs.core import StepResult
 from jaxrl import host
 
 PREFIX = "gymnasium:"
+ENVPOOL_PREFIX = "envpool:"
 
 
 def is_host_env(name: str) -> bool:
-    """Whether `name` names a host environment (`gymnasium:<id>`) rather than a JAX one."""
-    return name.startswith(PREFIX)
+    """Whether `name` names a host environment (`gymnasium:<id>` or `envpool:<task>`) rather than a
+    JAX one."""
+    return name.startswith((PREFIX, ENVPOOL_PREFIX))
+
+
+def make_host_env(name: str, num_envs: int, **make_kwargs: Any) -> GymnasiumVectorEnv:
+    """`num_envs` host environments of `name` (Gymnasium's or EnvPool's, by the prefix)."""
+    if name.startswith(ENVPOOL_PREFIX):
+        return EnvPoolVectorEnv(name, num_envs, **make_kwargs)
+    return GymnasiumVectorEnv(name, num_envs, **make_kwargs)
 
 
 @struct.dataclass
@@ -140,11 +162,7 @@ class GymnasiumVectorEnv:
             cut = np.ones(self.num_envs, bool)
             return (np.int32(new_group), self._obs(obs), zeros, ~cut, cut, last_obs)
         action = np.asarray(action).astype(self._action_dtype)
-        obs, reward, terminated, truncated, info = vector_env.step(action)
-        final_obs = np.array(obs, copy=True)
-        if "_final_obs" in info:
-            for i in np.flatnonzero(info["_final_obs"]):
-                final_obs[i] = info["final_obs"][i]
+        obs, reward, terminated, truncated, final_obs = self._step_group(vector_env, action)
         terminated = np.asarray(terminated, bool)
         # A time limit that coincides with a true terminal is a termination: no bootstrap.
         truncated = np.asarray(truncated, bool) & ~terminated
@@ -156,6 +174,16 @@ class GymnasiumVectorEnv:
             truncated,
             self._obs(final_obs),
         )
+
+    def _step_group(self, vector_env: Any, action: np.ndarray) -> tuple:
+        """One step of a group with same-step auto-reset: (obs, reward, terminated, truncated,
+        final_obs), `obs` already the first of a new episode where one ended."""
+        obs, reward, terminated, truncated, info = vector_env.step(action)
+        final_obs = np.array(obs, copy=True)
+        if "_final_obs" in info:
+            for i in np.flatnonzero(info["_final_obs"]):
+                final_obs[i] = info["final_obs"][i]
+        return obs, reward, terminated, truncated, final_obs
 
     def _obs(self, obs: Any) -> np.ndarray:
         return np.asarray(obs, self._obs_dtype).reshape(self._obs_shape)
@@ -205,6 +233,80 @@ class GymnasiumVectorEnv:
 
     def __repr__(self) -> str:
         return f"GymnasiumVectorEnv({self.name!r}, num_envs={self.num_envs})"
+
+
+class EnvPoolVectorEnv(GymnasiumVectorEnv):
+    """`num_envs` EnvPool environments (one C++ pool) on the host, with the same interface and
+    resume semantics as `GymnasiumVectorEnv`. Keyword arguments are EnvPool's `make` options
+    (e.g. `episodic_life=True` for Atari)."""
+
+    def __init__(self, name: str, num_envs: int, **make_kwargs: Any):
+        import envpool
+
+        self.name = name
+        self.env_id = name.removeprefix(ENVPOOL_PREFIX)
+        self.num_envs = int(num_envs)
+        self._make_kwargs = make_kwargs
+        if self.env_id not in envpool.list_all_envs():
+            close = difflib.get_close_matches(self.env_id, envpool.list_all_envs(), n=3)
+            hint = f" (did you mean {', '.join(close)}?)" if close else ""
+            raise ValueError(
+                f"EnvPool has no task {self.env_id!r}{hint}; name one of envpool.list_all_envs(), "
+                f"e.g. envpool:Pong-v5"
+            )
+        with _float64_bounds_quiet():
+            probe = self._make(num_envs=1, seed=0)
+            try:
+                self.observation_space = _gym_space_to_gymnax(probe.observation_space)
+                self.action_space = _gym_space_to_gymnax(probe.action_space)
+            except ValueError as error:
+                raise ValueError(f"{name} has {error}") from None
+            finally:
+                probe.close()
+            self._obs_dtype = np.dtype(probe.observation_space.dtype)
+            self._action_dtype = np.dtype(probe.action_space.dtype)
+        self.max_episode_steps = int(probe.spec.config.max_episode_steps)
+
+    def _make(self, num_envs: int, seed: int) -> Any:
+        import envpool
+
+        with _float64_bounds_quiet():
+            pool = envpool.make_gymnasium(
+                self.env_id, num_envs=num_envs, seed=seed, **self._make_kwargs
+            )
+            pool.observation_space  # noqa: B018  built (and cached) on first use, quietly here
+        return pool
+
+    def _new_group(self, seed: int) -> tuple[int, np.ndarray]:
+        pool = self._make(num_envs=self.num_envs, seed=seed)
+        obs, _ = pool.reset()
+        with _groups_lock:
+            group = next(_group_ids)
+            _groups[group] = pool
+        return group, obs
+
+    def _step_group(self, pool: Any, action: np.ndarray) -> tuple:
+        # EnvPool would reset an ended environment in its next step; resetting the ended ones now
+        # gives the same-step auto-reset (and the next step is an ordinary step).
+        obs, reward, terminated, truncated, _ = pool.step(action)
+        final_obs = obs
+        ended = np.flatnonzero(np.logical_or(terminated, truncated))
+        if ended.size:
+            obs = np.array(obs, copy=True)
+            first_obs, info = pool.reset(ended.astype(np.int32))
+            obs[np.asarray(info["env_id"])] = first_obs
+        return obs, reward, terminated, truncated, final_obs
+
+    def __repr__(self) -> str:
+        return f"EnvPoolVectorEnv({self.name!r}, num_envs={self.num_envs})"
+
+
+@contextlib.contextmanager
+def _float64_bounds_quiet() -> Iterator[None]:
+    """EnvPool builds its spaces from float64 bounds, which Gymnasium warns it casts to float32."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", ".*precision lowered", UserWarning)
+        yield
 
 
 def _key_data(key: jax.Array) -> jax.Array:

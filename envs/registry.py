@@ -16,7 +16,13 @@ import gymnax
 
 from envs import mujoco as _mujoco
 from envs.core import GymnaxEnv, StepResult, Wrapper, action_dim, is_discrete
-from envs.host import GymnasiumVectorEnv, HostEnvState, is_host_env
+from envs.host import (
+    EnvPoolVectorEnv,
+    GymnasiumVectorEnv,
+    HostEnvState,
+    is_host_env,
+    make_host_env,
+)
 from envs.mujoco import HalfCheetah, Hopper, MujocoEnv, MujocoState
 from envs.wrappers import (
     AutoReset,
@@ -53,7 +59,7 @@ def make(name: str, **env_params: Any) -> GymnaxEnv | MujocoEnv | GymnasiumVecto
     the `mujoco` extra installed raises an ImportError saying what to install.
     """
     if is_host_env(name):
-        return GymnasiumVectorEnv(name, 1, **env_params)
+        return make_host_env(name, 1, **env_params)
     if name in _mujoco.ENVIRONMENTS:
         if not _mujoco.mjx_available():
             raise ImportError(f"{name} is simulated with MJX. {_mujoco.INSTALL_HINT}")
@@ -100,8 +106,8 @@ def require_jax_env(name: str, algorithm: str, field: str = "env_name") -> None:
     """Raise a `ConfigError` if `name` is a host environment: `algorithm` needs a JAX one."""
     if is_host_env(name):
         raise ConfigError(
-            f"{field}: {name!r} is a host (Gymnasium) environment, which {algorithm} cannot run "
-            f"yet; use PPO (algos.ppo) for host environments, or a JAX environment from "
+            f"{field}: {name!r} is a host (Gymnasium or EnvPool) environment, which {algorithm} "
+            f"cannot run yet; use PPO (algos.ppo) for host environments, or a JAX environment from "
             f"envs.registered()"
         )
 
@@ -121,7 +127,7 @@ def make_vec(
     env: Any
     if is_host_env(name):
         # Already batched and auto-resetting on the host: statistics count over the batch.
-        env = GymnasiumVectorEnv(name, num_envs, **env_params)
+        env = make_host_env(name, num_envs, **env_params)
         env = EpisodeStatistics(ClipAction(env), batch_shape=(num_envs,))
     else:
         env = EpisodeStatistics(AutoReset(ClipAction(make(name, **env_params))))
@@ -138,7 +144,7 @@ def make_eval(name: str, num_episodes: int) -> Any:
     JAX environment with clipped actions (the episodes are vmapped), or for a host environment a
     batch of `num_episodes` copies (`batched`), each of whose first episodes counts."""
     if is_host_env(name):
-        return ClipAction(GymnasiumVectorEnv(name, num_episodes))
+        return ClipAction(make_host_env(name, num_episodes))
     return ClipAction(make(name))
 
 
@@ -147,6 +153,7 @@ __all__ = [
     "ClipAction",
     "EpisodeStatistics",
     "EpisodeStatisticsState",
+    "EnvPoolVectorEnv",
     "GymnasiumVectorEnv",
     "GymnaxEnv",
     "HostEnvState",

@@ -1,7 +1,10 @@
-"""Gymnasium environments on the host inside the compiled loop (`envs.host`): the adapter equals
-stepping Gymnasium by hand, keeps termination and truncation apart, cuts the episodes in flight
-when a checkpoint is restored in a new process, refuses what it cannot run, and PPO learns
-CartPole through it."""
+"""Gymnasium and EnvPool environments on the host inside the compiled loop (`envs.host`): the
+adapter equals stepping Gymnasium (and EnvPool, until an episode ends) by hand, keeps termination
+and truncation apart, resets EnvPool in the same step, cuts the episodes in flight when a
+checkpoint is restored in a new process, refuses what it cannot run, and PPO learns CartPole
+through both."""
+
+import warnings
 
 import gymnasium
 import jax
@@ -97,6 +100,8 @@ def test_seeds_vmap_into_separate_groups():
         (ppo.Config, dict(env_name="gymnasium:NoSuchEnv-v0"), "Gymnasium cannot make"),
         (ppo.Config, dict(env_name="gymnasium:Blackjack-v1"), "Tuple space"),
         (sac.Config, dict(env_name="gymnasium:Pendulum-v1"), "use PPO"),
+        (ppo.Config, dict(env_name="envpool:NoSuchTask-v0"), "EnvPool has no task"),
+        (sac.Config, dict(env_name="envpool:Pendulum-v1"), "use PPO"),
     ],
 )
 def test_what_it_cannot_run_is_a_config_error(make, kwargs, problem):
@@ -112,5 +117,67 @@ def test_ppo_learns_gymnasium_cartpole():
     program, learns with PPO's default settings to the 475 threshold."""
     config = ppo.Config(env_name="gymnasium:CartPole-v1", eval_episodes=16)
     assert isinstance(envs.make_vec(config.env_name, 4).env.env, host.GymnasiumVectorEnv)
+    _, metrics = jax.jit(ppo.make_train(config))(jax.random.key(0))
+    assert float(metrics["eval_return"]) >= 475, metrics["eval_return"]
+
+
+# EnvPool's C++ pool through the same host adapter (`envpool:<task>`).
+
+
+def test_envpool_resets_in_the_same_step_and_keeps_its_time_limit():
+    """EnvPool on its own would reset an ended environment one step later, ignoring that step's
+    action. Through the adapter: until an episode ends the observations are the pool's own; the
+    step an episode ends returns the fresh first observation with the true last one in
+    `final_obs`; and every truncated episode lasts exactly the 20-step limit from its reset (a
+    hidden extra reset step would make it 21)."""
+    import envpool
+
+    num_envs, steps = 3, 80
+    env = host.EnvPoolVectorEnv("envpool:CartPole-v1", num_envs, max_episode_steps=20)
+    assert env.max_episode_steps == 20 and env.action_space.n == 2
+    actions = np.random.default_rng(0).integers(0, 2, (steps, num_envs))
+    key = jax.random.key(5)
+    first_obs, (obs, reward, terminated, truncated, final_obs) = rollout(env, actions, key)
+    obs, final_obs = np.asarray(obs), np.asarray(final_obs)
+    terminated, truncated = np.asarray(terminated), np.asarray(truncated)
+    ended = terminated | truncated
+
+    seed = int(np.asarray(jax.random.key_data(key))[-1]) % 2**31
+    with warnings.catch_warnings():  # EnvPool's float64 Box bounds
+        warnings.simplefilter("ignore", UserWarning)
+        pool = envpool.make_gymnasium(
+            "CartPole-v1", num_envs=num_envs, seed=seed, max_episode_steps=20
+        )
+        expected, _ = pool.reset()
+    np.testing.assert_array_equal(np.asarray(first_obs), expected)
+    first_end = int(np.argmax(ended.any(axis=1)))
+    for t in range(first_end + 1):
+        o, r, term, trunc, _ = pool.step(actions[t])
+        np.testing.assert_array_equal(final_obs[t], o)
+        np.testing.assert_array_equal(np.asarray(reward[t]), r)
+        np.testing.assert_array_equal(terminated[t], term)
+
+    fresh = np.abs(obs[ended]) <= 0.05  # CartPole starts uniformly in [-0.05, 0.05]
+    assert fresh.all()
+    assert not np.array_equal(obs[ended], final_obs[ended])
+    pole_fell = np.abs(final_obs[terminated][:, 2]) > 0.2094
+    cart_left = np.abs(final_obs[terminated][:, 0]) > 2.4
+    assert (pole_fell | cart_left).all()
+    np.testing.assert_array_equal(np.asarray(reward), 1.0)
+    lengths = {"terminated": [], "truncated": []}
+    for i in range(num_envs):
+        start = 0
+        for t in np.flatnonzero(ended[:, i]):
+            lengths["terminated" if terminated[t, i] else "truncated"].append(t + 1 - start)
+            start = t + 1
+    assert lengths["truncated"] and set(lengths["truncated"]) == {20}, lengths
+    assert lengths["terminated"] and max(lengths["terminated"]) < 20, lengths
+
+
+def test_ppo_learns_envpool_cartpole():
+    """PPO's default settings reach the 475 threshold on EnvPool's CartPole, stepped on the host
+    from inside the compiled program."""
+    config = ppo.Config(env_name="envpool:CartPole-v1", eval_episodes=16)
+    assert isinstance(envs.make_vec(config.env_name, 4).env.env, host.EnvPoolVectorEnv)
     _, metrics = jax.jit(ppo.make_train(config))(jax.random.key(0))
     assert float(metrics["eval_return"]) >= 475, metrics["eval_return"]

@@ -1,7 +1,8 @@
-"""Environment steps per second of a host (Gymnasium) environment inside the compiled loop, against
-the same task written in JAX (gymnax's CartPole), side by side in one run.
+"""Environment steps per second of host environments (Gymnasium's and EnvPool's) inside the compiled
+loop, against the same task written in JAX (gymnax's CartPole), side by side in one run.
 
     python experiments/benchmarks/host_env_throughput.py --num_envs 4,16,64 --out host_env.json
+    python experiments/benchmarks/host_env_throughput.py --envs envpool:Pong-v5 --num_envs 8
 
 Two measurements per row, each the best of `--repeats` timed calls after a compiled warm-up:
   - `rollout`: a scan of `--steps` steps of uniformly random actions (the environment alone);
@@ -83,6 +84,11 @@ def measure(env_name: str, num_envs: int, steps: int, updates: int, repeats: int
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num_envs", default="4,16,64")
+    parser.add_argument(
+        "--envs",
+        default="CartPole-v1,gymnasium:CartPole-v1,envpool:CartPole-v1",
+        help="comma-separated environment names; host CartPoles are compared with CartPole-v1",
+    )
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--updates", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=3)
@@ -90,14 +96,15 @@ def main() -> None:
     args = parser.parse_args()
     rows = []
     for num_envs in [int(n) for n in args.num_envs.split(",")]:
-        for env_name in ("CartPole-v1", "gymnasium:CartPole-v1"):
+        for env_name in args.envs.split(","):
             rows.append(measure(env_name, num_envs, args.steps, args.updates, args.repeats))
             print(json.dumps(rows[-1]), flush=True)
     for row in rows:
-        if row["env"].startswith("gymnasium:"):
-            jax_row = next(
-                r for r in rows if r["env"] == "CartPole-v1" and r["num_envs"] == row["num_envs"]
-            )
+        same_task = [
+            r for r in rows if r["env"] == "CartPole-v1" and r["num_envs"] == row["num_envs"]
+        ]
+        if row["env"].endswith(":CartPole-v1") and same_task:
+            jax_row = same_task[0]
             for key in ("rollout_env_steps_per_second", "ppo_env_steps_per_second"):
                 row[key.replace("env_steps_per_second", "vs_jax")] = round(
                     row[key] / jax_row[key], 3
