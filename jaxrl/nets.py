@@ -25,8 +25,28 @@ ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
 
 
 def orthogonal(scale: float) -> nn.initializers.Initializer:
-    """Flax's orthogonal weight initialiser with gain `scale`."""
-    return nn.initializers.orthogonal(scale)
+    """Flax's orthogonal weight initialiser with gain `scale`, computed one matrix at a time when
+    vmapped (over seeds, say): the same values, but never a batched QR factorisation. jaxlib's
+    batched LAPACK kernels hand the batch to the CPU thread pool and block until it is done, and
+    with XLA's concurrency-optimised scheduler running other work on that pool the wait can
+    deadlock (jaxlib 0.10.2, seen as a vmapped PPO run idling forever)."""
+    flax_init = nn.initializers.orthogonal(scale)
+
+    def init(key: jax.Array, shape: Sequence[int], dtype: jnp.dtype = jnp.float32) -> jax.Array:
+        @jax.custom_batching.custom_vmap
+        def one(key: jax.Array) -> jax.Array:
+            return flax_init(key, shape, dtype)
+
+        @one.def_vmap
+        def one_at_a_time(axis_size: int, in_batched: list[bool], key: jax.Array):
+            del axis_size
+            if not in_batched[0]:
+                return one(key), False
+            return jax.lax.map(one, key), True
+
+        return one(key)
+
+    return init
 
 
 class MLP(nn.Module):

@@ -34,7 +34,7 @@ PEER_DIR = REPO_ROOT.parent / "shared" / "peers"
 # compile time, so that a worker killed later still reports it.
 MARKER = "RESULT_JSON "
 COMPILED_MARKER = "COMPILED_JSON "
-# XLA_FLAGS as the user set them, before importing jaxrl added its CPU workaround: what peers get.
+# XLA_FLAGS as the user set them: what every side gets.
 USER_XLA_FLAGS = os.environ.get("XLA_FLAGS", "")
 
 # The model every LM peer script builds (README of the peers folder); fixed on both sides.
@@ -207,13 +207,6 @@ def peak_rss_mib() -> float:
 def cpu_seconds() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
-
-
-def jaxrl_xla_flags() -> str:
-    """XLA_FLAGS as importing jaxrl sets them: the user's plus its CPU runtime workaround."""
-    from jaxrl import with_cpu_workarounds
-
-    return with_cpu_workarounds(USER_XLA_FLAGS)
 
 
 # --------------------------------------------------------------------------------------------
@@ -509,7 +502,7 @@ def run_benchmark(workload: Workload, args: argparse.Namespace) -> None:
         print(workload.note(args))
     if args.out:
         report = {
-            "settings": {**workload.settings, **vars(args), "xla_flags_ours": jaxrl_xla_flags()},
+            "settings": {**workload.settings, **vars(args), "xla_flags": USER_XLA_FLAGS},
             "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count()},
             "missing_peers": missing,
             "peak_flops_per_s": peak,
@@ -574,19 +567,9 @@ def main(workload: Workload, argv: list[str] | None = None) -> None:
 # Peers shared by several drivers
 
 
-def add_rejax_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--rejax_xla_flags",
-        choices=("default", "ours"),
-        default="default",
-        help="'default': rejax runs with XLA's default CPU flags, as its users run it; 'ours': "
-        "with the flags importing jaxrl sets",
-    )
-
-
-def rejax_env(args: argparse.Namespace) -> dict[str, str]:
-    flags = USER_XLA_FLAGS if args.rejax_xla_flags == "default" else jaxrl_xla_flags()
-    return {"XLA_FLAGS": flags}
+def rejax_env() -> dict[str, str]:
+    """rejax's environment variables: the user's XLA_FLAGS, as ours get."""
+    return {"XLA_FLAGS": USER_XLA_FLAGS}
 
 
 def rejax_without_eval(algo: Any, evaluate: bool) -> Any:

@@ -101,7 +101,7 @@ def variants(args: argparse.Namespace) -> list[harness.Variant]:
                 group = f"{env} envs={num_envs} seeds={seeds} updates={updates}"
                 rows.append(harness.Variant(group, "ours", "ours", params))
                 if args.rejax_python:
-                    python, env_vars = args.rejax_python, harness.rejax_env(args)
+                    python, env_vars = args.rejax_python, harness.rejax_env()
                     rows.append(
                         harness.Variant(group, "rejax", "rejax", params, python, env=env_vars)
                     )
@@ -117,7 +117,6 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     # 2**19 is one update of the largest default cell, a few seconds per run on a 2-core CPU.
     add("--env_steps", type=harness.positive(int), default=524_288, help="per run, all seeds")
     add("--eval", choices=("none", "final"), default="none", help="final: end with an evaluation")
-    harness.add_rejax_flags(parser)
 
 
 WORKLOAD = harness.Workload(

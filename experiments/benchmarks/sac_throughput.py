@@ -132,7 +132,7 @@ def variants(args: argparse.Namespace) -> list[harness.Variant]:
             group = f"seeds={seeds} eval={evaluation}"
             rows.append(harness.Variant(group, "ours", "ours", params))
             if args.rejax_python:
-                python, env = args.rejax_python, harness.rejax_env(args)
+                python, env = args.rejax_python, harness.rejax_env()
                 rows.append(harness.Variant(group, "rejax", "rejax", params, python, env=env))
     return rows
 
@@ -147,7 +147,6 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
         help="final: end with a 128-episode evaluation; none: training only",
     )
     add("--total_timesteps", type=harness.positive(int), default=TOTAL_TIMESTEPS, help="per seed")
-    harness.add_rejax_flags(parser)
 
 
 WORKLOAD = harness.Workload(
