@@ -15,35 +15,38 @@ SPREAD = "jaxmarl:MPE_simple_spread_v3"
 CRAMPED_ROOM = "jaxmarl:overcooked_cramped_room"
 
 
+def side_by_side(env, inner, key, actions):
+    """Step the adapter and JaxMARL's environment from the same key with the same actions
+    [T, num_agents], checking that observations and rewards are JaxMARL's stacked by agent; yields
+    (t, our StepResult, JaxMARL's dones, JaxMARL's info)."""
+    obs, state = env.reset(key)
+    their_obs, their_state = inner.reset(key)
+    stack = lambda per_agent: np.stack([per_agent[a] for a in inner.agents])  # noqa: E731
+    np.testing.assert_array_equal(np.asarray(obs), stack(their_obs))
+    step, their_step = jax.jit(env.step), jax.jit(inner.step_env)
+    for t in range(len(actions)):
+        step_key = jax.random.fold_in(key, t)
+        result = step(step_key, state, jnp.asarray(actions[t]))
+        their = {a: jnp.asarray(actions[t, i]) for i, a in enumerate(inner.agents)}
+        their_obs, their_state, their_reward, their_dones, their_info = their_step(
+            step_key, their_state, their
+        )
+        np.testing.assert_array_equal(np.asarray(result.obs), stack(their_obs))
+        np.testing.assert_array_equal(np.asarray(result.reward), stack(their_reward))
+        yield t, result, their_dones, their_info
+        state = result.state
+
+
 def test_adapter_stacks_jaxmarl_agents_and_truncates_at_the_time_limit():
     env = multi_agent.make(SPREAD)
     inner = multi_agent._import_jaxmarl().make("MPE_simple_spread_v3")
     assert env.num_agents == 3 and env.observation_space.shape == (18,)
     assert env.action_space.n == 5
-    key = jax.random.key(0)
-    obs, state = env.reset(key)
-    their_obs, their_state = inner.reset(key)
-    np.testing.assert_array_equal(np.asarray(obs), np.stack([their_obs[a] for a in inner.agents]))
     actions = np.random.default_rng(0).integers(0, 5, (env.max_episode_steps, 3))
-    step = jax.jit(env.step)
-    their_step = jax.jit(inner.step_env)
-    for t in range(env.max_episode_steps):
-        step_key = jax.random.fold_in(key, t)
-        result = step(step_key, state, jnp.asarray(actions[t]))
-        their = {a: jnp.asarray(actions[t, i]) for i, a in enumerate(inner.agents)}
-        their_obs, their_state, their_reward, their_dones, _ = their_step(
-            step_key, their_state, their
-        )
-        np.testing.assert_array_equal(
-            np.asarray(result.obs), np.stack([their_obs[a] for a in inner.agents])
-        )
-        np.testing.assert_array_equal(
-            np.asarray(result.reward), np.stack([their_reward[a] for a in inner.agents])
-        )
+    for t, result, their_dones, _ in side_by_side(env, inner, jax.random.key(0), actions):
         # Simple spread only ends at its time limit: a truncation, never a termination.
         assert not bool(result.terminated)
         assert bool(result.truncated) == bool(their_dones["__all__"]) == (t == 25)
-        state = result.state
     world = env.world_state(result.obs)
     assert world.shape == (3, 54)
     np.testing.assert_array_equal(np.asarray(world[1]), np.asarray(result.obs).reshape(-1))
@@ -59,27 +62,11 @@ def test_overcooked_adapter_keeps_the_shaping_reward_apart_and_truncates_after_4
     # JaxMARL declares (5, 4, 26); its observations are (4, 5, 26), which the adapter reports.
     assert env.num_agents == 2 and env.observation_space.shape == (4, 5, 26)
     assert env.action_space.n == 6 and env.max_episode_steps == 400
-    key = jax.random.key(3)
-    obs, state = env.reset(key)
-    _, their_state = inner.reset(key)
     # A cook who mostly interacts picks up onions and puts them in the pot: shaping rewards.
     rng = np.random.default_rng(0)
     actions = np.where(rng.random((400, 2)) < 0.5, 5, rng.integers(0, 6, (400, 2)))
-    step, their_step = jax.jit(env.step), jax.jit(inner.step_env)
     shaped_total = 0.0
-    for t in range(400):
-        step_key = jax.random.fold_in(key, t)
-        result = step(step_key, state, jnp.asarray(actions[t]))
-        their = {a: jnp.asarray(actions[t, i]) for i, a in enumerate(inner.agents)}
-        their_obs, their_state, their_reward, their_dones, their_info = their_step(
-            step_key, their_state, their
-        )
-        np.testing.assert_array_equal(
-            np.asarray(result.obs), np.stack([their_obs[a] for a in inner.agents])
-        )
-        np.testing.assert_array_equal(
-            np.asarray(result.reward), np.stack([their_reward[a] for a in inner.agents])
-        )
+    for t, result, their_dones, their_info in side_by_side(env, inner, jax.random.key(3), actions):
         np.testing.assert_array_equal(
             np.asarray(result.info["shaped_reward"]),
             np.stack([their_info["shaped_reward"][a] for a in inner.agents]),
@@ -87,7 +74,6 @@ def test_overcooked_adapter_keeps_the_shaping_reward_apart_and_truncates_after_4
         shaped_total += float(result.info["shaped_reward"].sum())
         assert not bool(result.terminated)
         assert bool(result.truncated) == bool(their_dones["__all__"]) == (t == 399)
-        state = result.state
     assert shaped_total > 0
     assert env.world_state(result.obs).shape == (2, 2 * 4 * 5 * 26)
 
