@@ -29,13 +29,11 @@ training stack (episode statistics, normalisation) is the usual wrappers over th
 
 from __future__ import annotations
 
-import contextlib
 import difflib
 import itertools
 import random
 import threading
 import warnings
-from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -102,35 +100,46 @@ class GymnasiumVectorEnv:
     `envs.Vectorize` of an auto-resetting JAX environment). `batched` tells evaluation so."""
 
     batched = True
+    prefix = PREFIX
+    # How to name an environment whose spaces cannot be run (after "<name> has <space>; ").
+    unsupported_space_hint = (
+        "flatten it with a Gymnasium wrapper in a module of your own and name that "
+        "(gymnasium:my_module:MyEnv-v0)"
+    )
 
     def __init__(self, name: str, num_envs: int, **make_kwargs: Any):
-        import gymnasium
-
         self.name = name
-        self.env_id = name.removeprefix(PREFIX)
+        self.env_id = name.removeprefix(self.prefix)
         self.num_envs = int(num_envs)
         self._make_kwargs = make_kwargs
+        probe = self._make_probe()
         try:
-            probe = gymnasium.make(self.env_id, **make_kwargs)
+            self.observation_space = _gym_space_to_gymnax(probe.observation_space)
+            self.action_space = _gym_space_to_gymnax(probe.action_space)
+        except ValueError as error:
+            raise ValueError(f"{name} has {error}; {self.unsupported_space_hint}") from None
+        finally:
+            probe.close()
+        self.max_episode_steps = self._time_limit(probe)
+        self._obs_dtype = np.dtype(probe.observation_space.dtype)
+        self._action_dtype = np.dtype(probe.action_space.dtype)
+
+    def _make_probe(self) -> Any:
+        """One environment, for its spaces and time limit; a ValueError saying what to name
+        instead if it cannot be made."""
+        import gymnasium
+
+        try:
+            return gymnasium.make(self.env_id, **self._make_kwargs)
         except Exception as error:  # gymnasium's NameNotFound, a module that fails to import, ...
             first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
             raise ValueError(
                 f"Gymnasium cannot make {self.env_id!r} ({first_line.rstrip('.')}); name a "
                 f"registered Gymnasium id (e.g. gymnasium:CartPole-v1) or module:id of your own"
             ) from None
-        try:
-            self.observation_space = _gym_space_to_gymnax(probe.observation_space)
-            self.action_space = _gym_space_to_gymnax(probe.action_space)
-        except ValueError as error:
-            raise ValueError(
-                f"{name} has {error}; flatten it with a Gymnasium wrapper in a module of your "
-                f"own and name that (gymnasium:my_module:MyEnv-v0)"
-            ) from None
-        finally:
-            probe.close()
-        self.max_episode_steps = int(probe.spec.max_episode_steps or 0) if probe.spec else 0
-        self._obs_dtype = np.dtype(probe.observation_space.dtype)
-        self._action_dtype = np.dtype(probe.action_space.dtype)
+
+    def _time_limit(self, probe: Any) -> int:
+        return int(probe.spec.max_episode_steps or 0) if probe.spec else 0
 
     # -- the host side ------------------------------------------------------------------------
 
@@ -240,13 +249,12 @@ class EnvPoolVectorEnv(GymnasiumVectorEnv):
     resume semantics as `GymnasiumVectorEnv`. Keyword arguments are EnvPool's `make` options
     (e.g. `episodic_life=True` for Atari)."""
 
-    def __init__(self, name: str, num_envs: int, **make_kwargs: Any):
+    prefix = ENVPOOL_PREFIX
+    unsupported_space_hint = "EnvPool's Discrete and Box tasks are supported"
+
+    def _make_probe(self) -> Any:
         import envpool
 
-        self.name = name
-        self.env_id = name.removeprefix(ENVPOOL_PREFIX)
-        self.num_envs = int(num_envs)
-        self._make_kwargs = make_kwargs
         if self.env_id not in envpool.list_all_envs():
             close = difflib.get_close_matches(self.env_id, envpool.list_all_envs(), n=3)
             hint = f" (did you mean {', '.join(close)}?)" if close else ""
@@ -254,27 +262,23 @@ class EnvPoolVectorEnv(GymnasiumVectorEnv):
                 f"EnvPool has no task {self.env_id!r}{hint}; name one of envpool.list_all_envs(), "
                 f"e.g. envpool:Pong-v5"
             )
-        with _float64_bounds_quiet():
-            probe = self._make(num_envs=1, seed=0)
-            try:
-                self.observation_space = _gym_space_to_gymnax(probe.observation_space)
-                self.action_space = _gym_space_to_gymnax(probe.action_space)
-            except ValueError as error:
-                raise ValueError(f"{name} has {error}") from None
-            finally:
-                probe.close()
-            self._obs_dtype = np.dtype(probe.observation_space.dtype)
-            self._action_dtype = np.dtype(probe.action_space.dtype)
-        self.max_episode_steps = int(probe.spec.config.max_episode_steps)
+        return self._make(num_envs=1, seed=0)
+
+    def _time_limit(self, probe: Any) -> int:
+        return int(probe.spec.config.max_episode_steps)
 
     def _make(self, num_envs: int, seed: int) -> Any:
         import envpool
 
-        with _float64_bounds_quiet():
+        # EnvPool builds its spaces on first use, from float64 bounds that Gymnasium warns it
+        # casts to float32: built here, quietly, and cached by the pool.
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", ".*precision lowered", UserWarning)
             pool = envpool.make_gymnasium(
                 self.env_id, num_envs=num_envs, seed=seed, **self._make_kwargs
             )
-            pool.observation_space  # noqa: B018  built (and cached) on first use, quietly here
+            pool.observation_space  # noqa: B018
+            pool.action_space  # noqa: B018
         return pool
 
     def _new_group(self, seed: int) -> tuple[int, np.ndarray]:
@@ -299,14 +303,6 @@ class EnvPoolVectorEnv(GymnasiumVectorEnv):
 
     def __repr__(self) -> str:
         return f"EnvPoolVectorEnv({self.name!r}, num_envs={self.num_envs})"
-
-
-@contextlib.contextmanager
-def _float64_bounds_quiet() -> Iterator[None]:
-    """EnvPool builds its spaces from float64 bounds, which Gymnasium warns it casts to float32."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", ".*precision lowered", UserWarning)
-        yield
 
 
 def _key_data(key: jax.Array) -> jax.Array:

@@ -100,7 +100,8 @@ class MultiAgentEnv:
         self.shaped = has_shaped_reward(name)
         jaxmarl = _import_jaxmarl()
         env_id = name.removeprefix(PREFIX)
-        if self.shaped:
+        overcooked = env_id.startswith(OVERCOOKED)
+        if overcooked:
             from jaxmarl.environments.overcooked import overcooked_layouts
 
             layout = overcooked_layouts[env_id.removeprefix(OVERCOOKED)]
@@ -115,8 +116,8 @@ class MultiAgentEnv:
         self.num_agents = len(self.agents)
         first = self.agents[0]
         # Overcooked's declared observation space has height and width swapped; the shape of a
-        # real observation is the one to trust.
-        obs, _ = self._env.reset(jax.random.key(0))
+        # real observation is the one to trust (traced, not computed).
+        obs, _ = jax.eval_shape(self._env.reset, jax.random.key(0))
         space = self._env.observation_space(first)
         self.observation_space = spaces.Box(
             np.broadcast_to(np.asarray(space.low, np.float32), obs[first].shape),
@@ -132,7 +133,7 @@ class MultiAgentEnv:
             ):
                 raise ValueError(f"{name!r} has agents with different observation or action spaces")
         # JaxMARL's MPE ends after step T+1, Overcooked after step T.
-        self.max_episode_steps = int(self._env.max_steps) + (0 if self.shaped else 1)
+        self.max_episode_steps = int(self._env.max_steps) + (0 if overcooked else 1)
 
     @property
     def world_state_shape(self) -> tuple[int, ...]:
