@@ -7,6 +7,7 @@ Policy heads return distrax distributions so that losses read `dist.log_prob(a)`
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import distrax
 import flax.linen as nn
@@ -49,6 +50,49 @@ def orthogonal(scale: float) -> nn.initializers.Initializer:
     return init
 
 
+@jax.custom_vjp
+def _matmul(x: jax.Array, kernel: jax.Array) -> jax.Array:
+    return x @ kernel
+
+
+def _matmul_forward(x: jax.Array, kernel: jax.Array) -> tuple[jax.Array, tuple]:
+    return x @ kernel, (x, kernel)
+
+
+def _matmul_backward(residuals: tuple, grad: jax.Array) -> tuple[jax.Array, jax.Array]:
+    x, kernel = residuals
+    # The kernel's gradient x^T g contracts the batch axis, which is x's FIRST axis. XLA:CPU's
+    # YNNPACK matrix kernels take a left operand only if it is contracted over its last axis, so
+    # autodiff's own x^T g falls back to XLA's generic dot, about half as fast at our sizes
+    # (64x128 by 128x64: 29 us against 13 us). Transposing x first makes the product canonical;
+    # the barrier keeps XLA's simplifier from folding the transpose back into the dot.
+    x_transposed = jax.lax.optimization_barrier(x.reshape(-1, x.shape[-1]).T)
+    kernel_grad = x_transposed @ grad.reshape(-1, grad.shape[-1])
+    return grad @ kernel.T, kernel_grad
+
+
+_matmul.defvjp(_matmul_forward, _matmul_backward)
+
+
+def _dense_dot_general(
+    lhs: jax.Array, rhs: jax.Array, dimension_numbers: Any, precision: Any = None, **kwargs: Any
+) -> jax.Array:
+    """`nn.Dense`'s product (inputs [..., in] by kernel [in, out]) with the CPU-friendly weight
+    gradient of `_matmul`; on other backends, and for anything but a plain dense product, the
+    usual `lax.dot_general`."""
+    contracting, batch = dimension_numbers
+    plain = contracting == ((lhs.ndim - 1,), (0,)) and batch == ((), ()) and rhs.ndim == 2
+    if plain and precision is None and not kwargs and jax.default_backend() == "cpu":
+        return _matmul(lhs, rhs)
+    return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision, **kwargs)
+
+
+def Dense(features: int, **kwargs: Any) -> nn.Dense:  # noqa: N802  (a module constructor)
+    """`flax.linen.Dense` with a weight gradient that XLA:CPU runs on its fast matrix kernels
+    (`_matmul_backward`): the same parameters and values, 6-8% more PPO steps per second on CPU."""
+    return nn.Dense(features, dot_general=_dense_dot_general, **kwargs)
+
+
 class MLP(nn.Module):
     """Fully connected torso with orthogonal(sqrt 2) weights, the PPO-standard initialisation."""
 
@@ -59,7 +103,7 @@ class MLP(nn.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         act = ACTIVATIONS[self.activation]
         for size in self.hidden_sizes:
-            x = act(nn.Dense(size, kernel_init=orthogonal(np.sqrt(2)))(x))
+            x = act(Dense(size, kernel_init=orthogonal(np.sqrt(2)))(x))
         return x
 
 
@@ -67,6 +111,26 @@ def tanh_normal(mean: jax.Array, log_std: jax.Array) -> distrax.Distribution:
     """A diagonal Normal squashed by tanh into (-1, 1), with the change-of-variables log-prob."""
     base = distrax.MultivariateNormalDiag(mean, jnp.exp(log_std))
     return distrax.Transformed(base, distrax.Block(distrax.Tanh(), ndims=1))
+
+
+class Categorical(distrax.Categorical):
+    """distrax's categorical distribution over logits with leaner sampling and log-probs: every
+    PPO rollout step samples it and every gradient step takes its log-prob, and distrax spends
+    several small operations on checks our callers never need (that freshly computed
+    probabilities are finite, that an action is inside the support). Samples are the same
+    Gumbel-max draws for the same key; values agree with distrax's to float rounding."""
+
+    def _sample_n(self, key: jax.Array, n: int) -> jax.Array:
+        shape = (n,) + self._logits.shape[:-1]
+        return jax.random.categorical(key, self._logits, axis=-1, shape=shape).astype(self._dtype)
+
+    def _sample_n_and_log_prob(self, key: jax.Array, n: int) -> tuple[jax.Array, jax.Array]:
+        samples = self._sample_n(key, n)
+        return samples, self.log_prob(samples)
+
+    def log_prob(self, value: jax.Array) -> jax.Array:
+        log_probs = jax.nn.log_softmax(self._logits)
+        return jnp.sum(jax.nn.one_hot(value, self.num_categories) * log_probs, axis=-1)
 
 
 class CategoricalHead(nn.Module):
@@ -77,8 +141,8 @@ class CategoricalHead(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array) -> distrax.Distribution:
         # Small final-layer scale: the initial policy is near uniform (Andrychowicz et al., 2021).
-        logits = nn.Dense(self.num_actions, kernel_init=orthogonal(0.01))(x)
-        return distrax.Categorical(logits=logits)
+        logits = Dense(self.num_actions, kernel_init=orthogonal(0.01))(x)
+        return Categorical(logits=logits)
 
 
 class GaussianHead(nn.Module):
@@ -89,7 +153,7 @@ class GaussianHead(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array) -> distrax.Distribution:
-        mean = nn.Dense(self.action_dim, kernel_init=orthogonal(0.01))(x)
+        mean = Dense(self.action_dim, kernel_init=orthogonal(0.01))(x)
         log_std = self.param(
             "log_std", nn.initializers.constant(self.init_log_std), (self.action_dim,)
         )
@@ -105,8 +169,8 @@ class TanhGaussianHead(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array) -> distrax.Distribution:
-        mean = nn.Dense(self.action_dim)(x)
-        log_std = nn.Dense(self.action_dim)(x)
+        mean = Dense(self.action_dim)(x)
+        log_std = Dense(self.action_dim)(x)
         log_std = jnp.clip(log_std, self.log_std_min, self.log_std_max)
         return tanh_normal(mean, log_std)
 
@@ -141,8 +205,8 @@ class QNetwork(nn.Module):
         x = jnp.concatenate([obs.astype(jnp.float32), action.astype(jnp.float32)], axis=-1)
         x = MLP(self.hidden_sizes, self.activation, name="torso")(x)
         if self.value_bins:
-            return nn.Dense(self.value_bins, name="head")(x)
-        return nn.Dense(1, name="head")(x).squeeze(-1)
+            return Dense(self.value_bins, name="head")(x)
+        return Dense(1, name="head")(x).squeeze(-1)
 
 
 class QEnsemble(nn.Module):
@@ -207,6 +271,6 @@ class ActorCritic(nn.Module):
         critic_input = obs if critic_obs is None else critic_obs.astype(jnp.float32)
         critic = MLP(self.hidden_sizes, self.activation, name="critic_torso")(critic_input)
         if self.value_bins:
-            return dist, nn.Dense(self.value_bins, name="critic_head")(critic)
-        value = nn.Dense(1, kernel_init=orthogonal(1.0), name="critic_head")(critic)
+            return dist, Dense(self.value_bins, name="critic_head")(critic)
+        value = Dense(1, kernel_init=orthogonal(1.0), name="critic_head")(critic)
         return dist, value.squeeze(-1)
