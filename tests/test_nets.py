@@ -11,7 +11,7 @@ import pytest
 from jaxrl.nets import ActorCritic, Categorical, Dense
 
 
-@pytest.mark.parametrize("batch_shape", [(128,), (16, 4), ()])
+@pytest.mark.parametrize("batch_shape", [(128,), (16, 4), (), (600,)])
 def test_dense_equals_flax_dense_in_value_and_gradient(batch_shape):
     x = jax.random.normal(jax.random.key(0), batch_shape + (5,))
     ours, flax = Dense(7), nn.Dense(7)
