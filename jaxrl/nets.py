@@ -127,15 +127,12 @@ class Categorical(distrax.Categorical):
     PPO rollout step samples it and every gradient step takes its log-prob, and distrax spends
     several small operations on checks our callers never need (that freshly computed
     probabilities are finite, that an action is inside the support). Samples are the same
-    Gumbel-max draws for the same key; values agree with distrax's to float rounding."""
+    Gumbel-max draws for the same key; values agree with distrax's to float rounding.
+    (`sample_and_log_prob` is distrax's own, which calls these two.)"""
 
     def _sample_n(self, key: jax.Array, n: int) -> jax.Array:
         shape = (n,) + self._logits.shape[:-1]
         return jax.random.categorical(key, self._logits, axis=-1, shape=shape).astype(self._dtype)
-
-    def _sample_n_and_log_prob(self, key: jax.Array, n: int) -> tuple[jax.Array, jax.Array]:
-        samples = self._sample_n(key, n)
-        return samples, self.log_prob(samples)
 
     def log_prob(self, value: jax.Array) -> jax.Array:
         log_probs = jax.nn.log_softmax(self._logits)
