@@ -39,7 +39,7 @@ from jaxrl.config import (
 from jaxrl.hl_gauss import HLGauss, make_hl_gauss, validate_hl_gauss
 from jaxrl.hparams import HParams, hparams, static, swept
 from jaxrl.loop import Algorithm, zeros_step
-from jaxrl.nets import ACTIVATIONS, ActorCritic
+from jaxrl.nets import ACTIVATIONS, TORSOS, ActorCritic
 from jaxrl.prng import loop_keys
 from jaxrl.types import Metrics, Params, PRNGKey, Rollout
 
@@ -53,6 +53,9 @@ class Config:
     `swept` may differ between the runs of one program (`jaxrl.hparams.sweep`)."""
 
     env_name: str = "CartPole-v1"  # any name in envs.registered()
+    # The environment's own options, "name=value,...": gymnax EnvParams fields, or a host
+    # environment's make() options, e.g. "episodic_life=True,reward_clip=True" for EnvPool Atari.
+    env_options: str = ""
     total_timesteps: int = 500_000  # environment steps per seed
     num_envs: int = 4  # parallel environments
     rollout_length: int = 128  # environment steps per environment per update
@@ -72,6 +75,9 @@ class Config:
     normalize_rewards: bool = False  # scale rewards by the running std of discounted returns
     hidden_sizes: tuple[int, ...] = (64, 64)  # of both the actor and the critic MLP
     activation: str = "tanh"  # a key of jaxrl.nets.ACTIVATIONS
+    # "mlp": separate actor and critic MLPs; "nature_cnn": one Nature CNN torso both share, for
+    # stacked Atari frames (hidden_sizes and activation then unused).
+    torso: str = "mlp"
     adam_eps: float = 1e-5
     eval_episodes: int = 32  # episodes of the deterministic policy in the final evaluation
     # Value learning by classification (jaxrl.hl_gauss): > 0 bins make the critic classify the
@@ -138,6 +144,33 @@ class Config:
             f"set total_timesteps >= {batch}",
         )
         envs.require_registered(self.env_name)
+        envs.require_options(self.env_name, self.env_options)
+        require(
+            self.torso in TORSOS,
+            "torso",
+            f"unknown torso {self.torso!r}",
+            f"choose one of {list(TORSOS)}",
+        )
+        if self.torso == "nature_cnn":
+            obs_shape = envs.make(self.env_name).observation_space.shape
+            require(
+                len(obs_shape) == 3 and min(obs_shape[1:]) >= 36,
+                "torso",
+                f"nature_cnn takes stacked frames [frames, height, width] of at least 36x36 "
+                f"pixels; {self.env_name} observes {tuple(obs_shape)}",
+                "use torso='mlp', or an Atari task such as envpool:Breakout-v5",
+            )
+            require(
+                self.activation == "tanh" and tuple(self.hidden_sizes) == (64, 64),
+                "hidden_sizes",
+                "hidden_sizes and activation shape the MLP torso, which nature_cnn replaces",
+                "leave them at their defaults with torso='nature_cnn'",
+            )
+
+    @property
+    def env_params(self) -> dict[str, Any]:
+        """`env_options` as keyword arguments for `envs.make_vec` and `envs.make_eval`."""
+        return envs.parse_env_options(self.env_options)
 
     @property
     def hl_gauss(self) -> HLGauss | None:
@@ -276,12 +309,13 @@ def make_env(config: Config) -> envs.Wrapper:
         config.num_envs,
         normalize_observation=config.normalize_observations,
         normalize_reward=config.normalize_rewards,
+        **config.env_params,
     )
 
 
 def make_network(config: Config) -> ActorCritic:
     """The actor-critic for the config's environment: `apply(params, obs) -> (dist, value)`."""
-    probe = envs.make(config.env_name)
+    probe = envs.make(config.env_name, **config.env_params)
     return ActorCritic(
         action_dim=envs.action_dim(probe.action_space),
         discrete=envs.is_discrete(probe.action_space),
@@ -289,6 +323,7 @@ def make_network(config: Config) -> ActorCritic:
         activation=config.activation,
         obs_ndim=len(probe.observation_space.shape),
         value_bins=config.hl_gauss_bins,
+        torso=config.torso,
     )
 
 
@@ -442,9 +477,19 @@ def make(config: Config) -> Algorithm:
             rollout_step, (state.params, state.env_state, state.obs), rollout_keys
         )
         # The critic runs once over the whole rollout: a few large matrix products instead of
-        # small ones at every step. next_values[t] is V of the observation step t led to.
-        values = value_of(network.apply(state.params, traj.obs)[1])
-        next_values = value_of(network.apply(state.params, traj.next_obs)[1])
+        # small ones at every step. next_values[t] is V of the observation step t led to, which is
+        # obs[t + 1] unless an episode ended at t. Ended episodes need the value of their true last
+        # observation only when truncated (a termination zeroes the bootstrap), so the second pass,
+        # over every next observation, runs only for rollouts in which one was truncated.
+        critic = lambda obs: value_of(network.apply(state.params, obs)[1])  # noqa: E731
+        values_and_last = critic(jnp.concatenate([traj.obs, obs[None]]))
+        values = values_and_last[:-1]
+        truncated = jnp.logical_and(traj.done, jnp.logical_not(traj.terminated))
+        next_values = jax.lax.cond(
+            truncated.any(),
+            lambda: critic(traj.next_obs),
+            lambda: values_and_last[1:],
+        )
         advantages, returns = gae(
             traj.reward, values, next_values, traj.terminated, traj.done, hp.gamma, hp.gae_lambda
         )
@@ -501,7 +546,7 @@ def make_policy(
 
 def make_evaluate(config: Config) -> Callable[[TrainState, PRNGKey], jax.Array]:
     """`evaluate(state, key) -> returns[eval_episodes]`, undiscounted, from fresh episodes."""
-    env = envs.make_eval(config.env_name, config.eval_episodes)
+    env = envs.make_eval(config.env_name, config.eval_episodes, **config.env_params)
     act = make_policy(config)
 
     def evaluate(state: TrainState, key: PRNGKey) -> jax.Array:

@@ -46,9 +46,11 @@ __all__ = [
     "make",
     "make_eval",
     "make_vec",
+    "parse_env_options",
     "with_reward_discount",
     "registered",
     "require_jax_env",
+    "require_options",
     "require_registered",
 ]
 

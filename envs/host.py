@@ -11,9 +11,13 @@ own module registers (Gymnasium imports the module first).
 batched pool in one call. EnvPool also has an XLA interface (custom calls, no callback), but it
 resets an environment only in the step *after* its episode ends, ignoring that step's action, so
 every learner would need masked reset transitions, and its handle is a process-local pointer that a
-checkpoint cannot carry. Through the callback the pool resets the ended environments at once
-(`reset(env_id)`), which keeps the same-step auto-reset every learner here is written for; the
-callback's cost is small beside an Atari step (README, Host environments).
+checkpoint cannot carry. Through the callback the ended environments take that resetting step at
+once, which keeps the same-step auto-reset every learner here is written for; the callback's cost
+is small beside an Atari step (README, Host environments).
+
+Atari's training options (EnvPool's `episodic_life`, `reward_clip`) make a lost life end the
+learner's episode and clip rewards to their sign; `info["game_over"]` and `info["game_reward"]`
+say when the game itself ended and what it scored, which episode statistics and evaluation count.
 
 What the compiled program holds of it is a handle (`HostEnvState.group`: which set of host
 environments) and the last observations. The simulators' own state lives on the host, outside
@@ -169,12 +173,13 @@ class GymnasiumVectorEnv:
             new_group, obs = self._new_group(_seed_of(key_data))
             zeros = np.zeros(self.num_envs, np.float32)
             cut = np.ones(self.num_envs, bool)
-            return (np.int32(new_group), self._obs(obs), zeros, ~cut, cut, last_obs)
+            return (np.int32(new_group), self._obs(obs), zeros, ~cut, cut, last_obs, cut, zeros)
         action = np.asarray(action).astype(self._action_dtype)
-        obs, reward, terminated, truncated, final_obs = self._step_group(vector_env, action)
+        obs, reward, terminated, truncated, final_obs, info = self._step_group(vector_env, action)
         terminated = np.asarray(terminated, bool)
         # A time limit that coincides with a true terminal is a termination: no bootstrap.
         truncated = np.asarray(truncated, bool) & ~terminated
+        game_over, game_reward = self._game_progress(info, reward, terminated, truncated)
         return (
             np.int32(group),
             self._obs(obs),
@@ -182,17 +187,27 @@ class GymnasiumVectorEnv:
             terminated,
             truncated,
             self._obs(final_obs),
+            np.asarray(game_over, bool),
+            np.asarray(game_reward, np.float32),
         )
 
     def _step_group(self, vector_env: Any, action: np.ndarray) -> tuple:
         """One step of a group with same-step auto-reset: (obs, reward, terminated, truncated,
-        final_obs), `obs` already the first of a new episode where one ended."""
+        final_obs, info), `obs` already the first of a new episode where one ended."""
         obs, reward, terminated, truncated, info = vector_env.step(action)
         final_obs = np.array(obs, copy=True)
         if "_final_obs" in info:
             for i in np.flatnonzero(info["_final_obs"]):
                 final_obs[i] = info["final_obs"][i]
-        return obs, reward, terminated, truncated, final_obs
+        return obs, reward, terminated, truncated, final_obs, info
+
+    def _game_progress(
+        self, info: dict, reward: np.ndarray, terminated: np.ndarray, truncated: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(game_over, game_reward) of a step: whether the game a score counts over ended, and the
+        reward it scores. A Gymnasium episode is the game, and its reward the score."""
+        del info
+        return terminated | truncated, reward
 
     def _obs(self, obs: Any) -> np.ndarray:
         return np.asarray(obs, self._obs_dtype).reshape(self._obs_shape)
@@ -222,8 +237,10 @@ class GymnasiumVectorEnv:
             jax.ShapeDtypeStruct(batch, jnp.bool_),
             jax.ShapeDtypeStruct(batch, jnp.bool_),
             self._obs_struct(),
+            jax.ShapeDtypeStruct(batch, jnp.bool_),
+            jax.ShapeDtypeStruct(batch, jnp.float32),
         )
-        group, obs, reward, terminated, truncated, final_obs = io_callback(
+        group, obs, reward, terminated, truncated, final_obs, game_over, game_reward = io_callback(
             lambda *args: host.call(self.name, self._host_step, *args),
             shapes,
             state.group,
@@ -237,11 +254,26 @@ class GymnasiumVectorEnv:
             reward=reward,
             terminated=terminated,
             truncated=truncated,
-            info={"final_obs": final_obs},
+            # What episode statistics and evaluation count (envs.EpisodeStatistics): the game,
+            # where training sees lives as episodes or clipped rewards (EnvPool's Atari options).
+            info={"final_obs": final_obs, "game_over": game_over, "game_reward": game_reward},
         )
 
     def __repr__(self) -> str:
         return f"GymnasiumVectorEnv({self.name!r}, num_envs={self.num_envs})"
+
+
+# EnvPool options that shape the pool, not the task; the adapter sets what it needs of them.
+_ENVPOOL_POOL_OPTIONS = {
+    "num_envs",
+    "seed",
+    "batch_size",
+    "num_threads",
+    "base_path",
+    "gym_reset_return_info",
+    "max_num_players",
+    "thread_affinity_offset",
+}
 
 
 class EnvPoolVectorEnv(GymnasiumVectorEnv):
@@ -261,6 +293,13 @@ class EnvPoolVectorEnv(GymnasiumVectorEnv):
             raise ValueError(
                 f"EnvPool has no task {self.env_id!r}{hint}; name one of envpool.list_all_envs(), "
                 f"e.g. envpool:Pong-v5"
+            )
+        options = set(envpool.make_spec(self.env_id).config._fields)
+        unknown = sorted(set(self._make_kwargs) - options)
+        if unknown:
+            raise ValueError(
+                f"EnvPool's {self.env_id} has no option(s) {unknown}; its options are "
+                f"{sorted(options - _ENVPOOL_POOL_OPTIONS)}"
             )
         return self._make(num_envs=1, seed=0)
 
@@ -290,16 +329,29 @@ class EnvPoolVectorEnv(GymnasiumVectorEnv):
         return group, obs
 
     def _step_group(self, pool: Any, action: np.ndarray) -> tuple:
-        # EnvPool would reset an ended environment in its next step; resetting the ended ones now
-        # gives the same-step auto-reset (and the next step is an ordinary step).
-        obs, reward, terminated, truncated, _ = pool.step(action)
+        # EnvPool resets an ended environment in its next step, whatever the action; taking that
+        # step now, for the ended ones only, gives the same-step auto-reset (and the next step is
+        # an ordinary one). A step, not `reset(env_id)`: an explicit reset restarts the whole
+        # game, where with `episodic_life` a lost life must only start the next life.
+        obs, reward, terminated, truncated, info = pool.step(action)
         final_obs = obs
-        ended = np.flatnonzero(np.logical_or(terminated, truncated))
+        ended = np.flatnonzero(np.logical_or(terminated, truncated)).astype(np.int32)
         if ended.size:
             obs = np.array(obs, copy=True)
-            first_obs, info = pool.reset(ended.astype(np.int32))
-            obs[np.asarray(info["env_id"])] = first_obs
-        return obs, reward, terminated, truncated, final_obs
+            first_obs, *_, reset_info = pool.step(np.zeros_like(action[ended]), env_id=ended)
+            obs[np.asarray(reset_info["env_id"])] = first_obs
+        return obs, reward, terminated, truncated, final_obs, info
+
+    def _game_progress(
+        self, info: dict, reward: np.ndarray, terminated: np.ndarray, truncated: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        # Atari tasks report lives left and the reward before `reward_clip`: with `episodic_life`
+        # a lost life ends an episode for the learner, but the game (and its score) goes on
+        # until no life is left.
+        game_over = terminated | truncated
+        if "lives" in info:
+            game_over = truncated | (terminated & (np.asarray(info["lives"]) == 0))
+        return game_over, np.asarray(info.get("reward", reward))
 
     def __repr__(self) -> str:
         return f"EnvPoolVectorEnv({self.name!r}, num_envs={self.num_envs})"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import jaxrl  # noqa: F401  sets XLA CPU runtime flags; must precede gymnax, which computes on import
 # isort: on
 
+import ast
 import dataclasses
 import difflib
 from typing import Any
@@ -139,13 +140,44 @@ def make_vec(
     return env
 
 
-def make_eval(name: str, num_episodes: int) -> Any:
+def make_eval(name: str, num_episodes: int, **env_params: Any) -> Any:
     """What `jaxrl.evaluation.evaluate_episodes` plays `num_episodes` fresh episodes of: a single
     JAX environment with clipped actions (the episodes are vmapped), or for a host environment a
     batch of `num_episodes` copies (`batched`), each of whose first episodes counts."""
     if is_host_env(name):
-        return ClipAction(make_host_env(name, num_episodes))
-    return ClipAction(make(name))
+        return ClipAction(make_host_env(name, num_episodes, **env_params))
+    return ClipAction(make(name, **env_params))
+
+
+def parse_env_options(text: str, field: str = "env_options") -> dict[str, Any]:
+    """The environment options of a config's `"name=value,..."` string (e.g. EnvPool Atari's
+    `"episodic_life=True,reward_clip=True"`): values are Python literals, or else strings. A
+    malformed item raises a `ConfigError` naming `field`."""
+    options: dict[str, Any] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, equals, value = item.partition("=")
+        if not equals or not name.strip().isidentifier():
+            raise ConfigError(
+                f"{field}: {item!r} is not name=value; write e.g. "
+                f"'episodic_life=True,reward_clip=True'"
+            )
+        try:
+            options[name.strip()] = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError):
+            options[name.strip()] = value.strip()
+    return options
+
+
+def require_options(name: str, text: str, field: str = "env_options") -> None:
+    """Raise a `ConfigError` naming `field` unless `name` can be made with the options `text`
+    (`parse_env_options`): an option the environment lacks would otherwise be ignored."""
+    options = parse_env_options(text, field)
+    if not options:
+        return
+    try:
+        make(name, **options)
+    except (ValueError, TypeError) as error:
+        raise ConfigError(f"{field}: {error}") from None
 
 
 __all__ = [
@@ -174,6 +206,8 @@ __all__ = [
     "is_host_env",
     "make",
     "make_eval",
+    "parse_env_options",
+    "require_options",
     "make_vec",
     "with_reward_discount",
     "registered",

@@ -62,9 +62,12 @@ def evaluate_episodes(
         action = policy(obs, act_key)
         result = step_many(jax.random.split(step_key, num_episodes), state, action)
         # A multi-agent environment's return is the team's: the sum over its agents' rewards.
-        reward = result.reward.reshape(num_episodes, -1).sum(axis=-1)
+        # An Atari game played with lives as episodes and clipped rewards scores its own reward
+        # until the game is over (envs.host's `game_reward` and `game_over`).
+        reward = result.info.get("game_reward", result.reward)
+        reward = reward.reshape(num_episodes, -1).sum(axis=-1)
         returns = returns + jnp.where(done, 0.0, reward)
-        done = done | result.terminated | result.truncated
+        done = done | result.info.get("game_over", result.terminated | result.truncated)
         return t + 1, result.obs, result.state, returns, done, key
 
     # Philox keys inside the loop: a threefry split there is a nested loop (jaxrl.prng).

@@ -4,6 +4,7 @@ and truncation apart, resets EnvPool in the same step, cuts the episodes in flig
 checkpoint is restored in a new process, refuses what it cannot run, and PPO learns CartPole
 through both."""
 
+import re
 import warnings
 
 import gymnasium
@@ -181,3 +182,52 @@ def test_ppo_learns_envpool_cartpole():
     assert isinstance(envs.make_vec(config.env_name, 4).env.env, host.EnvPoolVectorEnv)
     _, metrics = jax.jit(ppo.make_train(config))(jax.random.key(0))
     assert float(metrics["eval_return"]) >= 475, metrics["eval_return"]
+
+
+def test_envpool_atari_lives_are_episodes_and_the_game_is_scored():
+    """With EnvPool's `episodic_life` and `reward_clip` (the Atari training options; Space Invaders,
+    whose random play loses lives and scores 5-30 points a hit), a lost life
+    terminates the learner's episode but the game goes on (lives keep falling instead of a fresh
+    game starting), and episode statistics count whole games in unclipped points: each reported
+    return is the sum of `game_reward` from one game over to the next."""
+    num_envs, steps = 2, 1500  # random play in Space Invaders: about 3 games per env, 3 lives each
+    env = envs.make_vec(
+        "envpool:SpaceInvaders-v5", num_envs, episodic_life=True, reward_clip=True, noop_max=1
+    )
+    actions = np.random.default_rng(0).integers(0, 6, (steps, num_envs))
+
+    def run(key):
+        obs, state = env.reset(key)
+
+        def step(state, action):
+            result = env.step(key, state, action)
+            info = result.info
+            out = (result.reward, result.terminated, info["game_over"], info["game_reward"])
+            return result.state, out + (info["episode_return"],)
+
+        return jax.lax.scan(step, state, actions)[1]
+
+    reward, terminated, game_over, game_reward, episode_return = map(
+        np.asarray, jax.jit(run)(jax.random.key(3))
+    )
+    assert game_over.sum() >= 2 and terminated.sum() >= 3 * game_over.sum()  # 3 lives a game
+    assert (terminated | ~game_over).all()  # a game ends only with an episode
+    np.testing.assert_array_equal(reward, np.sign(game_reward))  # clipped for the learner
+    for i in range(num_envs):
+        start = 0
+        for t in np.flatnonzero(game_over[:, i]):
+            np.testing.assert_allclose(episode_return[t, i], game_reward[start : t + 1, i].sum())
+            start = t + 1
+    assert (game_reward > 1).any()  # invaders score 5 to 30 points: unclipped
+
+
+def test_env_options_reach_the_environment_or_are_config_errors():
+    config = ppo.Config(env_name="envpool:CartPole-v1", env_options="max_episode_steps=20")
+    assert config.env_params == {"max_episode_steps": 20}
+    assert ppo.make_env(config).env.env.max_episode_steps == 20
+    for options, problem in [
+        ("max_episode_steps", "is not name=value"),
+        ("lives=3", "has no option(s) ['lives']"),
+    ]:
+        with pytest.raises(ConfigError, match=r"^env_options: .*" + re.escape(problem)):
+            ppo.Config(env_name="envpool:CartPole-v1", env_options=options)

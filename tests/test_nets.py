@@ -1,5 +1,6 @@
-"""`jaxrl.nets.Dense` and `jaxrl.nets.Categorical` are faster stand-ins for Flax's and distrax's
-own: same parameters, same values, same gradients, same samples."""
+"""`jaxrl.nets.Dense`, `jaxrl.nets.PatchConv` and `jaxrl.nets.Categorical` are faster stand-ins
+for Flax's and distrax's own: same parameters, same values, same gradients, same samples. The
+Nature CNN torso has the paper's shapes."""
 
 import distrax
 import flax.linen as nn
@@ -8,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl.nets import ActorCritic, Categorical, Dense
+from jaxrl.nets import ActorCritic, Categorical, Dense, NatureCNN, PatchConv
 
 
 @pytest.mark.parametrize("batch_shape", [(128,), (16, 4), (), (600,)])
@@ -73,3 +74,50 @@ def test_actor_critic_uses_them():
     obs = jnp.zeros((3, 4))
     dist, value = network.apply(network.init(jax.random.key(0), obs), obs)
     assert isinstance(dist, Categorical) and value.shape == (3,)
+
+
+@pytest.mark.parametrize(
+    "size, stride, image", [(8, 4, 84), (8, 4, 86), (4, 2, 20), (4, 2, 21), (3, 1, 9), (3, 2, 10)]
+)
+def test_patch_conv_equals_flax_conv_in_value_and_gradient(size, stride, image):
+    x = jax.random.normal(jax.random.key(0), (2, 3, image, image, 4))  # two batch axes
+    ours = PatchConv(6, size, stride)
+    flax = nn.Conv(6, (size, size), (stride, stride), "VALID")
+    params = flax.init(jax.random.key(1), x)
+    assert jax.tree.map(jnp.shape, ours.init(jax.random.key(1), x)) == jax.tree.map(
+        jnp.shape, params
+    )
+
+    def loss(module, params, x):
+        return jnp.sum(jnp.tanh(module.apply(params, x)) ** 2)
+
+    np.testing.assert_allclose(ours.apply(params, x), flax.apply(params, x), rtol=1e-4, atol=1e-5)
+    ours_grads = jax.grad(loss, argnums=(1, 2))(ours, params, x)
+    flax_grads = jax.grad(loss, argnums=(1, 2))(flax, params, x)
+    for a, b in zip(jax.tree.leaves(ours_grads), jax.tree.leaves(flax_grads), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_nature_cnn_has_the_papers_shapes_and_scales_pixels():
+    """Mnih et al. (2015): 4x84x84 frames -> 32x20x20 -> 64x9x9 -> 64x7x7 -> 512, so
+    1,684,128 parameters; uint8 pixels are read as [0, 1]; actor and critic share it."""
+    frames = jax.random.randint(jax.random.key(0), (5, 4, 84, 84), 0, 256).astype(jnp.uint8)
+    params = NatureCNN().init(jax.random.key(1), frames)
+    shapes = jax.tree.map(jnp.shape, params)["params"]
+    assert [shapes[f"PatchConv_{i}"]["kernel"] for i in range(3)] == [
+        (8, 8, 4, 32),
+        (4, 4, 32, 64),
+        (3, 3, 64, 64),
+    ]
+    assert shapes["Dense_0"]["kernel"] == (3136, 512)
+    assert sum(x.size for x in jax.tree.leaves(params)) == 1_684_128
+    features = NatureCNN().apply(params, frames)
+    assert features.shape == (5, 512)
+    scaled = NatureCNN().apply(params, frames.astype(jnp.float32) / 255.0)
+    np.testing.assert_allclose(features, scaled, rtol=1e-5, atol=1e-5)
+
+    network = ActorCritic(action_dim=4, discrete=True, obs_ndim=3, torso="nature_cnn")
+    params = network.init(jax.random.key(2), frames[:, None])
+    assert set(params["params"]) == {"shared_torso", "actor_head", "critic_head"}
+    dist, value = network.apply(params, frames[:, None])  # [5, 1] batch axes
+    assert dist.logits.shape == (5, 1, 4) and value.shape == (5, 1)
