@@ -18,9 +18,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import time  # noqa: E402
 
-import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
+import envs  # noqa: E402
 from algos import ppo  # noqa: E402
 from jaxrl import runner  # noqa: E402
 
@@ -40,7 +40,12 @@ def main(argv: list[str]) -> None:
     result = runner.train(job, flat.run, run_dir, FLAGS["kill_after_chunk"].value)
 
     t0 = time.time()
-    returns = jax.jit(jax.vmap(algorithm.evaluate))(result.states, seeds.eval_keys)["eval_return"]
+    returns = runner.evaluate_seeds(
+        algorithm.evaluate,
+        result.states,
+        seeds.eval_keys,
+        host_env=envs.is_host_env(config.env_name),
+    )["eval_return"]
     eval_returns = np.asarray(returns.mean(axis=-1))
     summary = runner.summary_fields(job, result, time.time() - t0)
     env_steps = config.num_steps * config.batch_size

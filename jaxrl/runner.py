@@ -661,6 +661,17 @@ def divergence_message(metrics: Any, first_step: int, block: int, checkpointer: 
     )
 
 
+def evaluate_seeds(
+    evaluate: Callable[[Any, jax.Array], Any], states: Any, keys: jax.Array, host_env: bool = False
+) -> Any:
+    """`evaluate(state, key)` of every seed's final state, compiled: vmapped over the seeds, or for
+    a host environment (`host_env`) one seed after another, since its episodes run in a while loop
+    whose steps are callbacks, which JAX cannot vmap (its predicate would be batched)."""
+    if host_env:
+        return jax.jit(lambda s, k: jax.lax.map(lambda args: evaluate(*args), (s, k)))(states, keys)
+    return jax.jit(jax.vmap(evaluate))(states, keys)
+
+
 def summary_fields(job: Job, result: RunResult, eval_seconds: float = 0.0) -> dict[str, Any]:
     """The summary keys every script writes: algo, num_seeds, wall and compile time, steps and
     their rate (of this process, excluding what a resumed run had done before), resume point."""

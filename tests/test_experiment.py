@@ -169,3 +169,20 @@ def test_an_inf_learning_rate_is_refused_in_one_line_keeping_the_run_and_its_che
     assert tree_digest(small_whole) == before
     state, meta = restore_final_params(small_whole, 20480)
     assert meta == {"step": 40} and all_floats_finite(state)
+
+
+def test_a_host_environment_run_evaluates_every_seed(tmp_path):
+    """The README's Gymnasium command: the final evaluation of a host environment cannot be
+    vmapped over seeds (its episodes are a while loop of callbacks), so it runs seed by seed and
+    every seed gets its own return (a vmapped one failed after training, losing the summary)."""
+    workdir = str(tmp_path / "host")
+    run_script(
+        "--config.env_name=gymnasium:CartPole-v1",
+        "--config.total_timesteps=5120",
+        "--config.eval_episodes=4",
+        "--config.run.progress=False",
+        "--num_seeds=2",
+        f"--workdir={workdir}",
+    )
+    per_seed = read_json(workdir, "summary.json")["final_eval_return_per_seed"]
+    assert len(per_seed) == 2 and min(per_seed) >= 8, per_seed  # CartPole lasts >= 8 steps
