@@ -162,3 +162,34 @@ def test_pendulum_continuous_learns():
     _, metrics = jax.jit(jax.vmap(ppo.make_train(config)))(keys)
     eval_return = np.asarray(metrics["eval_return"])
     assert eval_return.mean() >= -300, eval_return
+
+
+@pytest.mark.parametrize("normalize_observations", [False, True])
+def test_next_observation_is_the_next_rollout_observation_unless_an_episode_ended(
+    normalize_observations,
+):
+    """What lets PPO's update value the rollout in one pass (next_values[t] = values[t + 1]) and
+    pass over the true last observations only when an episode was truncated: where no episode
+    ended at t, the observation step t led to is the one step t + 1 acts on (also after the
+    observation normaliser), and the last one is the observation the rollout carries on with."""
+    config = ppo.Config(
+        env_name="CartPole-v1",
+        env_options="max_steps_in_episode=15",  # truncations inside a 64-step rollout
+        normalize_observations=normalize_observations,
+    )
+    env = ppo.make_env(config)
+    obs, state = env.reset(jax.random.key(0))
+    actions = jax.random.bernoulli(jax.random.key(1), shape=(64, config.num_envs)).astype(int)
+
+    def step(carry, action):
+        state, obs = carry
+        result = env.step(jax.random.key(2), state, action)
+        done = result.terminated | result.truncated
+        return (result.state, result.obs), (obs, result.info["final_obs"], done, result.truncated)
+
+    (_, last_obs), (obs, next_obs, done, truncated) = jax.lax.scan(step, (state, obs), actions)
+    assert bool(truncated.any()) and bool((done & ~truncated).any())
+    following = np.concatenate([np.asarray(obs[1:]), np.asarray(last_obs)[None]])
+    continuing = ~np.asarray(done)
+    np.testing.assert_array_equal(np.asarray(next_obs)[continuing], following[continuing])
+    assert not np.allclose(np.asarray(next_obs)[~continuing], following[~continuing])
