@@ -152,7 +152,7 @@ class Config:
             f"choose one of {list(TORSOS)}",
         )
         if self.torso == "nature_cnn":
-            obs_shape = envs.make(self.env_name).observation_space.shape
+            obs_shape = envs.observation_shape(self.env_name, self.env_options, "env_options")
             require(
                 len(obs_shape) == 3 and min(obs_shape[1:]) >= 36,
                 "torso",

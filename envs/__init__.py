@@ -46,6 +46,7 @@ __all__ = [
     "make",
     "make_eval",
     "make_vec",
+    "observation_shape",
     "parse_env_options",
     "with_reward_discount",
     "registered",

@@ -85,22 +85,31 @@ def make(name: str, **env_params: Any) -> GymnaxEnv | MujocoEnv | GymnasiumVecto
     return GymnaxEnv(name, gymnax_env, params)
 
 
+def observation_shape(name: str, options: str = "", field: str = "env_name") -> tuple[int, ...]:
+    """The observation shape of `name` made with a config's `options` string
+    (`parse_env_options`), or a `ConfigError` naming `field` saying why it cannot be made. Configs
+    are validated often and a host environment's probe starts a simulator, so each host
+    environment is made once per process for each options string."""
+    key = (name, options)
+    if key in _host_observation_shapes:
+        return _host_observation_shapes[key]
+    try:
+        shape = tuple(make(name, **parse_env_options(options, field)).observation_space.shape)
+    except (ValueError, TypeError, ImportError) as error:
+        raise ConfigError(f"{field}: {error}") from None
+    if is_host_env(name):
+        _host_observation_shapes[key] = shape
+    return shape
+
+
+_host_observation_shapes: dict[tuple[str, str], tuple[int, ...]] = {}
+
+
 def require_registered(name: str, field: str = "env_name") -> None:
     """Raise a `ConfigError` naming `field` and the closest registered names unless `make(name)`
     would succeed (what every algorithm's Config checks)."""
-    if name in registered():
-        return
-    if is_host_env(name) and name in _known_host_envs:
-        return
-    try:
-        make(name)
-    except (ValueError, ImportError) as error:
-        raise ConfigError(f"{field}: {error}") from None
-    if is_host_env(name):
-        _known_host_envs.add(name)  # configs are validated often; make a Gymnasium env once
-
-
-_known_host_envs: set[str] = set()
+    if name not in registered():
+        observation_shape(name, field=field)
 
 
 def require_jax_env(name: str, algorithm: str, field: str = "env_name") -> None:
@@ -171,13 +180,8 @@ def parse_env_options(text: str, field: str = "env_options") -> dict[str, Any]:
 def require_options(name: str, text: str, field: str = "env_options") -> None:
     """Raise a `ConfigError` naming `field` unless `name` can be made with the options `text`
     (`parse_env_options`): an option the environment lacks would otherwise be ignored."""
-    options = parse_env_options(text, field)
-    if not options:
-        return
-    try:
-        make(name, **options)
-    except (ValueError, TypeError) as error:
-        raise ConfigError(f"{field}: {error}") from None
+    if parse_env_options(text, field):
+        observation_shape(name, text, field)
 
 
 __all__ = [
@@ -206,9 +210,10 @@ __all__ = [
     "is_host_env",
     "make",
     "make_eval",
+    "make_vec",
+    "observation_shape",
     "parse_env_options",
     "require_options",
-    "make_vec",
     "with_reward_discount",
     "registered",
     "require_jax_env",

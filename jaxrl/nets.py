@@ -146,9 +146,8 @@ class PatchConv(nn.Module):
             rows, cols = (out_h - 1 + blocks) * stride, (out_w - 1 + blocks) * stride
             x = x[..., :rows, :cols, :]  # the pixels any output sees
             x = x.reshape(x.shape[:-3] + (rows // stride, stride, cols // stride, stride, channels))
-            x = jnp.moveaxis(
-                x, -4, -3
-            )  # [..., row block, col block, row in block, col in block, c]
+            # -> [..., row block, col block, row in block, col in block, channel]
+            x = jnp.moveaxis(x, -4, -3)
             x = x.reshape(x.shape[:-3] + (stride * stride * channels,))
             # Kernel row i = block row * stride + row in block, likewise columns: regroup alike.
             kernel = kernel.reshape(blocks, stride, blocks, stride, channels, self.features)
