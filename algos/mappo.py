@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -35,16 +36,12 @@ from algos import ppo
 from envs import multi_agent
 from jaxrl import evaluation, loop
 from jaxrl.config import (
-    divisors,
     require,
-    require_in_range,
     require_non_negative,
-    require_positive,
-    require_step_count,
 )
-from jaxrl.hparams import HParams, hparams, static, swept
+from jaxrl.hparams import HParams, hparams, static
 from jaxrl.loop import Algorithm, zeros_step
-from jaxrl.nets import ACTIVATIONS, ActorCritic
+from jaxrl.nets import ActorCritic
 from jaxrl.prng import loop_keys
 from jaxrl.types import Metrics, PRNGKey
 
@@ -55,54 +52,33 @@ CRITICS = ("independent", "centralised")
 
 
 @dataclasses.dataclass(frozen=True)
-class Config:
-    """Multi-agent PPO settings. Defaults are JaxMARL's IPPO settings for MPE (its
-    `ippo_ff_mpe.yaml`) with a centralised critic; `critic="independent"` is IPPO."""
+class Config(ppo.TrainingConfig):
+    """Multi-agent PPO settings: PPO's shared `TrainingConfig`, the critic, and reward shaping.
+    Defaults are JaxMARL's IPPO settings for MPE (its `ippo_ff_mpe.yaml`) with a centralised
+    critic; `critic="independent"` is IPPO. Samples are counted per agent: a rollout gives
+    num_envs * rollout_length * num_agents of them."""
 
     env_name: str = "jaxmarl:MPE_simple_spread_v3"  # envs.multi_agent.registered()
-    critic: str = "centralised"  # "independent" (IPPO) or "centralised" (MAPPO)
     total_timesteps: int = 2_000_000  # environment steps per seed (each moves every agent)
     num_envs: int = 16
-    rollout_length: int = 128
-    num_epochs: int = 4
-    num_minibatches: int = 4  # must divide num_envs * rollout_length * num_agents
-    learning_rate: float = swept(2.5e-4)
-    anneal_lr: bool = True
-    gamma: float = swept(0.99)
-    gae_lambda: float = swept(0.95)
-    clip_eps: float = swept(0.2)
-    clip_value: bool = True
-    ent_coef: float = swept(0.01)
-    vf_coef: float = swept(0.5)
-    max_grad_norm: float = swept(0.5)
-    normalize_advantages: bool = True
-    hidden_sizes: tuple[int, ...] = (64, 64)
-    activation: str = "tanh"
-    adam_eps: float = 1e-5
+    critic: str = "centralised"  # "independent" (IPPO) or "centralised" (MAPPO)
     # Environments with a shaping reward apart from their task reward (Overcooked): the learner
     # adds it with a weight falling linearly from 1 to 0 over this many environment steps, as
     # JaxMARL's IPPO does (REW_SHAPING_HORIZON); 0 learns from the task reward alone.
     reward_shaping_horizon: int = 0
-    eval_episodes: int = 32
+
+    samples_per_update: ClassVar[str] = "num_envs * rollout_length * num_agents"
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "hidden_sizes", tuple(self.hidden_sizes))
-        require_positive(
-            self,
-            "total_timesteps",
-            "num_envs",
-            "rollout_length",
-            "num_epochs",
-            "num_minibatches",
-            "learning_rate",
-            "clip_eps",
-            "max_grad_norm",
-            "adam_eps",
-            "eval_episodes",
+        # The environment first: the shared checks count samples per agent.
+        require(
+            self.env_name in multi_agent.registered(),
+            "env_name",
+            f"{self.env_name!r} is not a multi-agent environment jaxrl runs",
+            f"choose one of {multi_agent.registered()}",
         )
-        require_in_range(self, "gamma", 0.0, 1.0)
-        require_in_range(self, "gae_lambda", 0.0, 1.0)
-        require_non_negative(self, "ent_coef", "vf_coef", "reward_shaping_horizon")
+        super().__post_init__()
+        require_non_negative(self, "reward_shaping_horizon")
         require(
             self.critic in CRITICS,
             "critic",
@@ -110,45 +86,10 @@ class Config:
             f"choose one of {list(CRITICS)} (IPPO, MAPPO)",
         )
         require(
-            self.activation in ACTIVATIONS,
-            "activation",
-            f"unknown activation {self.activation!r}",
-            f"choose one of {sorted(ACTIVATIONS)}",
-        )
-        require(
-            all(h > 0 for h in self.hidden_sizes),
-            "hidden_sizes",
-            f"every layer width must be positive, got {self.hidden_sizes}",
-            "e.g. hidden_sizes=(64, 64)",
-        )
-        require(
-            self.env_name in multi_agent.registered(),
-            "env_name",
-            f"{self.env_name!r} is not a multi-agent environment jaxrl runs",
-            f"choose one of {multi_agent.registered()}",
-        )
-        require(
             self.reward_shaping_horizon == 0 or multi_agent.has_shaped_reward(self.env_name),
             "reward_shaping_horizon",
             f"{self.env_name!r} has no shaping reward, so the horizon would be ignored",
             "set reward_shaping_horizon=0, or choose a jaxmarl:overcooked_* environment",
-        )
-        require_step_count(self, "total_timesteps")
-        steps_per_update = self.num_envs * self.rollout_length
-        require(
-            self.total_timesteps >= steps_per_update,
-            "total_timesteps",
-            f"({self.total_timesteps}) is less than one rollout, num_envs * rollout_length "
-            f"({steps_per_update})",
-            f"set total_timesteps >= {steps_per_update}",
-        )
-        samples = steps_per_update * self.num_agents
-        require(
-            samples % self.num_minibatches == 0,
-            "num_minibatches",
-            f"num_envs * rollout_length * num_agents ({samples}) must be divisible by "
-            f"num_minibatches ({self.num_minibatches})",
-            f"choose num_minibatches among {divisors(samples)[:12]}",
         )
 
     @property
@@ -159,22 +100,7 @@ class Config:
     @property
     def batch_size(self) -> int:
         """Samples per update: num_envs * rollout_length * num_agents."""
-        return self.num_envs * self.rollout_length * self.num_agents
-
-    @property
-    def minibatch_size(self) -> int:
-        """Samples per gradient step: batch_size // num_minibatches."""
-        return self.batch_size // self.num_minibatches
-
-    @property
-    def env_steps_per_update(self) -> int:
-        """Environment steps per update: num_envs * rollout_length."""
-        return self.num_envs * self.rollout_length
-
-    @property
-    def num_steps(self) -> int:
-        """Updates in a run: total_timesteps // (num_envs * rollout_length)."""
-        return self.total_timesteps // self.env_steps_per_update
+        return self.env_steps_per_update * self.num_agents
 
 
 _agent_counts: dict[str, int] = {}

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -48,19 +48,18 @@ from jaxrl.types import Metrics, Params, PRNGKey, Rollout
 
 
 @dataclasses.dataclass(frozen=True)
-class Config:
-    """PPO settings. Defaults are the PureJaxRL / CleanRL CartPole settings. Fields marked
-    `swept` may differ between the runs of one program (`jaxrl.hparams.sweep`)."""
+class TrainingConfig:
+    """The settings every PPO learner shares, single-agent (`Config`) or multi-agent
+    (`algos.mappo.Config`): run length, rollout size, the clipped objective, its optimiser and the
+    MLPs. Fields marked `swept` may differ between the runs of one program
+    (`jaxrl.hparams.sweep`)."""
 
-    env_name: str = "CartPole-v1"  # any name in envs.registered()
-    # The environment's own options, "name=value,...": gymnax EnvParams fields, or a host
-    # environment's make() options, e.g. "episodic_life=True,reward_clip=True" for EnvPool Atari.
-    env_options: str = ""
+    env_name: str = ""  # each algorithm sets its default and says which names it runs
     total_timesteps: int = 500_000  # environment steps per seed
     num_envs: int = 4  # parallel environments
     rollout_length: int = 128  # environment steps per environment per update
     num_epochs: int = 4  # passes over each rollout
-    num_minibatches: int = 4  # gradient steps per epoch; must divide num_envs * rollout_length
+    num_minibatches: int = 4  # gradient steps per epoch; must divide the samples of a rollout
     learning_rate: float = swept(2.5e-4)
     anneal_lr: bool = True  # linear decay to zero over all gradient steps
     gamma: float = swept(0.99)  # discount (of GAE and of the reward normaliser)
@@ -71,34 +70,17 @@ class Config:
     vf_coef: float = swept(0.5)  # weight of the value loss
     max_grad_norm: float = swept(0.5)  # global gradient-norm clip
     normalize_advantages: bool = True  # per minibatch
-    normalize_observations: bool = False  # running mean/std of observations (a wrapper)
-    normalize_rewards: bool = False  # scale rewards by the running std of discounted returns
     hidden_sizes: tuple[int, ...] = (64, 64)  # of both the actor and the critic MLP
     activation: str = "tanh"  # a key of jaxrl.nets.ACTIVATIONS
-    # "mlp": separate actor and critic MLPs; "nature_cnn": one Nature CNN torso both share, for
-    # stacked Atari frames (hidden_sizes and activation then unused).
-    torso: str = "mlp"
     adam_eps: float = 1e-5
     eval_episodes: int = 32  # episodes of the deterministic policy in the final evaluation
-    # Value learning by classification (jaxrl.hl_gauss): > 0 bins make the critic classify the
-    # return over hl_gauss_range with an HL-Gauss target sigma bin widths wide; 0 regresses.
-    hl_gauss_bins: int = 0
-    hl_gauss_range: tuple[float, ...] = ()  # (low, high) of the returns, e.g. (0, 100)
-    hl_gauss_sigma: float = 0.75  # in bin widths (Farebrother et al., 2024)
+
+    # How a rollout's samples are counted, as errors name them (MAPPO's count every agent's).
+    samples_per_update: ClassVar[str] = "num_envs * rollout_length"
 
     def __post_init__(self) -> None:
         # ml_collections hands us lists; the config must stay hashable.
         object.__setattr__(self, "hidden_sizes", tuple(self.hidden_sizes))
-        object.__setattr__(self, "hl_gauss_range", tuple(self.hl_gauss_range))
-        validate_hl_gauss(
-            self.hl_gauss_bins, self.hl_gauss_range, self.hl_gauss_sigma, example="(0, 100)"
-        )
-        require(
-            not (self.hl_gauss_bins and self.clip_value),
-            "clip_value",
-            "clips a regressed value; a classification critic (hl_gauss_bins > 0) has none",
-            "set clip_value=False with hl_gauss_bins",
-        )
         require_positive(
             self,
             "total_timesteps",
@@ -128,21 +110,76 @@ class Config:
             f"choose one of {sorted(ACTIVATIONS)}",
         )
         require_step_count(self, "total_timesteps")
-        batch = self.num_envs * self.rollout_length
         require(
-            batch % self.num_minibatches == 0,
-            "num_minibatches",
-            f"num_envs * rollout_length ({batch}) must be divisible by num_minibatches "
-            f"({self.num_minibatches})",
-            f"choose num_minibatches among {divisors(batch)[:12]}",
-        )
-        require(
-            self.total_timesteps >= batch,
+            self.total_timesteps >= self.env_steps_per_update,
             "total_timesteps",
             f"({self.total_timesteps}) is less than one rollout, num_envs * rollout_length "
-            f"({batch})",
-            f"set total_timesteps >= {batch}",
+            f"({self.env_steps_per_update})",
+            f"set total_timesteps >= {self.env_steps_per_update}",
         )
+        samples = self.batch_size
+        require(
+            samples % self.num_minibatches == 0,
+            "num_minibatches",
+            f"{self.samples_per_update} ({samples}) must be divisible by num_minibatches "
+            f"({self.num_minibatches})",
+            f"choose num_minibatches among {divisors(samples)[:12]}",
+        )
+
+    @property
+    def env_steps_per_update(self) -> int:
+        """Environment steps per update: num_envs * rollout_length."""
+        return self.num_envs * self.rollout_length
+
+    @property
+    def batch_size(self) -> int:
+        """Samples per update: num_envs * rollout_length."""
+        return self.env_steps_per_update
+
+    @property
+    def minibatch_size(self) -> int:
+        """Samples per gradient step: batch_size // num_minibatches."""
+        return self.batch_size // self.num_minibatches
+
+    @property
+    def num_steps(self) -> int:
+        """Updates (rollout + epochs) in a run: total_timesteps // (num_envs * rollout_length)."""
+        return self.total_timesteps // self.env_steps_per_update
+
+
+@dataclasses.dataclass(frozen=True)
+class Config(TrainingConfig):
+    """PPO settings: the shared `TrainingConfig`, plus the environment's options, observation and
+    reward normalisation, the torso and an HL-Gauss critic. Defaults are the PureJaxRL / CleanRL
+    CartPole settings."""
+
+    env_name: str = "CartPole-v1"  # any name in envs.registered()
+    # The environment's own options, "name=value,...": gymnax EnvParams fields, or a host
+    # environment's make() options, e.g. "episodic_life=True,reward_clip=True" for EnvPool Atari.
+    env_options: str = ""
+    normalize_observations: bool = False  # running mean/std of observations (a wrapper)
+    normalize_rewards: bool = False  # scale rewards by the running std of discounted returns
+    # "mlp": separate actor and critic MLPs; "nature_cnn": one Nature CNN torso both share, for
+    # stacked Atari frames (hidden_sizes and activation then unused).
+    torso: str = "mlp"
+    # Value learning by classification (jaxrl.hl_gauss): > 0 bins make the critic classify the
+    # return over hl_gauss_range with an HL-Gauss target sigma bin widths wide; 0 regresses.
+    hl_gauss_bins: int = 0
+    hl_gauss_range: tuple[float, ...] = ()  # (low, high) of the returns, e.g. (0, 100)
+    hl_gauss_sigma: float = 0.75  # in bin widths (Farebrother et al., 2024)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "hl_gauss_range", tuple(self.hl_gauss_range))
+        validate_hl_gauss(
+            self.hl_gauss_bins, self.hl_gauss_range, self.hl_gauss_sigma, example="(0, 100)"
+        )
+        require(
+            not (self.hl_gauss_bins and self.clip_value),
+            "clip_value",
+            "clips a regressed value; a classification critic (hl_gauss_bins > 0) has none",
+            "set clip_value=False with hl_gauss_bins",
+        )
+        super().__post_init__()
         envs.require_registered(self.env_name)
         envs.require_options(self.env_name, self.env_options)
         require(
@@ -176,21 +213,6 @@ class Config:
     def hl_gauss(self) -> HLGauss | None:
         """The critic's bins when it classifies (`hl_gauss_bins` > 0), else None."""
         return make_hl_gauss(self.hl_gauss_bins, self.hl_gauss_range, self.hl_gauss_sigma)
-
-    @property
-    def batch_size(self) -> int:
-        """Samples per update: num_envs * rollout_length."""
-        return self.num_envs * self.rollout_length
-
-    @property
-    def minibatch_size(self) -> int:
-        """Samples per gradient step: batch_size // num_minibatches."""
-        return self.batch_size // self.num_minibatches
-
-    @property
-    def num_steps(self) -> int:
-        """Updates (rollout + epochs) in a run: total_timesteps // batch_size."""
-        return self.total_timesteps // self.batch_size
 
 
 @struct.dataclass
@@ -337,18 +359,6 @@ def make_optimizer(hp: HParams, learning_rate: jax.Array, adam_eps: float):
     )
 
 
-class EpochSettings(Protocol):
-    """What `minibatch_epochs` reads from an algorithm's config (PPO's and MAPPO's have it)."""
-
-    num_epochs: int
-    num_minibatches: int
-    anneal_lr: bool
-    adam_eps: float
-
-    @property
-    def num_steps(self) -> int: ...  # updates in a run
-
-
 def minibatch_epochs(
     loss_fn: Callable[[Params, dict[str, jax.Array], HParams], tuple[jax.Array, Metrics]],
     samples: dict[str, jax.Array],
@@ -357,7 +367,7 @@ def minibatch_epochs(
     updates_done: jax.Array,
     key: PRNGKey,
     hp: HParams,
-    config: EpochSettings,
+    config: TrainingConfig,
 ) -> tuple[Params, optax.OptState, Metrics]:
     """PPO's optimisation of one batch: `config.num_epochs` passes over `samples` (leading axis:
     the samples) in `config.num_minibatches` shuffled minibatches, a gradient step of
