@@ -61,7 +61,7 @@ from jaxrl import host, sharding
 from jaxrl.config import require, require_in_range, require_positive
 from jaxrl.hparams import HParams, static, swept
 from jaxrl.lm import training
-from jaxrl.lm.model import ModelConfig, Transformer
+from jaxrl.lm.model import ModelConfig, Transformer, head_log_probs
 from jaxrl.lm.sampler import Completion, SamplingConfig, generate
 from jaxrl.loop import Algorithm
 
@@ -455,8 +455,16 @@ def make_rollout(
         prompts = task.sample_prompts(prompt_key, config.batch_size, task_data)
         grouped = jax.tree.map(lambda x: jnp.repeat(x, config.group_size, axis=0), prompts)
         grouped = sharding.constrain_batch(grouped, mesh)
+        # Each prompt is prefilled once; its G samples share its KV cache.
         completion = generate(
-            model, params, grouped.tokens, grouped.mask, sample_key, sampling, mesh
+            model,
+            params,
+            prompts.tokens,
+            prompts.mask,
+            sample_key,
+            sampling,
+            mesh,
+            group_size=config.group_size,
         )
 
         rewards, metrics = penalised_rewards(grouped, completion, hp)
@@ -496,6 +504,7 @@ def make_rollout(
             zero_variance_fraction=1.0 - has_signal.mean(),
             completion_length=completion.lengths.mean(),
             ended_with_eos=ended_with_eos.mean(),
+            prefilled_tokens=completion.prefilled_tokens,
         )
         return batch, metrics
 
@@ -511,17 +520,23 @@ def completion_log_probs(
     """Log-probs of the completion tokens under the policy at the sampling temperature, and the
     per-position entropy of that distribution; both [B, N]."""
     completion_length = batch["completion_mask"].shape[1]
-    # Position t predicts token t + 1: the logits before each completion token, and only those
-    # (the head over the prompt positions would be most of the memory, for nothing).
-    logits, _ = model.apply(
+    # Position t predicts token t + 1: the hidden states before each completion token, and only
+    # those (the head over the prompt positions would be most of the memory, for nothing); the
+    # head then runs over them in chunks (`head_log_probs`).
+    hidden, _ = model.apply(
         {"params": params},
         batch["tokens"],
         None,
         batch["attention_mask"],
         logits_for_last=completion_length + 1,
+        hidden_only=True,
     )
-    return log_probs_and_entropy(
-        logits[:, :-1], batch["tokens"][:, -completion_length:], temperature
+    return head_log_probs(
+        model.config,
+        params,
+        hidden[:, :-1],
+        batch["tokens"][:, -completion_length:],
+        temperature,
     )
 
 

@@ -486,10 +486,9 @@ def load_params(source: Checkpoint, model: ModelConfig, mesh: Any, seed: int = 0
             jax.eval_shape(lambda: init_params(model, jax.random.key(0))),
             where,
         )
-        with ocp.StandardCheckpointer() as checkpointer:
-            params = checkpointer.restore(
-                os.path.abspath(os.path.join(source.path, PARAMS_DIR)), like
-            )
+        params = training.restore_params(
+            os.path.abspath(os.path.join(source.path, PARAMS_DIR)), like
+        )
         return jax.tree.map(lambda x: x.astype(dtype), params)
     if source.kind == "hf":
         from jaxrl.lm.hf import load_hf_checkpoint
@@ -639,8 +638,7 @@ def load_reward_model(path: str, run: Setup, field: str = "config.reward_model")
         "score_kernel": jax.ShapeDtypeStruct(shape["score_kernel"].shape, "float32", sharding=head),
         "score_bias": jax.ShapeDtypeStruct((), "float32", sharding=head),
     }
-    with ocp.StandardCheckpointer() as checkpointer:
-        params = checkpointer.restore(os.path.abspath(os.path.join(path, PARAMS_DIR)), like)
+    params = training.restore_params(os.path.abspath(os.path.join(path, PARAMS_DIR)), like)
     dtype = jax.numpy.dtype(model.param_dtype)
     params["backbone"] = jax.tree.map(lambda x: x.astype(dtype), params["backbone"])
     return params, model

@@ -100,7 +100,7 @@ def test_checkpoint_saved_on_one_mesh_restores_on_another(setup, tmp_path):
 def test_shapes_that_do_not_divide_are_named_before_compiling():
     mesh = sharding.make_mesh(1, 1, 8)
     with pytest.raises(
-        ConfigError, match=r"params\['layer_0'\]\['attention'\]\['k_kernel'\].*kv_heads"
+        ConfigError, match=r"params\['layers'\]\['attention'\]\['k_kernel'\].*kv_heads"
     ):
         param_shardings(CONFIG, mesh)  # 2 kv heads cannot split 8 ways
     with pytest.raises(ConfigError, match="batch_size: 6 does not divide"):

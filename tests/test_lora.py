@@ -16,7 +16,14 @@ from jaxrl import hparams, loop, sharding
 from jaxrl.checkpoint import Checkpointer
 from jaxrl.config import ConfigError
 from jaxrl.lm import lora, training
-from jaxrl.lm.model import ModelConfig, Transformer, init_params, param_axes, param_shardings
+from jaxrl.lm.model import (
+    ModelConfig,
+    Transformer,
+    init_params,
+    param_axes,
+    param_shardings,
+    unstack_layers,
+)
 from jaxrl.lm.tokenizer import ByteTokenizer
 
 # One layer holds every kind of target; a second would only double the compile times.
@@ -99,7 +106,7 @@ def test_lora_sft_changes_only_the_adapters(lora_run):
     # The merged parameters (what scripts save) are plain, base-shaped, and moved.
     merged = state.params
     assert jax.tree.structure(merged) == jax.tree.structure(params)
-    q = ("layer_0", "attention", "q_kernel")
+    q = ("layers", "attention", "q_kernel")
     assert not np.array_equal(lora._get(merged, q), lora._get(params, q))
     assert np.array_equal(merged["embedding"], params["embedding"])  # not a target
     assert metrics["loss"][-1] < metrics["loss"][0]
@@ -111,9 +118,10 @@ def test_lora_sft_changes_only_the_adapters(lora_run):
 def numpy_logits(params, adapters, scale, tokens):
     """The decoder in float64 NumPy with each adapted weight applied UNMERGED: x @ W + scale *
     (x @ A) @ B, the inputs flattened over the weight's input dimensions."""
-    p = jax.tree.map(lambda x: np.asarray(x, np.float64), params)
+    # Layer by layer, as `layer_i` entries: the model stacks them on a leading axis.
+    p = jax.tree.map(lambda x: np.asarray(x, np.float64), unstack_layers(params))
     ad = {path: jax.tree.map(lambda x: np.asarray(x, np.float64), a)
-          for path, a in lora._adapters(adapters)}  # fmt: skip
+          for path, a in lora._adapters(unstack_layers(adapters))}  # fmt: skip
     c = MODEL
 
     def linear(x, path, weight):
@@ -268,11 +276,14 @@ def test_adapters_are_sharded_like_their_base_weights_and_the_step_matches():
 
     bases = param_shardings(MODEL, mesh)
     for path, (a, b) in lora._adapters(got.adapters):
-        n_in = lora.INPUT_DIMS[path[-1]]
+        lead = 1 if path[0] == "layers" else 0  # the stacked layers' axis, kept by both
+        n_in = lead + lora.INPUT_DIMS[path[-1]]
         base_spec = tuple(lora._get(bases, path).spec) + (None,) * 3
-        assert tuple(a.sharding.spec)[:n_in] == base_spec[:n_in], path  # A: the input axes
-        out_dims = b.ndim - 1
-        assert tuple(b.sharding.spec)[1:] == base_spec[n_in : n_in + out_dims], path  # B: output
+        a_spec, b_spec = tuple(a.sharding.spec) + (None,) * 3, tuple(b.sharding.spec) + (None,) * 3
+        assert a_spec[:n_in] == base_spec[:n_in], path  # A: the input axes
+        out_dims = b.ndim - 1 - lead
+        assert b_spec[:lead] == base_spec[:lead], path
+        assert b_spec[lead + 1 : lead + 1 + out_dims] == base_spec[n_in : n_in + out_dims], path
     # Something is actually split on this mesh, and the Adam moments follow the adapters.
     specs = [x.sharding.spec for x in jax.tree.leaves(got.adapters)]
     assert any(any(axis is not None for axis in spec) for spec in specs)
@@ -379,11 +390,12 @@ def test_adapter_axes_follow_the_base_weights():
         lora.LoraConfig(2, targets=ALL_TARGETS),
     )
     names = lora.adapter_axes(axes, adapters)
-    assert names["layer_0"]["attention"]["o_kernel"] == lora.Adapter(
-        ("heads", "kv", None), (None, "embed")
+    # One adapter per layer, stacked like the layers' weights.
+    assert names["layers"]["attention"]["o_kernel"] == lora.Adapter(
+        ("layers", "heads", "kv", None), ("layers", None, "embed")
     )
-    assert names["layer_0"]["attention"]["q_kernel"] == lora.Adapter(
-        ("embed", None), (None, "heads", "kv")
+    assert names["layers"]["attention"]["q_kernel"] == lora.Adapter(
+        ("layers", "embed", None), ("layers", None, "heads", "kv")
     )
     assert names["lm_head"] == lora.Adapter(("embed", None), (None, "vocab"))
 

@@ -22,7 +22,7 @@ import pytest
 from jaxrl.config import ConfigError
 from jaxrl.lm import gguf as gguf_import
 from jaxrl.lm.hf import load_hf_checkpoint, save_hf_checkpoint
-from jaxrl.lm.model import ModelConfig, Transformer, init_params, token_log_probs
+from jaxrl.lm.model import ModelConfig, Transformer, init_params, token_log_probs, unstack_layers
 from jaxrl.lm.sampler import SamplingConfig, generate
 from jaxrl.lm.tokenizer import load_tokenizer
 
@@ -83,6 +83,7 @@ def gguf_tensors(config, params):
     }
     if not config.tie_embeddings:
         out["output.weight"] = params["lm_head"].T
+    params = unstack_layers(params)
     for i in range(config.num_layers):
         layer, b = params[f"layer_{i}"], f"blk.{i}."
         att, mlp = layer["attention"], layer["mlp"]
@@ -206,8 +207,14 @@ def test_tiny_q8_0_recovers_weights_and_logits(tmp_path):
         assert np.abs(ours - original).max() <= bound
     ours = logits_of(TINY, checkpoint.params, TINY_INPUT)
     reference = logits_of(TINY, params, TINY_INPUT)
-    assert np.abs(ours - reference).max() < 0.1 * reference.std()  # 0.061 measured
-    assert np.argmax(ours, -1).tolist() == np.argmax(reference, -1).tolist()
+    error = np.abs(ours - reference).max()
+    assert error < 0.1 * reference.std()  # 0.061 measured
+    # The same choice wherever the reference's top two are further apart than the rounding can
+    # move them (a near-tie may flip either way).
+    top2 = np.sort(reference, -1)[..., -2:]
+    clear = top2[..., 1] - top2[..., 0] > 2 * error
+    assert clear.mean() > 0.5
+    assert (np.argmax(ours, -1) == np.argmax(reference, -1))[clear].all()
 
 
 def test_tiny_gguf_to_hf_directory(tmp_path):

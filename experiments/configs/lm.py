@@ -25,7 +25,7 @@ TINY_MODEL = dict(
     qkv_bias=False,
     dtype="float32",
     param_dtype="float32",
-    remat=False,
+    remat="none",
 )
 
 

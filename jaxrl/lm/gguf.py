@@ -54,7 +54,7 @@ import numpy as np
 
 from jaxrl.config import ConfigError
 from jaxrl.lm.hf import config_from_hf, save_hf_checkpoint, tensor_mismatches
-from jaxrl.lm.model import ModelConfig
+from jaxrl.lm.model import ModelConfig, stack_layers
 
 __all__ = [
     "GGUFCheckpoint",
@@ -523,6 +523,7 @@ def read_gguf(path: str | os.PathLike) -> GGUFCheckpoint:
         for key in spec.path[:-1]:
             tree = tree.setdefault(key, {})
         tree[spec.path[-1]] = _to_ours(_dequantize(tensors[name], path), spec, config)
+    params = stack_layers(params)
 
     files = _tokenizer_files(meta, path, config.max_position_embeddings)
     tokenizer, tokenizer_config = files if files is not None else (None, None)

@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from jaxrl.config import ConfigError
-from jaxrl.lm.model import ModelConfig
+from jaxrl.lm.model import ModelConfig, stack_layers, unstack_layers
 
 __all__ = [
     "config_from_hf",
@@ -609,7 +609,7 @@ def load_hf_checkpoint(
             f"{directory}: lm_head.weight differs from model.embed_tokens.weight although "
             f"{config_path} sets tie_word_embeddings true; set it false to load both"
         )
-    return config, params
+    return config, stack_layers(params)
 
 
 def _numpy_dtype(dtype: str) -> np.dtype:
@@ -640,7 +640,7 @@ def save_hf_checkpoint(
     """
     directory = os.fspath(directory)
     specs = _tensors(config)
-    flat = {path: value for path, value in _flatten(params)}
+    flat = {path: value for path, value in _flatten(unstack_layers(dict(params)))}
     expected_paths = {spec.path for spec in specs}
     missing = sorted("/".join(p) for p in expected_paths - flat.keys())
     extra = sorted("/".join(p) for p in flat.keys() - expected_paths)

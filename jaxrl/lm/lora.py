@@ -48,6 +48,7 @@ import jax.numpy as jnp
 
 from jaxrl import sharding
 from jaxrl.config import require
+from jaxrl.lm.model import LAYERS
 
 Array = jax.Array
 
@@ -205,9 +206,12 @@ def check_targets(params: dict, config: LoraConfig) -> None:
         )
 
 
-def _split(shape: tuple[int, ...], name: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    n = INPUT_DIMS[name]
-    return shape[:n], shape[n:]
+def _split(shape: tuple, path: tuple[str, ...]) -> tuple[tuple, tuple, tuple]:
+    """A weight's dimensions (or axis names) as (stacked, inputs, outputs): the decoder's layers
+    are stacked on a leading axis (`model.LAYERS`), which an adapter keeps, one per layer."""
+    lead = 1 if path[0] == LAYERS else 0
+    n = INPUT_DIMS[path[-1]]
+    return shape[:lead], shape[lead : lead + n], shape[lead + n :]
 
 
 def init_adapters(key: Array, params: dict, config: LoraConfig) -> dict:
@@ -215,10 +219,11 @@ def init_adapters(key: Array, params: dict, config: LoraConfig) -> dict:
     x @ A keeps x's scale), B = 0 (so the model starts exactly as the base)."""
     adapters: dict = {}
     for index, (path, weight) in enumerate(_targeted(params, config.parameter_names)):
-        inputs, outputs = _split(weight.shape, path[-1])
+        stacked, inputs, outputs = _split(weight.shape, path)
         std = 1.0 / math.sqrt(math.prod(inputs))
-        a = std * jax.random.normal(jax.random.fold_in(key, index), (*inputs, config.rank))
-        b = jnp.zeros((config.rank, *outputs), jnp.float32)
+        shape = (*stacked, *inputs, config.rank)
+        a = std * jax.random.normal(jax.random.fold_in(key, index), shape)
+        b = jnp.zeros((*stacked, config.rank, *outputs), jnp.float32)
         _set(adapters, path, Adapter(a.astype(jnp.float32), b))
     return adapters
 
@@ -229,8 +234,8 @@ def adapter_axes(axes: dict, adapters: dict) -> dict:
     result: dict = {}
     for path, _ in _adapters(adapters):
         base = _get(axes, path)
-        inputs, outputs = _split(base, path[-1])
-        _set(result, path, Adapter((*inputs, None), (None, *outputs)))
+        stacked, inputs, outputs = _split(base, path)
+        _set(result, path, Adapter((*stacked, *inputs, None), (*stacked, None, *outputs)))
     return result
 
 

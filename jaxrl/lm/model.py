@@ -64,7 +64,10 @@ class ModelConfig:
     qkv_bias: bool = False  # Qwen2 has biases on q, k and v (not on the output projection)
     dtype: str = "float32"  # compute dtype of the matmuls; norms, softmax and logits stay fp32
     param_dtype: str = "float32"  # storage dtype of the parameters
-    remat: bool = False  # recompute each layer's activations in the backward pass
+    # What each layer keeps for the backward pass (REMAT_POLICIES): "none" keeps everything,
+    # "save_dots" the matmul outputs, "full" only the layer's input, recomputing the rest.
+    # True and False (the older boolean field) mean "full" and "none".
+    remat: str = "none"
     # (Newer families; after the original fields so positional construction keeps working.)
     qk_norm: bool = False  # Qwen3 RMS-normalises each query and key head before the rotation
     # Frequency scaling of the rotary embedding: "default" (none), "llama3" (Llama 3.1+) or
@@ -80,6 +83,14 @@ class ModelConfig:
     rope_attention_factor: float | None = None  # yarn: cos/sin scale; None: 0.1 ln(factor) + 1
 
     def __post_init__(self) -> None:
+        if isinstance(self.remat, bool):
+            object.__setattr__(self, "remat", "full" if self.remat else "none")
+        require(
+            self.remat in REMAT_POLICIES,
+            "remat",
+            f"unknown policy {self.remat!r}",
+            f"use one of {', '.join(REMAT_POLICIES)}",
+        )
         require_positive(
             self,
             "vocab_size",
@@ -338,8 +349,14 @@ def rotary_embedding(
 class Attention(nn.Module):
     """Grouped-query self-attention with rotary positions, optionally over a KV cache.
 
-    `__call__(x, positions, token_mask, layer_cache) -> (y, new_layer_cache)`: x and y are
-    [B, T, hidden_size]; without a cache (None) the T tokens attend causally to each other.
+    `__call__(x, positions, token_mask, key_mask, index, cache, layer) -> (y, cache)`: x and y
+    are [B, T, hidden_size]. Without a cache (None) the T tokens attend causally to each other
+    (`key_mask` is then `token_mask`). With one, `cache` holds every layer's keys and values
+    ([layers, B, S, kv_heads, head_dim]); this layer (`layer`, traced) writes its new keys and
+    values into its own slice at slot `index` and attends to every slot `key_mask` marks. The
+    update is a `dynamic_update_slice` of the whole cache carried through the layer scan and the
+    decoding loop, which XLA performs in place: a decode step writes one slot per layer instead
+    of rewriting the cache.
     """
 
     config: ModelConfig
@@ -352,7 +369,10 @@ class Attention(nn.Module):
         x: Array,
         positions: Array,
         token_mask: Array,
-        layer_cache: Cache | None,
+        key_mask: Array,
+        index: Array,
+        cache: Cache | None,
+        layer: Array,
     ) -> tuple[Array, Cache | None]:
         cfg = self.config
         dtype, param_dtype = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
@@ -392,45 +412,45 @@ class Attention(nn.Module):
         k = rotary_embedding(k, positions, cfg.rope_theta, frequencies, scale)
         v = project("v", kv, "kv_heads")
 
-        batch, length = x.shape[:2]
-        if layer_cache is None:
-            keys, values, key_mask = k, v, token_mask
+        length = x.shape[1]
+        if cache is None:
+            keys, values = k, v
             query_slots = jnp.arange(length)
-            new_cache = None
         else:
-            # Write the new tokens into the fixed-size cache at `index`; attend to every slot
-            # written so far. Slot order is time order, so causality is slot <= query slot.
-            index = layer_cache["index"]
-            keys = jax.lax.dynamic_update_slice(
-                layer_cache["k"], k.astype(layer_cache["k"].dtype), (0, index, 0, 0)
-            )
-            values = jax.lax.dynamic_update_slice(
-                layer_cache["v"], v.astype(layer_cache["v"].dtype), (0, index, 0, 0)
-            )
-            key_mask = jax.lax.dynamic_update_slice(layer_cache["mask"], token_mask, (0, index))
+            # Slot order is time order, so causality is key slot <= query slot.
+            start = (layer, 0, index, 0, 0)
+            cache = {
+                "k": jax.lax.dynamic_update_slice(
+                    cache["k"], k.astype(cache["k"].dtype)[None], start
+                ),
+                "v": jax.lax.dynamic_update_slice(
+                    cache["v"], v.astype(cache["v"].dtype)[None], start
+                ),
+            }
+            keys = jax.lax.dynamic_index_in_dim(cache["k"], layer, keepdims=False)
+            values = jax.lax.dynamic_index_in_dim(cache["v"], layer, keepdims=False)
             query_slots = index + jnp.arange(length)
-            new_cache = {"k": keys, "v": values, "mask": key_mask, "index": index + length}
-
         key_slots = jnp.arange(keys.shape[1])
-        allowed = (key_slots[None, :] <= query_slots[:, None])[None] & key_mask[
-            :, None, :
-        ]  # [B, T, S]
-
-        # Grouped-query attention: query heads are grouped over the kv head they share.
-        groups = h // kv
-        q = q.reshape(batch, length, kv, groups, hd)
-        scores = jnp.einsum("btngk,bsnk->bngts", q, keys.astype(dtype)).astype(jnp.float32)
-        scores = scores / jnp.sqrt(jnp.float32(hd))
-        scores = jnp.where(allowed[:, None, None], scores, jnp.finfo(jnp.float32).min)
-        weights = jax.nn.softmax(scores, axis=-1).astype(dtype)
-        out = jnp.einsum("bngts,bsnk->btngk", weights, values.astype(dtype)).reshape(
-            batch, length, h, hd
-        )
+        allowed = (key_slots[None, :] <= query_slots[:, None])[None] & key_mask[:, None, :]
+        out = attend(q, keys.astype(dtype), values.astype(dtype), allowed)
         out = _constrain(out, ("act_batch", "act_length", "act_heads", None), self.mesh, self.rules)
 
         o_kernel = _param(self, "o_kernel", (h, hd, d), ("heads", "kv", "embed"), init, param_dtype)
         y = jnp.einsum("bthk,hkd->btd", out, o_kernel.astype(dtype))
-        return y, new_cache
+        return y, cache
+
+
+@jax.checkpoint
+def attend(q: Array, keys: Array, values: Array, allowed: Array) -> Array:
+    """Softmax attention of q [B, T, heads, D] over keys and values [B, S, kv_heads, D] where
+    `allowed` [B, T, S] is True, through `jax.nn.dot_product_attention` (grouped-query heads
+    without copying the keys; scores and softmax in fp32).
+
+    Checkpointed: the [B, heads, T, S] scores and probabilities are recomputed in the backward
+    pass rather than kept for it. Stored for every layer they were most of a long sequence's
+    training memory (1.7B shape, 32 x 384 tokens: 0.6 GB per layer in fp32), and recomputing
+    them costs one more attention forward, a small part of a layer's FLOPs."""
+    return jax.nn.dot_product_attention(q, keys, values, mask=allowed[:, None])
 
 
 class MLP(nn.Module):
@@ -465,25 +485,36 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    """One pre-norm block: x + attention(norm(x)), then + mlp(norm(x)); returns (x, layer_cache)."""
+    """One pre-norm block, x + attention(norm(x)), then + mlp(norm(x)), as the body of the layer
+    scan: `(x, cache, layer) -> ((x, cache, layer + 1), None)`, the rest broadcast to every
+    layer."""
 
     config: ModelConfig
     mesh: Any = None
     rules: Rules | None = None
 
     @nn.compact
-    def __call__(self, x, positions, token_mask, layer_cache):
+    def __call__(self, carry, positions, token_mask, key_mask, index):
+        x, cache, layer = carry
         cfg = self.config
         param_dtype = jnp.dtype(cfg.param_dtype)
         attention_in = RMSNorm(cfg.rms_norm_eps, param_dtype, name="input_norm")(x)
-        attended, layer_cache = Attention(cfg, self.mesh, self.rules, name="attention")(
-            attention_in, positions, token_mask, layer_cache
+        attended, cache = Attention(cfg, self.mesh, self.rules, name="attention")(
+            attention_in, positions, token_mask, key_mask, index, cache, layer
         )
         x = x + attended
         mlp_in = RMSNorm(cfg.rms_norm_eps, param_dtype, name="post_attention_norm")(x)
         x = x + MLP(cfg, self.mesh, self.rules, name="mlp")(mlp_in)
         x = _constrain(x, ("act_batch", "act_length", "act_embed"), self.mesh, self.rules)
-        return x, layer_cache
+        return (x, cache, layer + 1), None
+
+
+REMAT_POLICIES = {
+    # What each layer keeps for the backward pass; the rest is recomputed there.
+    "none": None,  # everything: fastest, most memory
+    "save_dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,  # the matmul outputs
+    "full": jax.checkpoint_policies.nothing_saveable,  # only each layer's input
+}
 
 
 class Transformer(nn.Module):
@@ -531,21 +562,28 @@ class Transformer(nn.Module):
         x = jnp.take(embedding, tokens, axis=0).astype(dtype)
         x = _constrain(x, ("act_batch", "act_length", "act_embed"), self.mesh, self.rules)
 
-        layer_type = nn.remat(DecoderLayer) if cfg.remat else DecoderLayer
-        new_layers = []
-        for i in range(cfg.num_layers):
-            layer_cache = None
-            if cache is not None:
-                layer_cache = {
-                    "k": cache["k"][i],
-                    "v": cache["v"][i],
-                    "mask": cache["mask"],
-                    "index": cache["index"],
-                }
-            x, layer_cache = layer_type(cfg, self.mesh, self.rules, name=f"layer_{i}")(
-                x, positions, token_mask, layer_cache
-            )
-            new_layers.append(layer_cache)
+        layer_type = DecoderLayer
+        if cfg.remat != "none":
+            layer_type = nn.remat(DecoderLayer, policy=REMAT_POLICIES[cfg.remat], prevent_cse=False)
+        # The layers are one scan over parameters stacked on a leading "layers" axis, so the
+        # program (and its compile time) is one layer's, whatever the depth.
+        layers = nn.scan(
+            layer_type,
+            variable_axes={"params": 0},
+            split_rngs={"params": True},
+            in_axes=(nn.broadcast,) * 4,
+            length=cfg.num_layers,
+            metadata_params={nn.PARTITION_NAME: "layers"},
+        )(cfg, self.mesh, self.rules, name="layers")
+        if cache is None:
+            kv, key_mask, index = None, token_mask, jnp.zeros((), jnp.int32)
+        else:
+            index = cache["index"]
+            kv = {"k": cache["k"], "v": cache["v"]}
+            key_mask = jax.lax.dynamic_update_slice(cache["mask"], token_mask, (0, index))
+        (x, kv, _), _ = layers(
+            (x, kv, jnp.zeros((), jnp.int32)), positions, token_mask, key_mask, index
+        )
 
         if logits_for_last and logit_positions is not None:
             raise ValueError("Transformer: pass logits_for_last or logit_positions, not both")
@@ -578,10 +616,10 @@ class Transformer(nn.Module):
         new_cache = None
         if cache is not None:
             new_cache = {
-                "k": jnp.stack([c["k"] for c in new_layers]),
-                "v": jnp.stack([c["v"] for c in new_layers]),
-                "mask": new_layers[-1]["mask"],
-                "index": new_layers[-1]["index"],
+                "k": kv["k"],
+                "v": kv["v"],
+                "mask": key_mask,
+                "index": index + tokens.shape[1],
             }
         return logits, new_cache
 
@@ -596,6 +634,56 @@ def head_logits(config: ModelConfig, params: dict, hidden: Array) -> Array:
     dtype = jnp.dtype(config.dtype)
     weight = params["embedding"].T if config.tie_embeddings else params["lm_head"]
     return (hidden @ weight.astype(dtype)).astype(jnp.float32)
+
+
+# Elements of fp32 logits ([rows, positions, vocab]) one chunk of `head_log_probs` may hold:
+# 2^26 is 256 MiB, e.g. 32 rows x 42 positions over a 49,152-token vocabulary.
+LOGITS_CHUNK_ELEMENTS = 1 << 26
+
+
+def head_log_probs(
+    config: ModelConfig,
+    params: dict,
+    hidden: Array,
+    targets: Array,
+    temperature: float = 1.0,
+    chunk_elements: int = LOGITS_CHUNK_ELEMENTS,
+) -> tuple[Array, Array]:
+    """log p(targets[:, t]) at `temperature` and the entropy of that distribution, both [B, T],
+    from final-normalised hidden states [B, T, hidden_size] (`Transformer(hidden_only=True)`)
+    that predict `targets` [B, T].
+
+    The head runs over chunks of positions in a scan whose body is checkpointed, so the fp32
+    logits [B, T, vocab] never exist whole, neither in the forward pass nor as residuals kept
+    for the backward pass (which recomputes one chunk's logits at a time). Over a real
+    vocabulary those logits, their log-softmax and its gradient were gigabytes per micro-batch.
+    """
+    batch, length = targets.shape
+    step = max(1, min(length, chunk_elements // max(1, batch * config.vocab_size)))
+    chunks = -(-length // step)
+    pad = chunks * step - length
+    hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
+    targets = jnp.pad(targets, ((0, 0), (0, pad)))
+    # [chunks, B, step, ...]: the scan runs over the leading axis.
+    hidden = hidden.reshape(batch, chunks, step, -1).swapaxes(0, 1)
+    targets = targets.reshape(batch, chunks, step).swapaxes(0, 1)
+
+    @jax.checkpoint
+    def one_chunk(h: Array, tokens: Array) -> tuple[Array, Array]:
+        logits = head_logits(config, params, h) / temperature
+        log_softmax = jax.nn.log_softmax(logits, axis=-1)
+        picked = jnp.take_along_axis(log_softmax, tokens[..., None], axis=-1)[..., 0]
+        entropy = -jnp.sum(jnp.exp(log_softmax) * log_softmax, axis=-1)
+        return picked, entropy
+
+    _, (log_probs, entropy) = jax.lax.scan(
+        lambda carry, xs: (carry, one_chunk(*xs)), None, (hidden, targets)
+    )
+
+    def unchunk(x: Array) -> Array:
+        return x.swapaxes(0, 1).reshape(batch, chunks * step)[:, :length]
+
+    return unchunk(log_probs), unchunk(entropy)
 
 
 def positions_from_mask(token_mask: Array) -> Array:
@@ -621,6 +709,39 @@ CACHE_AXES = {
     "mask": ("act_batch", "act_length"),
     "index": (),
 }
+
+
+LAYERS = "layers"  # the stacked decoder layers' entry in the parameter tree
+
+
+def stack_layers(params: dict) -> dict:
+    """Parameters with per-layer entries `layer_0` ... `layer_{L-1}` (the layout checkpoint
+    files and older jaxrl runs use) in this model's layout: one `layers` entry whose arrays are
+    the layers' stacked on a leading axis. Parameters already stacked are returned as they are.
+    Works on NumPy and JAX arrays alike (and on ShapeDtypeStructs' shapes via `jax.eval_shape`)."""
+    count = sum(1 for name in params if name.startswith("layer_"))
+    if count == 0:
+        return params
+    names = [f"layer_{i}" for i in range(count)]
+    if set(names) != {name for name in params if name.startswith("layer_")}:
+        raise ValueError(f"layers are not numbered 0..{count - 1}: {sorted(params)}")
+    per_layer = [params[name] for name in names]
+    stack = np.stack if isinstance(jax.tree.leaves(per_layer[0])[0], np.ndarray) else jnp.stack
+    rest = {name: value for name, value in params.items() if not name.startswith("layer_")}
+    return {**rest, LAYERS: jax.tree.map(lambda *xs: stack(xs), *per_layer)}
+
+
+def unstack_layers(params: dict) -> dict:
+    """The inverse of `stack_layers`: `layers` split into `layer_0` ... entries, the layout
+    Hugging Face and GGUF files name tensor by tensor."""
+    if LAYERS not in params:
+        return params
+    stacked = params[LAYERS]
+    count = jax.tree.leaves(stacked)[0].shape[0]
+    rest = {name: value for name, value in params.items() if name != LAYERS}
+    for i in range(count):
+        rest[f"layer_{i}"] = jax.tree.map(lambda x, i=i: x[i], stacked)
+    return rest
 
 
 def init_params(config: ModelConfig, key: Array) -> dict:

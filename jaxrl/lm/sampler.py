@@ -51,6 +51,8 @@ class Completion(NamedTuple):
     log_probs: Array  # [B, N] log-prob of each token under the model at the sampling temperature
     mask: Array  # [B, N] True for generated tokens up to and including EOS
     lengths: Array  # [B] number of True entries in mask
+    # Prompt positions the prefill ran (rows x prompt length): a group shares its prompt's.
+    prefilled_tokens: Array | int = 0
 
 
 def _filter_logits(logits: Array, top_k: int, top_p: float) -> Array:
@@ -73,15 +75,40 @@ def _filter_logits(logits: Array, top_k: int, top_p: float) -> Array:
 
 def sample_token(logits: Array, key: Array, config: SamplingConfig) -> tuple[Array, Array]:
     """Pick one token per row from [B, V] logits; return it and its log-prob under the model at
-    the sampling temperature (before top-k/top-p truncation: the policy the update sees)."""
+    the sampling temperature (before top-k/top-p truncation: the policy the update sees).
+
+    Sampling inverts the cumulative distribution with one uniform draw per row: the token is
+    the first whose running mass reaches u * total. That is the same distribution as the
+    Gumbel-max trick (`jax.random.categorical`), which draws a number per row *and vocabulary
+    entry*: on CPU those draws cost more than the whole model at batch 32. Greedy decoding takes
+    the first index of the maximum with two plain reductions (XLA:CPU's fused argmax reduction
+    is several times slower over a vocabulary)."""
+    scaled = logits if config.temperature == 0 else logits / config.temperature
+    vocab = scaled.shape[-1]
+    peak = jnp.max(scaled, axis=-1, keepdims=True)
+    log_total = jnp.log(jnp.sum(jnp.exp(scaled - peak), axis=-1))
     if config.temperature == 0:
-        token = jnp.argmax(logits, axis=-1)
-        scaled = logits
+        columns = jnp.arange(vocab, dtype=jnp.int32)
+        token = jnp.min(jnp.where(scaled == peak, columns, vocab), axis=-1)
     else:
-        scaled = logits / config.temperature
-        token = jax.random.categorical(key, _filter_logits(scaled, config.top_k, config.top_p))
-    log_prob = jnp.take_along_axis(jax.nn.log_softmax(scaled, axis=-1), token[:, None], axis=-1)
-    return token.astype(jnp.int32), log_prob[:, 0]
+        kept = _filter_logits(scaled, config.top_k, config.top_p)
+        mass = jnp.cumsum(jnp.exp(kept - peak), axis=-1)
+        # 1 - u lies in (0, 1], so the target is positive and the chosen token has mass.
+        target = (1.0 - jax.random.uniform(key, (scaled.shape[0], 1))) * mass[:, -1:]
+        token = jnp.minimum(jnp.sum(mass < target, axis=-1), vocab - 1)
+    picked = jnp.take_along_axis(scaled, token[:, None], axis=-1)[:, 0]
+    return token.astype(jnp.int32), picked - peak[:, 0] - log_total
+
+
+def generation_copy(params: Any, model_config: ModelConfig) -> Any:
+    """The parameters in the compute dtype, made once per rollout: every decode step then reads
+    each weight once in the dtype its matmul uses (half the bytes of fp32 master weights under
+    bf16 compute) instead of casting it again in every layer of every step. The model casts to
+    the same dtype, so the logits are unchanged."""
+    dtype = jnp.dtype(model_config.dtype)
+    return jax.tree.map(
+        lambda p: p.astype(dtype) if jnp.issubdtype(p.dtype, jnp.floating) else p, params
+    )
 
 
 def generate(
@@ -93,18 +120,38 @@ def generate(
     config: SamplingConfig,
     mesh: Any = None,
     rules: Any = None,
+    group_size: int = 1,
 ) -> Completion:
-    """Sample `config.max_new_tokens` tokens after each left-padded prompt (pure; jit it)."""
+    """Sample `config.max_new_tokens` tokens after each left-padded prompt (pure; jit it).
+
+    With `group_size` G > 1, each prompt gets G completions, rows p*G ... p*G + G - 1 of the
+    result (the layout of `jnp.repeat(prompts, G, axis=0)`, and the same samples for the same
+    key): the prompts are prefilled once and their KV cache repeated for the G samples, so a
+    group's prompt is read and computed once rather than G times."""
     model = Transformer(model_config, mesh=mesh, rules=rules)
-    batch, prompt_length = prompt_tokens.shape
+    params = generation_copy(params, model_config)
+    prompts, prompt_length = prompt_tokens.shape
+    batch = prompts * group_size
     steps = config.max_new_tokens
-    cache = init_cache(model_config, batch, prompt_length + steps)
+    cache = init_cache(model_config, prompts, prompt_length + steps)
     prompt_mask = prompt_mask.astype(bool)
 
     positions = positions_from_mask(prompt_mask)
     logits, cache = model.apply(
         {"params": params}, prompt_tokens, positions, prompt_mask, cache, logits_for_last=1
     )
+    if group_size > 1:
+        # The cache's batch axis is 1 for keys and values ([layers, B, S, ...]), 0 otherwise.
+        def share(x: Array, axis: int = 0) -> Array:
+            return jnp.repeat(x, group_size, axis=axis, total_repeat_length=batch)
+
+        cache = {
+            "k": share(cache["k"], 1),
+            "v": share(cache["v"], 1),
+            "mask": share(cache["mask"]),
+            "index": cache["index"],
+        }
+        logits, positions = share(logits), share(positions)
     first = {
         "step": jnp.zeros((), jnp.int32),
         "cache": cache,
@@ -149,4 +196,5 @@ def generate(
         log_probs=final["log_probs"],
         mask=final["mask"],
         lengths=final["mask"].sum(axis=-1),
+        prefilled_tokens=jnp.asarray(prompts * prompt_length, jnp.int32),
     )

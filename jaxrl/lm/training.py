@@ -18,7 +18,7 @@ whatever reads a finished run's `state.params` (saving, evaluation, export) sees
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import jax
@@ -30,7 +30,7 @@ from jaxrl import loop, sharding
 from jaxrl.config import require, require_non_negative, require_positive
 from jaxrl.hparams import HParams, swept
 from jaxrl.lm import lora
-from jaxrl.lm.model import ModelConfig, Transformer, param_axes, token_log_probs
+from jaxrl.lm.model import ModelConfig, Transformer, head_log_probs, param_axes, stack_layers
 
 Array = jax.Array
 # loss_fn(params, micro_batch) -> (scalar loss, metrics)
@@ -253,8 +253,10 @@ def sequence_log_probs(
     if scored_length is not None and scored_length < 0:
         raise ValueError(f"scored_length: got {scored_length}; use training.scored_length(masks)")
     if scored_length is None or scored_length >= length - 1:
-        logits, _ = model.apply({"params": params}, tokens, None, attention_mask)
-        per_token = token_log_probs(logits, tokens) * loss_mask
+        hidden, _ = model.apply({"params": params}, tokens, None, attention_mask, hidden_only=True)
+        # Position t predicts token t + 1; the head runs in chunks (`head_log_probs`).
+        picked, _ = head_log_probs(model.config, params, hidden[:, :-1], tokens[:, 1:])
+        per_token = picked * loss_mask[:, 1:]
         return per_token.sum(axis=-1), loss_mask.sum(axis=-1).astype(jnp.float32)
     # Window j of a row predicts token first + j from the logits at first + j - 1. A row with
     # nothing scored (argmax 0) reads a window whose mask is all False.
@@ -465,6 +467,41 @@ def minibatch_epochs(
 
     epochs = (jnp.arange(num_epochs), jax.random.split(shuffle_key, num_epochs))
     return jax.lax.scan(epoch, state, epochs)
+
+
+def restore_params(path: str, like: Any) -> Any:
+    """Restore parameters saved with orbax at `path` as `like` (a tree of ShapeDtypeStructs with
+    shardings) describes them.
+
+    Runs saved before the decoder's layers were stacked hold `layer_0` ... entries; those are
+    restored as saved (on the default device), stacked (`model.stack_layers`) and placed as
+    `like` says, so older run directories stay usable as `init_from`."""
+    import orbax.checkpoint as ocp
+
+    with ocp.StandardCheckpointer() as checkpointer:
+        saved = checkpointer.metadata(path).item_metadata
+
+        def per_layer(tree: Any) -> bool:
+            return isinstance(tree, Mapping) and (
+                "layer_0" in tree or any(per_layer(value) for value in tree.values())
+            )
+
+        if not per_layer(saved):
+            return checkpointer.restore(path, like)
+        device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        as_saved = jax.tree.map(
+            lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=device), saved
+        )
+        restored = checkpointer.restore(path, as_saved)
+
+    def stack(tree: Any) -> Any:
+        if not isinstance(tree, Mapping):
+            return tree
+        return stack_layers({key: stack(value) for key, value in tree.items()})
+
+    return jax.tree.map(
+        lambda x, want: jax.device_put(x.astype(want.dtype), want.sharding), stack(restored), like
+    )
 
 
 def chunk_sharding(mesh: Any, ndim: int) -> Any:

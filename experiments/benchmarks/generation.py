@@ -1,0 +1,198 @@
+"""Decoding speed against the hardware's roofline, measured in the same run.
+
+For each batch size the sampler (`jaxrl.lm.sampler.generate`) runs twice on random weights: once
+for one new token (the prefill and one step) and once for `--new_tokens`; the difference over the
+extra steps is the time of one decode step. The roofline of a step is the larger of
+
+- the time to read what a step must read once: the weights in the compute dtype and the KV cache
+  (at its mean length over the timed steps), at the memory bandwidth measured here by streaming
+  a buffer of the weights' size, and
+- the time of the step's matrix products at the matmul peak measured here (a large `jnp.dot` in
+  the compute dtype),
+
+so `ratio = step / roofline` says how far decoding is from what this machine allows. EOS is an id
+outside the vocabulary, so every row decodes every step.
+
+    python experiments/benchmarks/generation.py --model smollm2 --batches 1,4,32,128
+    python experiments/benchmarks/generation.py --model 1.7b --dtype bfloat16 --batches 1,32,128
+
+Models: `smollm2` (SmolLM2-135M-Instruct's shape), `1.7b` (24 layers, hidden 2048, 32 heads,
+vocab 49,152: the SmolLM2-1.7B shape) and `tiny` (the peers' 3.2M-parameter Llama).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl.lm.model import ModelConfig, init_params
+from jaxrl.lm.sampler import SamplingConfig, generate
+
+SHAPES = {
+    "tiny": dict(
+        vocab_size=512,
+        hidden_size=256,
+        intermediate_size=688,
+        num_layers=4,
+        num_heads=4,
+        num_kv_heads=2,
+    ),
+    "smollm2": dict(
+        vocab_size=49_152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_layers=30,
+        num_heads=9,
+        num_kv_heads=3,
+        tie_embeddings=True,
+        rope_theta=100_000.0,
+    ),
+    "1.7b": dict(
+        vocab_size=49_152,
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_layers=24,
+        num_heads=32,
+        num_kv_heads=32,
+        tie_embeddings=True,
+        rope_theta=130_000.0,
+    ),
+}
+
+
+def _best_time(fn: Any, *args: Any, repeats: int) -> float:
+    """The fastest of `repeats` timed calls after one warm-up call (seconds)."""
+    jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def memory_bandwidth(num_bytes: int, repeats: int) -> float:
+    """Bytes per second streamed by a reduction over a float32 buffer of `num_bytes`."""
+    buffer = jnp.ones((num_bytes // 4,), jnp.float32)
+    seconds = _best_time(jax.jit(jnp.sum), buffer, repeats=repeats)
+    return num_bytes / seconds
+
+
+def matmul_peak(dtype: Any, repeats: int, size: int = 2048) -> float:
+    """FLOP/s of one size x size x size product in `dtype`."""
+    a = jnp.ones((size, size), dtype)
+    seconds = _best_time(jax.jit(jnp.dot), a, a, repeats=repeats)
+    return 2.0 * size**3 / seconds
+
+
+def step_matmul_flops(model: ModelConfig, batch: int, context: float) -> float:
+    """FLOPs of one decode step: every weight used once per row, plus attention over the cache."""
+    return batch * model.flops_per_token(int(context))
+
+
+def time_decoding(
+    model: ModelConfig, params: Any, batch: int, prompt_length: int, new_tokens: int, repeats: int
+) -> dict[str, float]:
+    """Seconds of a prefill + one step, of a prefill + `new_tokens` steps, and per decode step."""
+    rng = np.random.default_rng(batch)
+    prompts = jnp.asarray(rng.integers(0, model.vocab_size, (batch, prompt_length)), jnp.int32)
+    mask = jnp.ones((batch, prompt_length), bool)
+    key = jax.random.key(0)
+
+    def timed(steps: int) -> tuple[float, float]:
+        sampling = SamplingConfig(max_new_tokens=steps, eos_id=model.vocab_size, pad_id=0)
+        fn = jax.jit(lambda p, t, m, k: generate(model, p, t, m, k, sampling).tokens)
+        start = time.perf_counter()
+        compiled = fn.lower(params, prompts, mask, key).compile()
+        compile_seconds = time.perf_counter() - start
+        return _best_time(compiled, params, prompts, mask, key, repeats=repeats), compile_seconds
+
+    short, _ = timed(1)
+    long, compile_seconds = timed(new_tokens)
+    return {
+        "prefill_s": short,
+        "total_s": long,
+        "step_ms": 1e3 * (long - short) / (new_tokens - 1),
+        "compile_s": compile_seconds,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", choices=sorted(SHAPES), default="smollm2")
+    parser.add_argument("--batches", default="1,4,32,128")
+    parser.add_argument("--prompt_length", type=int, default=128)
+    parser.add_argument("--new_tokens", type=int, default=64)
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", default="", help="also write the results to this file")
+    args = parser.parse_args()
+
+    model = ModelConfig(**SHAPES[args.model], dtype=args.dtype, param_dtype=args.dtype)
+    params = jax.jit(lambda: init_params(model, jax.random.key(0)))()
+    itemsize = jnp.dtype(args.dtype).itemsize
+    weight_bytes = model.num_params() * itemsize
+    bandwidth = statistics.median(
+        memory_bandwidth(max(weight_bytes, 256 << 20), args.repeats) for _ in range(3)
+    )
+    peak = matmul_peak(jnp.dtype(args.dtype), args.repeats)
+    read_ms = 1e3 * weight_bytes / bandwidth
+    print(
+        f"{args.model}: {model.num_params() / 1e6:.1f}M parameters, {args.dtype}; "
+        f"bandwidth {bandwidth / 1e9:.1f} GB/s (weights read in {read_ms:.1f} ms), "
+        f"matmul peak {peak / 1e9:.0f} GFLOP/s; {jax.devices()[0].device_kind}"
+    )
+    print("batch  step ms  roofline ms  ratio  tokens/s  (weights+KV ms, matmul ms)  compile s")
+    rows = []
+    for batch in (int(b) for b in args.batches.split(",")):
+        timing = time_decoding(
+            model, params, batch, args.prompt_length, args.new_tokens, args.repeats
+        )
+        context = args.prompt_length + args.new_tokens / 2
+        kv_bytes = (
+            2 * model.num_layers * batch * context * model.num_kv_heads * model.dims_per_head
+        ) * itemsize
+        read_ms = 1e3 * (weight_bytes + kv_bytes) / bandwidth
+        matmul_ms = 1e3 * step_matmul_flops(model, batch, context) / peak
+        roofline = max(read_ms, matmul_ms)
+        row = dict(
+            batch=batch,
+            **timing,
+            read_ms=read_ms,
+            matmul_ms=matmul_ms,
+            roofline_ms=roofline,
+            ratio=timing["step_ms"] / roofline,
+            tokens_per_s=1e3 * batch / timing["step_ms"],
+        )
+        rows.append(row)
+        print(
+            f"{batch:5d}  {row['step_ms']:7.2f}  {roofline:11.2f}  {row['ratio']:5.2f}  "
+            f"{row['tokens_per_s']:8.0f}  ({read_ms:.2f}, {matmul_ms:.2f})  "
+            f"{timing['compile_s']:.1f}",
+            flush=True,
+        )
+    if args.json:
+        report = dict(
+            model=args.model,
+            dtype=args.dtype,
+            prompt_length=args.prompt_length,
+            new_tokens=args.new_tokens,
+            bandwidth_bytes_per_s=bandwidth,
+            matmul_peak_flops=peak,
+            weight_bytes=weight_bytes,
+            device=jax.devices()[0].device_kind,
+            rows=rows,
+        )
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
