@@ -197,8 +197,16 @@ def make(
         prompts = task.sample_prompts(prompt_key, config.batch_size, inputs.task_data)
         grouped = jax.tree.map(lambda x: jnp.repeat(x, samples, axis=0), prompts)
         grouped = sharding.constrain_batch(grouped, mesh)
+        # Each prompt is prefilled once; its samples share its KV cache.
         completion = generate(
-            model, state.params, grouped.tokens, grouped.mask, sample_key, sampling, mesh
+            model,
+            state.params,
+            prompts.tokens,
+            prompts.mask,
+            sample_key,
+            sampling,
+            mesh,
+            group_size=samples,
         )
         tokens = jnp.concatenate([grouped.tokens, completion.tokens], axis=1)
         attention_mask = jnp.concatenate([grouped.mask, completion.mask], axis=1)
