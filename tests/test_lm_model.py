@@ -6,7 +6,14 @@ import numpy as np
 import pytest
 
 from jaxrl.config import ConfigError
-from jaxrl.lm.model import ModelConfig, Transformer, init_cache, init_params, token_log_probs
+from jaxrl.lm.model import (
+    ModelConfig,
+    Transformer,
+    head_log_probs,
+    init_cache,
+    init_params,
+    token_log_probs,
+)
 from jaxrl.lm.sampler import SamplingConfig, _filter_logits, generate
 
 CONFIG = ModelConfig(
@@ -154,9 +161,20 @@ def test_remat_gives_the_same_gradients_and_bf16_stays_close(params):
         return -token_log_probs(logits, tokens).mean()
 
     plain = jax.grad(lambda p: loss(CONFIG, p))(params)
-    remat = jax.grad(lambda p: loss(dataclasses.replace(CONFIG, remat=True), p))(params)
-    for a, b in zip(jax.tree.leaves(plain), jax.tree.leaves(remat), strict=True):
-        np.testing.assert_allclose(a, b, atol=1e-6)
+    # Every policy (True is the older spelling of "full") recomputes the same gradients, and the
+    # chunked head's log-probs equal the whole-vocabulary ones.
+    for policy in ("save_dots", "full", True):
+        config = dataclasses.replace(CONFIG, remat=policy)
+        remat = jax.grad(lambda p, config=config: loss(config, p))(params)
+        for a, b in zip(jax.tree.leaves(plain), jax.tree.leaves(remat), strict=True):
+            np.testing.assert_allclose(a, b, atol=1e-6)
+    with pytest.raises(ConfigError, match="remat"):
+        dataclasses.replace(CONFIG, remat="some")
+    hidden = Transformer(CONFIG).apply({"params": params}, tokens, hidden_only=True)[0]
+    whole = token_log_probs(Transformer(CONFIG).apply({"params": params}, tokens)[0], tokens)
+    # Chunks of 3 positions (two rows x 3 x vocab 64 elements each), the last one padded.
+    chunked, _ = head_log_probs(CONFIG, params, hidden[:, :-1], tokens[:, 1:], 1.0, 2 * 3 * 64)
+    np.testing.assert_allclose(chunked, whole[:, 1:], atol=1e-6)
     bf16 = dataclasses.replace(CONFIG, dtype="bfloat16")
     np.testing.assert_allclose(loss(bf16, params), loss(CONFIG, params), rtol=2e-2)
 

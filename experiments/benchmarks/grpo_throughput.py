@@ -5,6 +5,7 @@ project's real model, SmolLM2-135M-Instruct, both sides loading the same checkpo
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import time
@@ -150,6 +151,8 @@ def build_step(params: dict[str, Any]) -> harness.Step:
         # EOS id -1, a token no sample is: every completion runs max_new_tokens (TRL's worker
         # sets min_new_tokens to the same), so both sides generate and train on the same count.
         task = TextTask("text_windows", table_prompts(table), terms, -1, data["pad_id"])
+    # --dtype / --remat: the compute dtype (over fp32 weights) and what each layer keeps.
+    model = dataclasses.replace(model, dtype=params["dtype"], remat=params["remat"])
     # Each sequence's real prompt tokens, reported through a reward term of weight 0.
     task = task.with_reward(RewardTerm("prompt_tokens", 0.0, prompt_token_count))
     config = grpo.Config(
@@ -284,6 +287,7 @@ def variants(args: argparse.Namespace) -> list[harness.Variant]:
         extra = dict(size, model="smollm2", hf_dir=directory, data=data)
     for k in args.steps_per_call:
         params = dict(K=k, seed=args.seed, variant=args.variant, **extra)
+        params.update(dtype=args.dtype, remat=args.remat)
         params["rollout_trials"] = args.rollout_trials
         label = f"ours {args.variant} K={k}"
         rows.append(harness.Variant("", label, "ours", params, flops_per_step=flops, expect=expect))
@@ -300,6 +304,13 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
         help="ours: algos.grpo variant (TRL's default loss_type is dapo; same compute)",
     )
     add("--rollout_trials", type=int, default=5, help="ours: timed rollout calls (0: skip)")
+    add("--dtype", default="float32", choices=("float32", "bfloat16"), help="ours: compute dtype")
+    add(
+        "--remat",
+        default="none",
+        choices=("none", "save_dots", "full"),
+        help="ours: what each layer keeps for the backward pass (ModelConfig.remat)",
+    )
     smollm2.add_model_flags(parser, SMOLLM2_SIZES)
 
 

@@ -478,21 +478,25 @@ def restore_params(path: str, like: Any) -> Any:
     `like` says, so older run directories stay usable as `init_from`."""
     import orbax.checkpoint as ocp
 
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+
+    def as_saved(tree: Any) -> Any:
+        """orbax's metadata tree (a mapping, not a dict) as plain dicts of ShapeDtypeStructs."""
+        if hasattr(tree, "items"):
+            return {key: as_saved(value) for key, value in tree.items()}
+        return jax.ShapeDtypeStruct(tree.shape, tree.dtype, sharding=device)
+
     with ocp.StandardCheckpointer() as checkpointer:
-        saved = checkpointer.metadata(path).item_metadata
+        saved = as_saved(checkpointer.metadata(path).item_metadata)
 
         def per_layer(tree: Any) -> bool:
-            return isinstance(tree, Mapping) and (
+            return isinstance(tree, dict) and (
                 "layer_0" in tree or any(per_layer(value) for value in tree.values())
             )
 
         if not per_layer(saved):
             return checkpointer.restore(path, like)
-        device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-        as_saved = jax.tree.map(
-            lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=device), saved
-        )
-        restored = checkpointer.restore(path, as_saved)
+        restored = checkpointer.restore(path, saved)
 
     def stack(tree: Any) -> Any:
         if not isinstance(tree, Mapping):
