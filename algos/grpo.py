@@ -60,7 +60,7 @@ from envs.text import PromptBatch, RewardTerm, TextTask
 from jaxrl import host, sharding
 from jaxrl.config import require, require_in_range, require_positive
 from jaxrl.hparams import HParams, static, swept
-from jaxrl.lm import training
+from jaxrl.lm import lora, training
 from jaxrl.lm.model import ModelConfig, Transformer, head_log_probs
 from jaxrl.lm.sampler import Completion, SamplingConfig, generate
 from jaxrl.loop import Algorithm
@@ -631,10 +631,15 @@ def make(
             )
         reference_params, task_data = inputs if inputs is not None else Inputs()
         rollout_key, shuffle_key = jax.random.split(jax.random.fold_in(state.key, state.step))
-        # With LoRA, `state.params` merges the adapters once here: sampling and the old
-        # log-probs run on plain parameters.
-        policy = state.params
-        batch, metrics = rollout(policy, rollout_key, hp, task_data)
+        policy = sampled = state.params
+        if isinstance(state, training.LoraTrainState):
+            # The sampler reads plain weights in the compute dtype (its generation copy): merge
+            # the adapters straight into that copy, one layer at a time. The old log-probs
+            # read base and adapters as the loss does (`lora.attach`), so no fp32 merged copy
+            # of the model is made.
+            sampled = lora.merge(state.base, state.adapters, state.scale, dtype=model.dtype)
+            policy = lora.attach(state.base, state.adapters, state.scale)
+        batch, metrics = rollout(sampled, rollout_key, hp, task_data)
         if config.reuses_samples:
             batch["old_log_probs"] = no_grad_log_probs(policy, batch)
         if reference_params is not None:

@@ -240,7 +240,10 @@ def _constrain(x: Array, axes: tuple[str | None, ...], mesh: Any, rules: Rules |
 
 
 def _param(module: nn.Module, name: str, shape: tuple[int, ...], axes, init, dtype) -> Array:
-    return module.param(name, nn.with_logical_partitioning(init, axes), shape, dtype)
+    value = module.param(name, nn.with_logical_partitioning(init, axes), shape, dtype)
+    # A weight given with its LoRA adapter (`jaxrl.lm.lora.LoraWeight`) is merged here, inside
+    # the layer scan, one layer at a time.
+    return value.materialize() if hasattr(value, "materialize") else value
 
 
 class RMSNorm(nn.Module):
