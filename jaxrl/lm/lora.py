@@ -319,8 +319,10 @@ def merge(params: dict, adapters: dict, config: LoraConfig | float, dtype: Any =
                 return _as_bits(merged.astype(weight.dtype).astype(out))
 
             merged = jax.lax.map(one_layer, (weight, *adapter))
-            if merged.dtype == jnp.uint16:  # kept as bits until the model reads a layer
-                merged = PackedWeight(merged, out.name)
+            if merged.dtype == jnp.uint16:
+                # For a sampler (dtype given) kept as bits until the model reads a layer.
+                bits = jax.lax.bitcast_convert_type
+                merged = PackedWeight(merged, out.name) if dtype else bits(merged, out)
         else:
             merged = LoraWeight(weight, *adapter, scale, INPUT_DIMS[path[-1]]).materialize()
             merged = merged.astype(weight.dtype).astype(out)
