@@ -60,7 +60,7 @@ from envs.text import PromptBatch, RewardTerm, TextTask
 from jaxrl import host, sharding
 from jaxrl.config import require, require_in_range, require_positive
 from jaxrl.hparams import HParams, static, swept
-from jaxrl.lm import training
+from jaxrl.lm import lora, memory, training
 from jaxrl.lm.model import ModelConfig, Transformer, head_log_probs
 from jaxrl.lm.sampler import Completion, SamplingConfig, generate
 from jaxrl.loop import Algorithm
@@ -589,6 +589,19 @@ def make_loss(model: Transformer, config: Config) -> Callable[..., tuple[Array, 
 # --- GRPO: init and update -------------------------------------------------------------------
 
 
+def check_memory(config: Config, model: ModelConfig, task: TextTask) -> None:
+    """Refuse, in one line naming the setting to change, an update whose estimated peak memory
+    per device (`jaxrl.lm.memory`) the device cannot hold; no check where the device does not
+    report its memory (the CPU)."""
+    if memory.device_memory() is None:
+        return
+    prompts = jax.eval_shape(
+        lambda key: task.sample_prompts(key, config.batch_size, task.data), jax.random.key(0)
+    )
+    estimate = memory.grpo_estimate(config, model, prompts.tokens.shape[1])
+    memory.check_fits(estimate, model, "one GRPO update")
+
+
 class Inputs(NamedTuple):
     """What one update reads besides its state: the KL penalty's reference parameters (None: no
     penalty) and the task's `data`, the prompt table of a task made from a file (None for the
@@ -614,6 +627,7 @@ def make(
     means (`loss`, `clip_fraction`, `entropy`, `kl`, `grad_norm`). With config.lora_rank > 0
     only LoRA adapters train and sampling uses the merged parameters (the state's `params`).
     """
+    check_memory(config, model, task)
     rollout = make_rollout(config, model, task, mesh)
     transformer = Transformer(model, mesh=mesh)
     loss_fn = make_loss(transformer, config)
@@ -631,10 +645,15 @@ def make(
             )
         reference_params, task_data = inputs if inputs is not None else Inputs()
         rollout_key, shuffle_key = jax.random.split(jax.random.fold_in(state.key, state.step))
-        # With LoRA, `state.params` merges the adapters once here: sampling and the old
-        # log-probs run on plain parameters.
-        policy = state.params
-        batch, metrics = rollout(policy, rollout_key, hp, task_data)
+        policy = sampled = state.params
+        if isinstance(state, training.LoraTrainState):
+            # The sampler reads plain weights in the compute dtype (its generation copy): merge
+            # the adapters straight into that copy, one layer at a time. The old log-probs
+            # read base and adapters as the loss does (`lora.attach`), so no fp32 merged copy
+            # of the model is made.
+            sampled = lora.merge(state.base, state.adapters, state.scale, dtype=model.dtype)
+            policy = lora.attach(state.base, state.adapters, state.scale)
+        batch, metrics = rollout(sampled, rollout_key, hp, task_data)
         if config.reuses_samples:
             batch["old_log_probs"] = no_grad_log_probs(policy, batch)
         if reference_params is not None:

@@ -298,13 +298,104 @@ def apply(params: dict, adapters: dict, scale: float) -> dict:
     return result
 
 
-def merge(params: dict, adapters: dict, config: LoraConfig | float) -> dict:
-    """Plain parameters with the adapters folded in, each in its base weight's dtype: what
-    export, generation and a later run's `init_from` read. `config` is the LoraConfig (or its
-    scale)."""
+def merge(params: dict, adapters: dict, config: LoraConfig | float, dtype: Any = None) -> dict:
+    """Plain parameters with the adapters folded in, each in its base weight's dtype (then cast
+    to `dtype`, if given: a sampler's compute dtype, the layers' 16-bit weights then held as
+    `PackedWeight`s, which the model reads as plain ones): what export, generation and a later run's
+    `init_from` read. `config` is the LoraConfig (or its scale).
+
+    The stacked decoder layers' weights are merged one layer at a time (`lax.map`), so only one
+    layer's fp32 A @ B exists at once: for a 7B model, merging every layer at once held 25 GiB
+    of fp32 updates next to the merged copy."""
     scale = config if isinstance(config, int | float) else config.scale
-    effective = apply(params, adapters, scale)
-    return jax.tree.map(lambda new, old: new.astype(old.dtype), effective, params)
+    result = jax.tree.map(lambda x: x if dtype is None else _cast(x, dtype), params)
+    for path, adapter in _adapters(adapters):
+        weight = _get(params, path)
+        out = weight.dtype if dtype is None else jnp.dtype(dtype)
+        if path[0] == LAYERS:
+
+            def one_layer(layer: tuple, path=path, weight=weight, out=out) -> Array:
+                merged = LoraWeight(*layer, scale, INPUT_DIMS[path[-1]]).materialize()
+                return _as_bits(merged.astype(weight.dtype).astype(out))
+
+            merged = jax.lax.map(one_layer, (weight, *adapter))
+            if merged.dtype == jnp.uint16:
+                # For a sampler (dtype given) kept as bits until the model reads a layer.
+                bits = jax.lax.bitcast_convert_type
+                merged = PackedWeight(merged, out.name) if dtype else bits(merged, out)
+        else:
+            merged = LoraWeight(weight, *adapter, scale, INPUT_DIMS[path[-1]]).materialize()
+            merged = merged.astype(weight.dtype).astype(out)
+        _set(result, path, merged)
+    return result
+
+
+def _as_bits(x: Array) -> Array:
+    # 16-bit floats are stacked as their bits: XLA:CPU has no bf16 dynamic-update-slice, and
+    # stacking the merged layers in bf16 converted the whole stack to fp32 on every layer.
+    return jax.lax.bitcast_convert_type(x, jnp.uint16) if x.dtype.itemsize == 2 else x
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class PackedWeight:
+    """Stacked 16-bit weights held as their bits (uint16) and read as `dtype` one layer at a
+    time (`materialize`, called by `model._param` inside the layer scan). XLA:CPU has no bf16
+    dynamic-slice: slicing a layer out of bf16 stacked weights converted the whole stack to
+    fp32, and XLA hoisted that conversion out of the decoding loop, so a bf16 generation copy
+    of a 7B model also held a 25 GiB fp32 one."""
+
+    bits: Array
+    dtype: str = dataclasses.field(metadata=dict(static=True))
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.bits.shape
+
+    def materialize(self) -> Array:
+        return jax.lax.bitcast_convert_type(self.bits, jnp.dtype(self.dtype))
+
+
+def _cast(x: Array, dtype: Any) -> Array:
+    return x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class LoraWeight:
+    """A targeted weight with its adapter, merged only where the model reads it
+    (`materialize`, called by `model._param`): inside the decoder's layer scan each layer's
+    slice is merged on its own, and the backward pass recomputes that merge rather than keeping
+    it. Merging every layer before the model (`apply`) made the effective weights of all layers
+    and their full-size gradients exist at once (for a 7B model, 25 GiB each in fp32)."""
+
+    weight: Array  # the frozen base
+    a: Array
+    b: Array
+    scale: float = dataclasses.field(metadata=dict(static=True))
+    input_dims: int = dataclasses.field(metadata=dict(static=True))
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.weight.shape
+
+    def materialize(self) -> Array:
+        """W + scale * A @ B in float32, exactly as `apply` forms it."""
+        update = delta(Adapter(self.a, self.b), self.input_dims)
+        return self.weight.astype(jnp.float32) + self.scale * update
+
+
+def attach(params: dict, adapters: dict, scale: float) -> dict:
+    """The parameters the model trains LoRA with: each adapted weight of the stacked decoder
+    layers becomes a `LoraWeight` (base and adapter, merged per layer inside the model's layer
+    scan); an adapted weight outside the layers (`lm_head`) is merged here as `apply` does. The
+    model's outputs and the adapters' gradients are `apply`'s."""
+    result = jax.tree.map(lambda x: x, params)
+    for path, adapter in _adapters(adapters):
+        weight = _get(params, path)
+        lazy = LoraWeight(weight, *adapter, scale, INPUT_DIMS[path[-1]])
+        _set(result, path, lazy if path[0] == LAYERS else lazy.materialize())
+    return result
 
 
 def drop_inputs(adapters: dict, key: Array, rate: float) -> dict:

@@ -28,6 +28,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.ad_checkpoint import checkpoint_name
 
 from jaxrl import sharding
 from jaxrl.config import ConfigError, is_finite_number, require, require_positive
@@ -239,7 +240,10 @@ def _constrain(x: Array, axes: tuple[str | None, ...], mesh: Any, rules: Rules |
 
 
 def _param(module: nn.Module, name: str, shape: tuple[int, ...], axes, init, dtype) -> Array:
-    return module.param(name, nn.with_logical_partitioning(init, axes), shape, dtype)
+    value = module.param(name, nn.with_logical_partitioning(init, axes), shape, dtype)
+    # A weight given with its LoRA adapter (`jaxrl.lm.lora.LoraWeight`) is merged here, inside
+    # the layer scan, one layer at a time.
+    return value.materialize() if hasattr(value, "materialize") else value
 
 
 class RMSNorm(nn.Module):
@@ -408,9 +412,9 @@ class Attention(nn.Module):
             q = RMSNorm(cfg.rms_norm_eps, param_dtype, axis_name="kv", name="q_norm")(q)
             k = RMSNorm(cfg.rms_norm_eps, param_dtype, axis_name="kv", name="k_norm")(k)
         frequencies, scale = rope_frequencies(cfg)
-        q = rotary_embedding(q, positions, cfg.rope_theta, frequencies, scale)
-        k = rotary_embedding(k, positions, cfg.rope_theta, frequencies, scale)
-        v = project("v", kv, "kv_heads")
+        q = _saved(rotary_embedding(q, positions, cfg.rope_theta, frequencies, scale), "query")
+        k = _saved(rotary_embedding(k, positions, cfg.rope_theta, frequencies, scale), "key")
+        v = _saved(project("v", kv, "kv_heads"), "value")
 
         length = x.shape[1]
         if cache is None:
@@ -434,6 +438,7 @@ class Attention(nn.Module):
         allowed = (key_slots[None, :] <= query_slots[:, None])[None] & key_mask[:, None, :]
         out = attend(q, keys.astype(dtype), values.astype(dtype), allowed)
         out = _constrain(out, ("act_batch", "act_length", "act_heads", None), self.mesh, self.rules)
+        out = _saved(out, "attention_out")
 
         o_kernel = _param(self, "o_kernel", (h, hd, d), ("heads", "kv", "embed"), init, param_dtype)
         y = jnp.einsum("bthk,hkd->btd", out, o_kernel.astype(dtype))
@@ -474,7 +479,8 @@ class MLP(nn.Module):
         # strided copy, and the block's forward + backward takes 1.43 times as long (SmolLM2's
         # sizes, 8 x 64 tokens: 66 ms against 46 ms).
         tokens = x.reshape(-1, d)
-        hidden = jax.nn.silu(tokens @ gate.astype(dtype)) * (tokens @ up.astype(dtype))
+        gated = _saved(tokens @ gate.astype(dtype), "mlp_gate")
+        hidden = jax.nn.silu(gated) * _saved(tokens @ up.astype(dtype), "mlp_up")
         hidden = _constrain(
             hidden.reshape(*x.shape[:-1], f),
             ("act_batch", "act_length", "act_mlp"),
@@ -502,16 +508,62 @@ class DecoderLayer(nn.Module):
         attended, cache = Attention(cfg, self.mesh, self.rules, name="attention")(
             attention_in, positions, token_mask, key_mask, index, cache, layer
         )
-        x = x + attended
+        x = _saved(x + attended, "after_attention")
         mlp_in = RMSNorm(cfg.rms_norm_eps, param_dtype, name="post_attention_norm")(x)
         x = x + MLP(cfg, self.mesh, self.rules, name="mlp")(mlp_in)
         x = _constrain(x, ("act_batch", "act_length", "act_embed"), self.mesh, self.rules)
         return (x, cache, layer + 1), None
 
 
+# What "none" keeps of each layer for the backward pass (`_saved` names them): every value a
+# matmul's or attention's gradient reads that a matmul made -- the rotated queries and keys, the
+# values, the attention output, the residual stream after attention and the MLP's two
+# projections -- and, as every remat does, the layer's input. No matmul is recomputed; only the
+# elementwise work between them is (the norms from the residual stream, SiLU and its product,
+# the rotation, the weights' casts to the compute dtype). Keeping everything instead stored each
+# norm's fp32 copy of its input, SiLU's intermediates, bf16 copies of every weight and, on
+# XLA:CPU, fp32 copies of the MLP activations: the 135M GRPO update planned 21.5 GiB of
+# temporaries against 5.9 GiB (`experiments/benchmarks/memory_plan.py`).
+SAVED_NAMES = (
+    "query",
+    "key",
+    "value",
+    "attention_out",
+    "after_attention",
+    "mlp_gate",
+    "mlp_up",
+)
+
+
+def _saved(x: Array, name: str) -> Array:
+    """Name an activation the "none" policy keeps for the backward pass (`SAVED_NAMES`).
+
+    A 16-bit float is kept as its bits (uint16) and read back through `_from_bits`, whose
+    tangent is x's: XLA:CPU has no bf16 dynamic-slice or dynamic-update-slice, and storing each
+    layer's slice into the kept stack (or reading it back in the backward loop) converted the
+    whole stack to fp32, a conversion XLA then hoisted out of the backward loop, holding every
+    layer's kept activations in fp32 (twice the bytes). Integers are stored as they are."""
+    if jnp.dtype(x.dtype).itemsize != 2 or not jnp.issubdtype(x.dtype, jnp.floating):
+        return checkpoint_name(x, name)
+    bits = checkpoint_name(jax.lax.bitcast_convert_type(x, jnp.uint16), name)
+    return _from_bits(x, bits)
+
+
+@jax.custom_jvp
+def _from_bits(x: Array, bits: Array) -> Array:
+    """x, computed from its bits alone (so only the bits need keeping); the tangent is x's."""
+    return jax.lax.bitcast_convert_type(bits, x.dtype)
+
+
+@_from_bits.defjvp
+def _from_bits_jvp(primals: tuple[Array, Array], tangents: tuple[Array, Array]):
+    x, bits = primals
+    return _from_bits(x, bits), tangents[0]
+
+
 REMAT_POLICIES = {
     # What each layer keeps for the backward pass; the rest is recomputed there.
-    "none": None,  # everything: fastest, most memory
+    "none": jax.checkpoint_policies.save_only_these_names(*SAVED_NAMES),  # no matmul recomputed
     "save_dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,  # the matmul outputs
     "full": jax.checkpoint_policies.nothing_saveable,  # only each layer's input
 }
@@ -562,9 +614,7 @@ class Transformer(nn.Module):
         x = jnp.take(embedding, tokens, axis=0).astype(dtype)
         x = _constrain(x, ("act_batch", "act_length", "act_embed"), self.mesh, self.rules)
 
-        layer_type = DecoderLayer
-        if cfg.remat != "none":
-            layer_type = nn.remat(DecoderLayer, policy=REMAT_POLICIES[cfg.remat], prevent_cse=False)
+        layer_type = nn.remat(DecoderLayer, policy=REMAT_POLICIES[cfg.remat], prevent_cse=False)
         # The layers are one scan over parameters stacked on a leading "layers" axis, so the
         # program (and its compile time) is one layer's, whatever the depth.
         layers = nn.scan(

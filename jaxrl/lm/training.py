@@ -372,7 +372,7 @@ def train_step(
     def adapted_loss(adapters: Any, micro_batch: dict[str, Array]):
         if rate > 0:
             adapters = lora.drop_inputs(adapters, dropout_key, rate)
-        return loss_fn(lora.apply(state.base, adapters, state.scale), micro_batch)
+        return loss_fn(lora.attach(state.base, adapters, state.scale), micro_batch)
 
     adapters, opt_state, metrics = optimizer_step(
         adapted_loss, state.adapters, state.opt_state, batch, hp, config

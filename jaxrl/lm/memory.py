@@ -1,0 +1,274 @@
+"""How much memory a language-model update needs per device, estimated from shapes before
+anything compiles, and the one-line refusal of a run that cannot fit.
+
+The estimate adds what one update holds at its peak:
+
+- the state: parameters, AdamW's two moments (over the adapters only with LoRA), donated to
+  the update, so its outputs reuse their buffers;
+- the larger of its two phases, which never overlap:
+  - the rollout (GRPO): the sampler's generation copy of the weights in the compute dtype, the
+    KV cache of every completion (prompt + new tokens), the prefill's cache before a group's
+    samples share it, and the fp32 logits of one decode step;
+  - the optimisation step: the gradients (and AdamW's update of them), the activations each
+    layer keeps for the backward pass under `ModelConfig.remat` (`model.SAVED_NAMES` for
+    "none"; the matmul outputs for "save_dots"; the layer's input for "full"), one layer's
+    working set while its backward pass runs, and the head's chunk of fp32 logits
+    (`model.LOGITS_CHUNK_ELEMENTS`).
+
+Divided over a mesh (data, fsdp, tensor): parameters and optimizer state over fsdp x tensor,
+activations and caches over the batch shards (data x fsdp), their per-head and MLP widths
+over tensor.
+
+Calibrated against XLA's own plan (`compiled.memory_analysis()`, XLA:CPU, compile-only;
+`experiments/benchmarks/memory_plan.py`, tests/test_memory.py): GRPO at SmolLM2-135M and a
+1.7B shape (4 prompts x 8 x (128 + 256) tokens) and a 7B Llama shape with LoRA rank 16 (2 x 8),
+bf16 over fp32, no remat. XLA:CPU's plan of remat="save_dots" and "full" is not calibrated here
+(the estimate then counts what the policy keeps, which is what a GPU plan follows).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxrl.config import ConfigError
+from jaxrl.lm.lora import DEFAULT_TARGETS, INPUT_DIMS, parameter_name
+from jaxrl.lm.model import LOGITS_CHUNK_ELEMENTS, ModelConfig
+
+GIB = 1 << 30
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+    """Bytes per device: `parts` by name, `state` (the update's donated input and output),
+    `temporaries` (the peak of everything else) and `total`."""
+
+    parts: dict[str, float]
+    state: float
+    temporaries: float
+
+    @property
+    def total(self) -> float:
+        return self.state + self.temporaries
+
+    def summary(self) -> str:
+        """The largest parts in GiB, for an error message."""
+        top = sorted(self.parts.items(), key=lambda kv: -kv[1])[:4]
+        return ", ".join(f"{name} {value / GIB:.1f}" for name, value in top)
+
+
+def _bytes(dtype: str) -> int:
+    return np.dtype(dtype if dtype != "bfloat16" else np.float16).itemsize
+
+
+def layer_weight_shapes(model: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """One decoder layer's matrices by parameter name."""
+    d, h, kv, hd, f = (
+        model.hidden_size,
+        model.num_heads,
+        model.num_kv_heads,
+        model.dims_per_head,
+        model.intermediate_size,
+    )
+    return {
+        "q_kernel": (d, h, hd),
+        "k_kernel": (d, kv, hd),
+        "v_kernel": (d, kv, hd),
+        "o_kernel": (h, hd, d),
+        "gate_kernel": (d, f),
+        "up_kernel": (d, f),
+        "down_kernel": (f, d),
+    }
+
+
+def lora_params(model: ModelConfig, rank: int, targets: tuple[str, ...] = DEFAULT_TARGETS) -> int:
+    """Numbers in the adapters of rank `rank` on `targets`."""
+    shapes = layer_weight_shapes(model)
+    total = 0
+    for target in targets:
+        name = parameter_name(target)
+        if name == "lm_head":
+            total += rank * (model.hidden_size + model.vocab_size)
+            continue
+        shape = shapes[name]
+        n = INPUT_DIMS[name]
+        total += model.num_layers * rank * (math.prod(shape[:n]) + math.prod(shape[n:]))
+    return total
+
+
+def kept_per_token(model: ModelConfig) -> int:
+    """Elements each layer keeps per token for the backward pass under model.remat."""
+    d, h, kv, hd, f = (
+        model.hidden_size,
+        model.num_heads,
+        model.num_kv_heads,
+        model.dims_per_head,
+        model.intermediate_size,
+    )
+    if model.remat == "full":
+        return d  # the layer's input
+    # The layer's input, the residual after attention, rotated q and k, v, attention output,
+    # and the MLP's gate and up projections (model.SAVED_NAMES).
+    kept = 2 * d + 2 * h * hd + 2 * kv * hd + 2 * f
+    if model.remat == "save_dots":
+        kept += d + d  # the output projections' results too (o and down)
+    return kept
+
+
+def update_estimate(
+    model: ModelConfig,
+    *,
+    rows: int,
+    length: int,
+    scored: int,
+    lora_rank: int = 0,
+    lora_targets: tuple[str, ...] = DEFAULT_TARGETS,
+    rollout_prompts: int = 0,
+    group_size: int = 1,
+    prompt_length: int = 0,
+    new_tokens: int = 0,
+    mesh_shape: tuple[int, int, int] = (1, 1, 1),
+) -> Estimate:
+    """The peak of one update: an optimisation step over micro-batches of `rows` sequences of
+    `length` tokens whose head runs on `scored` positions per row, and (when rollout_prompts >
+    0) a rollout sampling `group_size` completions of `new_tokens` after each of
+    `rollout_prompts` prompts of `prompt_length` tokens. Bytes per device of a
+    (data, fsdp, tensor) mesh."""
+    data, fsdp, tensor = mesh_shape
+    batch_shards, param_shards = data * fsdp, fsdp * tensor
+    pb, cb = _bytes(model.param_dtype), _bytes(model.dtype)
+    n_params = model.num_params()
+    layers, d, f, vocab = (
+        model.num_layers,
+        model.hidden_size,
+        model.intermediate_size,
+        model.vocab_size,
+    )
+    layer_params = sum(math.prod(s) for s in layer_weight_shapes(model).values())
+    parts: dict[str, float] = {}
+
+    # The state (donated): parameters and AdamW's moments (optax keeps them in the params'
+    # dtype), over the adapters only with LoRA.
+    if lora_rank:
+        trained = lora_params(model, lora_rank, lora_targets) * 4  # fp32 adapters
+        parts["params"] = n_params * pb / param_shards
+        parts["adapters_and_adam"] = 3 * trained / param_shards
+        state = parts["params"] + parts["adapters_and_adam"]
+        gradients = 3 * trained / param_shards
+    else:
+        trained = n_params * pb
+        parts["params"] = trained / param_shards
+        parts["adam"] = 2 * trained / param_shards
+        state = parts["params"] + parts["adam"]
+        # The gradient, its accumulator and AdamW's update: XLA reuses one for another.
+        gradients = GRADIENT_COPIES * trained / param_shards
+
+    # The optimisation step.
+    tokens = rows * length / batch_shards
+    width_shards = tensor  # heads and the MLP's width split over the tensor axis
+    kept = kept_per_token(model)
+    activations = layers * tokens * kept * cb / width_shards
+    # One layer's backward pass at a time: its recomputed intermediates and gradients in fp32
+    # (the MLP's width dominates), and with LoRA its merged weights and their gradient.
+    working = tokens * (WORKING_MLP * f + WORKING_EMBED * d) * 4 / width_shards
+    if lora_rank:
+        working += WORKING_LORA_WEIGHTS * layer_params * 4 / param_shards
+    head_rows = rows / batch_shards
+    chunk = min(head_rows * scored * vocab, max(LOGITS_CHUNK_ELEMENTS, head_rows * vocab))
+    head = HEAD_COPIES * chunk * 4 + rows * scored * d * 4 / batch_shards
+    step = gradients + activations + working + head
+    parts["gradients"] = gradients
+    parts["kept_activations"] = activations
+    parts["layer_working_set"] = working
+    parts["head_chunks"] = head
+
+    rollout = 0.0
+    if rollout_prompts:
+        completions = rollout_prompts * group_size
+        slots = prompt_length + new_tokens
+        kv_elems = model.num_kv_heads * model.dims_per_head
+        cache = 2 * layers * completions * slots * kv_elems * cb / (batch_shards * tensor)
+        prefill = 2 * layers * rollout_prompts * slots * kv_elems * cb / (batch_shards * tensor)
+        prefill += rollout_prompts * prompt_length * f * 4 / (batch_shards * tensor)
+        # The sampler's copy of the weights in the compute dtype (none when it is the params').
+        copy = n_params * cb / param_shards if (cb != pb or lora_rank) else 0.0
+        logits = 2 * completions * vocab * 4 / batch_shards
+        rollout = cache + prefill + copy + logits
+        if lora_rank:
+            # GRPO merges the adapters into the sampler's copy before the rollout; XLA's plan
+            # (XLA:CPU, 7B LoRA) keeps that buffer's space through the optimisation step.
+            step += copy
+        parts["kv_cache"] = cache + prefill
+        parts["generation_copy"] = copy
+    temporaries = max(step, rollout) + FIXED_BYTES
+    return Estimate(parts, state, temporaries)
+
+
+# Calibration against XLA's plans (module docstring); tests/test_memory.py holds it to 15%.
+GRADIENT_COPIES = 2.0
+WORKING_MLP = 6.0
+WORKING_EMBED = 8.0
+WORKING_LORA_WEIGHTS = 3.0
+HEAD_COPIES = 3.0
+FIXED_BYTES = 64 * (1 << 20)
+
+
+def grpo_estimate(
+    config: Any, model: ModelConfig, prompt_length: int, mesh_shape: Any = None
+) -> Estimate:
+    """`update_estimate` of one GRPO update (`algos.grpo.Config`) on prompts of
+    `prompt_length` tokens."""
+    completions = config.batch_size * config.group_size
+    steps = config.num_minibatches * config.grad_accum_steps
+    return update_estimate(
+        model,
+        rows=completions // steps,
+        length=prompt_length + config.max_new_tokens,
+        scored=config.max_new_tokens,
+        lora_rank=config.lora_rank,
+        lora_targets=config.lora_targets,
+        rollout_prompts=config.batch_size,
+        group_size=config.group_size,
+        prompt_length=prompt_length,
+        new_tokens=config.max_new_tokens,
+        mesh_shape=tuple(mesh_shape or config.mesh_shape),
+    )
+
+
+def device_memory() -> int | None:
+    """Bytes the first device can hold (`memory_stats()["bytes_limit"]`), or None where the
+    backend does not say (the CPU)."""
+    try:
+        stats = jax.devices()[0].memory_stats()
+    except Exception:  # noqa: BLE001 - a backend without memory stats
+        return None
+    if not stats or "bytes_limit" not in stats:
+        return None
+    return int(stats["bytes_limit"])
+
+
+# A run is refused when its estimate exceeds the device's memory by this factor: the estimate
+# agrees with XLA's plan within 15%, so a run refused here would not have fitted.
+HEADROOM = 1.15
+
+
+def check_fits(estimate: Estimate, model: ModelConfig, what: str, limit: int | None = None) -> None:
+    """Raise a one-line ConfigError naming the setting to change when `estimate` (per device)
+    cannot fit the device's memory (`limit`, else `device_memory()`; no check without one)."""
+    limit = device_memory() if limit is None else limit
+    if limit is None or estimate.total <= HEADROOM * limit:
+        return
+    if model.remat != "full":
+        field, fix = "model.remat", f"set model.remat to 'full' (now {model.remat!r})"
+        fix += ", or raise grad_accum_steps (smaller micro-batches)"
+    else:
+        field, fix = "grad_accum_steps", "raise grad_accum_steps (smaller micro-batches)"
+    fix += ", lower batch_size, or shard over a larger mesh"
+    raise ConfigError(
+        f"{field}: {what} needs about {estimate.total / GIB:.1f} GiB per device (largest: "
+        f"{estimate.summary()} GiB) but the device holds {limit / GIB:.1f} GiB; {fix}"
+    )
