@@ -48,7 +48,7 @@ from gymnax.environments import spaces
 from jax.experimental import io_callback
 
 from envs.core import StepResult
-from jaxrl import host
+from jaxrl import extras, host
 
 PREFIX = "gymnasium:"
 ENVPOOL_PREFIX = "envpool:"
@@ -285,7 +285,7 @@ class EnvPoolVectorEnv(GymnasiumVectorEnv):
     unsupported_space_hint = "EnvPool's Discrete and Box tasks are supported"
 
     def _make_probe(self) -> Any:
-        import envpool
+        envpool = extras.import_module("envpool", "envpool", "EnvPool environments (envpool:)")
 
         if self.env_id not in envpool.list_all_envs():
             close = difflib.get_close_matches(self.env_id, envpool.list_all_envs(), n=3)
@@ -307,7 +307,7 @@ class EnvPoolVectorEnv(GymnasiumVectorEnv):
         return int(probe.spec.config.max_episode_steps)
 
     def _make(self, num_envs: int, seed: int) -> Any:
-        import envpool
+        envpool = extras.import_module("envpool", "envpool", "EnvPool environments (envpool:)")
 
         # EnvPool builds its spaces on first use, from float64 bounds that Gymnasium warns it
         # casts to float32: built here, quietly, and cached by the pool.

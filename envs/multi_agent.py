@@ -34,6 +34,7 @@ from gymnax.environments import spaces
 
 from envs.core import StepResult
 from envs.wrappers import AutoReset, EpisodeStatistics, Vectorize
+from jaxrl import extras
 
 PREFIX = "jaxmarl:"
 
@@ -61,7 +62,7 @@ def _import_jaxmarl() -> Any:
     try:
         with open(os.devnull, "w") as devnull:
             os.dup2(devnull.fileno(), 1)
-        import jaxmarl
+        jaxmarl = extras.import_module("jaxmarl", "marl", "multi-agent environments (jaxmarl:)")
     finally:
         sys.stdout.flush()
         os.dup2(saved, 1)

@@ -39,9 +39,12 @@ from experiments._pairs import (  # noqa: E402
     pair_summary_fields,
     record_dataset,
 )
-from jaxrl import runner, sharding  # noqa: E402
+from jaxrl import extras, runner, sharding  # noqa: E402
 from jaxrl.data.step_batches import dataset_batches  # noqa: E402
 from jaxrl.lm import training  # noqa: E402
+
+# A missing optional extra is one error line, before flags are parsed or anything compiles.
+extras.require("lm", "experiments/dpo.py")
 
 FLAGS = runner.define_flags("dpo.py", seeds=False)
 

@@ -29,10 +29,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from absl import flags  # noqa: E402
 
 from experiments import _lm  # noqa: E402
-from jaxrl import runner  # noqa: E402
+from jaxrl import extras, runner  # noqa: E402
 from jaxrl.config import ConfigError  # noqa: E402
 from jaxrl.lm import ByteTokenizer, load_tokenizer  # noqa: E402
 from jaxrl.lm.model import ModelConfig  # noqa: E402
+
+# A missing optional extra is one error line, before flags are parsed or anything compiles.
+extras.require("lm", "experiments/export.py")
 
 _RUN = flags.DEFINE_string("run", None, "Run directory of sft.py, dpo.py or grpo.py.")
 _OUT = flags.DEFINE_string("out", None, "Hugging Face directory to write.")

@@ -34,10 +34,13 @@ import numpy as np  # noqa: E402
 from absl import flags  # noqa: E402
 
 from experiments import _lm  # noqa: E402
-from jaxrl import runner, sharding  # noqa: E402
+from jaxrl import extras, runner, sharding  # noqa: E402
 from jaxrl.config import ConfigError  # noqa: E402
 from jaxrl.lm import load_tokenizer  # noqa: E402
 from jaxrl.lm.sampler import SamplingConfig, generate  # noqa: E402
+
+# A missing optional extra is one error line, before flags are parsed or anything compiles.
+extras.require("lm", "experiments/generate.py")
 
 _MODEL = flags.DEFINE_string("model", None, "A run directory, Hugging Face directory or .gguf.")
 _PROMPT = flags.DEFINE_multi_string("prompt", [], "A prompt (repeat the flag for more).")

@@ -54,11 +54,14 @@ from absl import app, flags  # noqa: E402
 from algos import dpo, grpo, online_dpo, ppo_lm, reward_model, sft  # noqa: E402
 from envs.text import make_task  # noqa: E402
 from envs.text.task import supervised_batch  # noqa: E402
-from jaxrl import hparams, loop, runner  # noqa: E402
+from jaxrl import extras, hparams, loop, runner  # noqa: E402
 from jaxrl.config import ConfigError  # noqa: E402
 from jaxrl.lm.model import ModelConfig, init_params  # noqa: E402
 from jaxrl.lm.sampler import generate  # noqa: E402
 from jaxrl.lm.tokenizer import ByteTokenizer  # noqa: E402
+
+# A missing optional extra is one error line, before flags are parsed or anything compiles.
+extras.require("lm", "experiments/gold_reward.py")
 
 flags.DEFINE_enum("study", "overoptimisation", ["overoptimisation", "online_vs_offline"], "which")
 flags.DEFINE_string("out", "runs/gold_reward", "directory for the JSON and the plot")

@@ -33,7 +33,10 @@ import jax  # noqa: E402
 
 from algos import grpo  # noqa: E402
 from experiments import _lm, _prompts  # noqa: E402
-from jaxrl import runner, sharding  # noqa: E402
+from jaxrl import extras, runner, sharding  # noqa: E402
+
+# A missing optional extra is one error line, before flags are parsed or anything compiles.
+extras.require("lm", "experiments/grpo.py")
 
 FLAGS = runner.define_flags("grpo.py", seeds=False)
 

@@ -22,7 +22,10 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from algos import mappo  # noqa: E402
-from jaxrl import runner  # noqa: E402
+from jaxrl import extras, runner  # noqa: E402
+
+# A missing optional extra is one error line, before flags are parsed or anything compiles.
+extras.require("marl", "experiments/mappo.py")
 
 FLAGS = runner.define_flags("mappo.py:mappo_spread")
 

@@ -37,7 +37,10 @@ import numpy as np  # noqa: E402
 
 from algos import multiturn  # noqa: E402
 from experiments import _games, _lm, _prompts  # noqa: E402
-from jaxrl import evaluation, runner  # noqa: E402
+from jaxrl import evaluation, extras, runner  # noqa: E402
+
+# A missing optional extra is one error line, before flags are parsed or anything compiles.
+extras.require("lm", "experiments/multiturn.py")
 
 FLAGS = runner.define_flags("multiturn.py", seeds=False)
 FINAL_WINDOW = 10  # updates whose training success is averaged for final_success

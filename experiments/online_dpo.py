@@ -28,7 +28,10 @@ import numpy as np  # noqa: E402
 
 from algos import online_dpo  # noqa: E402
 from experiments import _lm, _prompts  # noqa: E402
-from jaxrl import runner, sharding  # noqa: E402
+from jaxrl import extras, runner, sharding  # noqa: E402
+
+# A missing optional extra is one error line, before flags are parsed or anything compiles.
+extras.require("lm", "experiments/online_dpo.py")
 
 FLAGS = runner.define_flags("online_dpo.py", seeds=False)
 

@@ -40,7 +40,10 @@ import numpy as np  # noqa: E402
 
 from algos import ppo_lm  # noqa: E402
 from experiments import _lm, _prompts  # noqa: E402
-from jaxrl import runner, sharding  # noqa: E402
+from jaxrl import extras, runner, sharding  # noqa: E402
+
+# A missing optional extra is one error line, before flags are parsed or anything compiles.
+extras.require("lm", "experiments/ppo_lm.py")
 
 FLAGS = runner.define_flags("ppo_lm.py", seeds=False)
 

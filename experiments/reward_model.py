@@ -35,8 +35,11 @@ from experiments._pairs import (  # noqa: E402
     pair_summary_fields,
     record_dataset,
 )
-from jaxrl import runner, sharding  # noqa: E402
+from jaxrl import extras, runner, sharding  # noqa: E402
 from jaxrl.data.step_batches import dataset_batches  # noqa: E402
+
+# A missing optional extra is one error line, before flags are parsed or anything compiles.
+extras.require("lm", "experiments/reward_model.py")
 
 FLAGS = runner.define_flags("reward_model.py", seeds=False)
 PAIR_KEYS = tuple(

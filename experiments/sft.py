@@ -41,7 +41,7 @@ import numpy as np  # noqa: E402
 import envs.text  # noqa: E402, F401  (the tasks: imported at start, as a run needs them)
 from algos import sft  # noqa: E402
 from experiments import _games, _lm  # noqa: E402
-from jaxrl import runner, sharding  # noqa: E402
+from jaxrl import extras, runner, sharding  # noqa: E402
 from jaxrl.config import ConfigError  # noqa: E402
 from jaxrl.data import tokenize_sft  # noqa: E402
 from jaxrl.data.chat import (  # noqa: E402
@@ -58,6 +58,9 @@ from jaxrl.data.chat import (  # noqa: E402
 )
 from jaxrl.data.step_batches import dataset_batches  # noqa: E402
 from jaxrl.lm.model import ModelConfig, Transformer  # noqa: E402
+
+# A missing optional extra is one error line, before flags are parsed or anything compiles.
+extras.require("lm", "experiments/sft.py")
 
 FLAGS = runner.define_flags("sft.py", seeds=False)
 TRAIN_KEYS = ("tokens", "attention_mask", "loss_mask")

@@ -183,7 +183,9 @@ def test_cartpole_terminations_and_stored_rlds_steps(cartpole):
     t = load_transitions(path)
     assert t.action.dtype == np.int32 and t.action.shape == (300,)  # discrete: int32 indices
     raw = rollout_transitions(cartpole["record"], cartpole["steps_run"])
-    np.testing.assert_array_equal(transition_rows(t), transition_rows(raw))
+    # Equal up to float32 rounding: jax 0.11 compiles the next observation the collector stores
+    # and the one the rollout records into different kernels (1 ulp apart in 9 of 3,300 values).
+    np.testing.assert_allclose(transition_rows(t), transition_rows(raw), rtol=1e-6, atol=0)
     assert t.terminated.sum() == len(terminal) == raw.terminated.sum()
     assert (t.terminated <= t.last).all()  # a termination only ever ends an episode
     assert_episodes_equal(episodes, load_episodes(path))

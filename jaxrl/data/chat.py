@@ -48,6 +48,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from jaxrl import extras
 from jaxrl.config import ConfigError, require
 from jaxrl.lm.tokenizer import Tokenizer
 
@@ -313,7 +314,7 @@ def render(
 ) -> str:
     """`messages` rendered by the tokenizer's chat template; a template that refuses them (its
     `raise_exception`, e.g. "roles must alternate") is a `ChatDataError` naming `where`."""
-    import jinja2
+    jinja2 = extras.import_module("jinja2", "lm", "chat templates")
 
     try:
         return tokenizer.apply_chat_template(  # type: ignore[attr-defined]

@@ -52,6 +52,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from jaxrl import extras
 from jaxrl.config import ConfigError
 from jaxrl.lm.hf import config_from_hf, save_hf_checkpoint, tensor_mismatches
 from jaxrl.lm.model import ModelConfig, stack_layers
@@ -139,13 +140,7 @@ _NFC = ("qwen2",)  # Qwen2's tokenizer.json normalises to NFC first
 
 
 def _gguf():
-    try:
-        import gguf
-    except ImportError as error:  # pragma: no cover - depends on the environment
-        raise ImportError(
-            "reading GGUF files needs the `gguf` package: pip install -c constraints.txt gguf"
-        ) from error
-    return gguf
+    return extras.import_module("gguf", "lm", "reading GGUF files")
 
 
 # --- the q/k row permutation ---------------------------------------------------------------------

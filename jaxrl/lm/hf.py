@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxrl import extras
 from jaxrl.config import ConfigError
 from jaxrl.lm.model import ModelConfig, stack_layers, unstack_layers
 
@@ -75,13 +76,10 @@ IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
 def _safetensors():
-    try:
-        import safetensors.numpy
-    except ImportError as error:  # pragma: no cover - depends on the environment
-        raise ImportError(
-            "reading and writing Hugging Face checkpoints needs the `safetensors` package "
-            "(pip install safetensors); PyTorch is not needed"
-        ) from error
+    # PyTorch is not needed: safetensors reads and writes NumPy arrays.
+    extras.import_module("safetensors.numpy", "lm", "Hugging Face checkpoints")
+    import safetensors
+
     return safetensors
 
 

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
+from jaxrl import extras
 from jaxrl.config import ConfigError
 
 __all__ = [
@@ -220,6 +221,7 @@ def _compile_chat_template(template: str) -> Any:
     trim_blocks and lstrip_blocks, the loop-controls extension, a `{% generation %}` tag, a
     `tojson` that does not HTML-escape, `raise_exception`, `strftime_now`, and `dict` /
     `namespace` that cannot reach underscore (interpreter-internal) attributes."""
+    extras.import_module("jinja2", "lm", "chat templates")
     import jinja2
     import jinja2.ext
     import jinja2.nodes
@@ -434,7 +436,7 @@ class HFTokenizer:
 
         `chat_template` (a Jinja template, or named templates) replaces the checkpoint's; by
         default it is read from the directory (`load_chat_template`), None if it has none."""
-        from tokenizers import Tokenizer as RawTokenizer
+        RawTokenizer = extras.import_module("tokenizers", "lm", "tokenizer.json files").Tokenizer
 
         path = os.fspath(path)
         if not os.path.isfile(path):
