@@ -136,16 +136,24 @@ def job(
     `PRNGKey(config.seed)` and the config's hyper-parameters (replicated over the mesh), kept in
     its shardings by every chunk. The runner compiles chunks of `algorithm.update` itself
     (`scan_inputs`: `inputs_for` gives one host batch per update), unless `chunk(update, length,
-    log_every=, callback=, keep_going=)` makes them (DPO's, which hands every update the same
-    reference). `after_chunk(state, step, chunk_index)` may return a metrics row (an evaluation)."""
+    log_every=, callback=, keep_going=, check_every=)` makes them (DPO's, which hands every
+    update the same reference). `after_chunk(state, step, chunk_index)` may return a metrics row
+    (an evaluation)."""
     hp = jax.device_put(hparams.hparams(run.config), sharding.replicated(run.mesh))
     state = algorithm.init(jax.random.PRNGKey(run.flat.seed), hp)
     custom = None
     if chunk is not None:
 
-        def custom(length: int, block: int, sink: Callable, keep_going: Callable | None):
+        def custom(
+            length: int, block: int, sink: Callable, keep_going: Callable | None, check: int
+        ):
             return chunk(
-                algorithm.update, length, log_every=block, callback=sink, keep_going=keep_going
+                algorithm.update,
+                length,
+                log_every=block,
+                callback=sink,
+                keep_going=keep_going,
+                check_every=check,
             )
 
     return runner.Job(

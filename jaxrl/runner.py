@@ -11,8 +11,9 @@ come from. The runner does the rest the same way for every algorithm:
 
 A run killed at any moment (SIGKILL included) and started again ends where an uninterrupted run
 ends: the state resumes from the newest checkpoint and every metric row logged after it is
-dropped, so the re-run logs it again. Ctrl-C (SIGINT) or SIGTERM stops at the end of the running
-chunk with a checkpoint and a line telling how to resume; a second one stops at once.
+dropped, so the re-run logs it again. Ctrl-C (SIGINT) or SIGTERM stops after the running update
+(or piece of `Job.check_every` updates, for updates that cost less than asking) with a checkpoint
+and a line telling how to resume, whatever `run.log_every` is; a second one stops at once.
 """
 
 from __future__ import annotations
@@ -355,9 +356,12 @@ class Job:
     """What a script hands the runner: everything particular to its algorithm.
 
     The runner compiles chunks of the algorithm's `update` with `jaxrl.loop.make_chunk` (or calls
-    `make_chunk(length, log_every, sink, keep_going)` for a custom chunk, which passes `keep_going`
-    on to `loop.make_chunk`). `inputs_for(first, count)` gives the inputs of updates
-    [first, first + count) (None when the environment runs inside). After each chunk,
+    `make_chunk(length, log_every, sink, keep_going, check_every)` for a custom chunk, which
+    passes the last three on to `loop.make_chunk`). A stop request (Ctrl-C) is looked at every
+    `check_every` updates at most (the largest divisor of the block not above it): 1 where an
+    update takes long enough that asking costs nothing (the default), more where an update is
+    microseconds (SAC's one environment step). `inputs_for(first, count)` gives the inputs of
+    updates [first, first + count) (None when the environment runs inside). After each chunk,
     `after_chunk(states, step, chunk_index)` may return extra metric rows for the sink (an
     evaluation, say)."""
 
@@ -377,6 +381,7 @@ class Job:
     per_run: tuple[str, ...] = ("episode_return",)  # metrics also logged for every run
     after_chunk: Callable[[Any, int, int], Mapping[str, Any] | None] | None = None
     out_shardings: Any = None  # of (states, metrics), for sharded states
+    check_every: int = 1  # updates between stop checks, at most
 
 
 @dataclasses.dataclass
@@ -387,7 +392,7 @@ class RunResult:
     compile_seconds: float
     train_seconds: float
     resumed_from_step: int
-    last_metrics: Any  # stacked block metrics of the last chunk run here (None if none ran)
+    last_metrics: Any  # stacked piece metrics of the last chunk run here (None if none ran)
 
 
 def open_run(workdir: str, resolved_config: Mapping[str, Any]) -> RunDirectory:
@@ -442,8 +447,8 @@ def report_host_failure(failure: host.HostFailure) -> NoReturn:
 
 
 class _StopRequests:
-    """SIGINT/SIGTERM handling: the first asks the loop to stop at the next block boundary, the
-    second stops at once.
+    """SIGINT/SIGTERM handling: the first asks the loop to stop after the running update (or
+    piece of updates), the second stops at once.
 
     Python runs signal handlers only on the main thread between bytecodes, and the main thread sits
     inside the compiled chunk until it returns. So the handlers do nothing themselves: the signal
@@ -493,7 +498,7 @@ def train(
     """Run `job` as compiled chunks with checkpoints, resuming from the newest one."""
     states = job.init_states()
     checkpointer = Checkpointer(run_dir.checkpoint_dir, keep=run.keep_checkpoints)
-    done = 0
+    done, pending = 0, []
     try:
         restored = checkpointer.restore_newest_intact(states, run_dir.file("damaged_checkpoints"))
     except DamagedCheckpointError as error:
@@ -504,6 +509,7 @@ def train(
         for note in notes:
             print(f"warning: {note}; moved to damaged_checkpoints/", file=sys.stderr)
         done = int(meta["step"])
+        pending = meta.get("pending", [])  # a stop between rows: the row's pieces so far
         # Flushed: a pipe buffers stdout, and the line matters most when the run dies again.
         print(f"Resuming {run_dir.path} from step {done}/{job.num_steps}.", flush=True)
     # Rows logged after the checkpoint (or at all, without one) are logged again by this run.
@@ -524,20 +530,23 @@ def train(
         progress=run.progress,
         description=job.description,
     )
-    # Asked before every block inside the compiled chunk: a stop request (or, after a resume
-    # between chunk boundaries, the chunk's scheduled end) skips the remaining blocks. Runs whose
-    # state is spread over several devices stop at chunk ends instead: a host callback that
-    # returns a value inside a multi-device CPU program can deadlock jaxlib 0.10's runtime.
+    sink.restore_pending(pending)
+    # Asked before every piece of `check` updates inside the compiled chunk: a stop request (or,
+    # after a resume between chunk boundaries, the chunk's scheduled end) skips the remaining
+    # pieces. Runs whose state is spread over several devices stop at chunk ends instead: a host
+    # callback that returns a value inside a multi-device CPU program can deadlock jaxlib 0.10's
+    # runtime.
     stop = _StopRequests()
     control = {"end": 0}
     one_device = len({d for x in jax.tree.leaves(states) for d in x.devices()}) == 1
+    check = block_length(block, job.check_every) if one_device else block
 
     def keep_going(step: Any) -> bool:
         return not stop.requested and int(step) < control["end"]
 
     def chunk_program(length: int) -> Callable:
         if job.make_chunk is not None:
-            return job.make_chunk(length, block, sink, keep_going)
+            return job.make_chunk(length, block, sink, keep_going if one_device else None, check)
         return loop.make_chunk(
             job.update,
             length,
@@ -546,6 +555,7 @@ def train(
             runs_axis=job.runs_axis,
             scan_inputs=job.scan_inputs,
             keep_going=keep_going if one_device else None,
+            check_every=check,
         )
 
     with stop:  # from before compiling, so Ctrl-C there is one line too
@@ -579,10 +589,10 @@ def train(
                 sink.close()
                 checkpointer.close()
                 raise
-            blocks_run = (reached - step) // block
-            last_metrics = jax.tree.map(lambda m, n=blocks_run: m[:n], last_metrics)
+            pieces_run = (reached - step) // check
+            last_metrics = jax.tree.map(lambda m, n=pieces_run: m[:n], last_metrics)
             if not all_finite(states):  # never checkpoint (or continue from) a diverged state
-                message = divergence_message(last_metrics, step, block, checkpointer)
+                message = divergence_message(last_metrics, step, check, checkpointer)
                 sink.close()
                 checkpointer.close()
                 fail(message)
@@ -620,9 +630,11 @@ def _stop_before_training(checkpointer, sink, done, job, run_dir) -> NoReturn:
 
 
 def _stop_with_checkpoint(checkpointer, sink, states, step, job, run_dir) -> NoReturn:
-    """Save `states` at `step` (unless that checkpoint exists), say how to resume, exit 130."""
+    """Save `states` at `step` (unless that checkpoint exists) with the pieces of the metrics row
+    it stopped inside, say how to resume, exit 130."""
     if checkpointer.latest_step() != step:
-        checkpointer.save(step, states, {"step": step})
+        pending = sink.pending()
+        checkpointer.save(step, states, {"step": step} | ({"pending": pending} if pending else {}))
     sink.close()
     checkpointer.close()
     print(
