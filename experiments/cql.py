@@ -149,6 +149,7 @@ def main(argv: list[str]) -> None:
         inputs_for=lambda first, count: data,  # every update draws from the whole dataset
         per_run=("eval_return",),
         after_chunk=after_chunk,
+        check_every=50,  # a gradient step is about a millisecond: ask about Ctrl-C every 50
     )
     run_dir = runner.open_run(workdir, seeds.record(flat))
     result = runner.train(job, flat.run, run_dir, FLAGS["kill_after_chunk"].value)

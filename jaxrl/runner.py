@@ -533,13 +533,15 @@ def train(
     sink.restore_pending(pending)
     # Asked before every piece of `check` updates inside the compiled chunk: a stop request (or,
     # after a resume between chunk boundaries, the chunk's scheduled end) skips the remaining
-    # pieces. Runs whose state is spread over several devices stop at chunk ends instead: a host
-    # callback that returns a value inside a multi-device CPU program can deadlock jaxlib 0.10's
-    # runtime.
+    # pieces. Runs whose state is spread over several devices are driven piece by piece from
+    # here instead (one program of `check` updates, called until the chunk's end or a stop): a
+    # host callback that returns a value inside a multi-device CPU program can deadlock jaxlib
+    # 0.10's runtime.
     stop = _StopRequests()
     control = {"end": 0}
     one_device = len({d for x in jax.tree.leaves(states) for d in x.devices()}) == 1
-    check = block_length(block, job.check_every) if one_device else block
+    check = block_length(block, job.check_every)
+    programs = sorted(set(lengths)) if one_device else [check]
 
     def keep_going(step: Any) -> bool:
         return not stop.requested and int(step) < control["end"]
@@ -561,7 +563,7 @@ def train(
     with stop:  # from before compiling, so Ctrl-C there is one line too
         t0 = time.time()
         compiled = {}
-        for length in sorted(set(lengths)):
+        for length in programs:
             jit_options = {"donate_argnums": 0}
             if job.out_shardings is not None:
                 jit_options["out_shardings"] = job.out_shardings
@@ -580,9 +582,14 @@ def train(
             if end <= step:
                 continue  # done before the interruption
             control["end"] = end
-            inputs = job.inputs_for(step, length)
             try:
-                states, last_metrics = compiled[length](states, inputs, job.hparams)
+                if one_device:
+                    inputs = job.inputs_for(step, length)
+                    states, last_metrics = compiled[length](states, inputs, job.hparams)
+                else:
+                    states, last_metrics = _run_pieces(
+                        compiled[check], check, states, step, end, job, stop
+                    )
                 reached = int(np.asarray(states.step).reshape(-1)[0])
             except Exception:  # a host callback failed: keep what was logged, save nothing
                 _failed_updates[:] = [step + 1, end, checkpointer.latest_step()]
@@ -615,6 +622,19 @@ def train(
     checkpointer.close()
     last_metrics = None if last_metrics is None else jax.device_get(last_metrics)
     return RunResult(states, compile_seconds, time.time() - start, done, last_metrics)
+
+
+def _run_pieces(program, count, states, step, end, job, stop) -> tuple[Any, Any]:
+    """Updates `step` to `end` as calls of `program` (`count` updates each), stopping after the
+    piece during which a stop was requested; the pieces' metrics concatenated as one chunk's."""
+    pieces = []
+    while True:
+        states, metrics = program(states, job.inputs_for(step, count), job.hparams)
+        pieces.append(metrics)
+        step += count
+        if step >= end or stop.requested:
+            break
+    return states, jax.tree.map(lambda *m: jnp.concatenate(m), *pieces)
 
 
 def _stop_before_training(checkpointer, sink, done, job, run_dir) -> NoReturn:
