@@ -705,3 +705,52 @@ def plot_sample_efficiency_curves(
     if title:
         ax.set_title(title)
     return _finish(fig, out_path)
+
+
+# --------------------------------------------------------------------------------------------
+# pass@k (Chen et al. 2021, "Evaluating Large Language Models Trained on Code")
+
+
+def pass_at_k(num_samples: ArrayLike, num_correct: ArrayLike, k: int) -> np.ndarray:
+    """The unbiased estimate of pass@k per problem from `num_correct` right answers among
+    `num_samples` samples: 1 - C(n - c, k) / C(n, k), the chance that k of the n samples drawn
+    without replacement include a right one.
+
+    Computed as Chen et al.'s stable product 1 - prod_{i=n-c+1}^{n} (1 - k / i) rather than from
+    the binomials, which overflow for large n. Where n - c < k every draw of k holds a right
+    answer: 1. Needs 1 <= k <= n."""
+    n = np.asarray(num_samples, dtype=np.int64)
+    c = np.asarray(num_correct, dtype=np.int64)
+    n, c = np.broadcast_arrays(n, c)
+    if k < 1 or (n < k).any():
+        raise ValueError(f"pass@{k} needs 1 <= k <= the number of samples per problem")
+    if ((c < 0) | (c > n)).any():
+        raise ValueError("num_correct must lie in [0, num_samples]")
+    out = np.ones(n.shape, dtype=np.float64)
+    for index in np.ndindex(n.shape):
+        ni, ci = int(n[index]), int(c[index])
+        if ni - ci >= k:
+            out[index] = 1.0 - np.prod(1.0 - k / np.arange(ni - ci + 1, ni + 1, dtype=np.float64))
+    return out
+
+
+def pass_at_k_estimates(
+    correct: ArrayLike, ks: Sequence[int], *, reps: int = 10_000, seed: int = 0
+) -> dict[int, tuple[float, list[float]]]:
+    """pass@k of each k in `ks` over problems with `correct` [problems, samples] (1 for a right
+    sample): the mean over problems of the unbiased per-problem estimate, and its bootstrap 95%
+    interval with problems resampled (`interval_estimates`). pass@1 is the mean sampled
+    accuracy."""
+    correct = np.asarray(correct, dtype=np.float64)
+    if correct.ndim != 2:
+        raise ValueError(f"correct must be [problems, samples], got shape {correct.shape}")
+    n = correct.shape[1]
+    c = correct.sum(axis=1).round().astype(np.int64)
+    out = {}
+    for k in ks:
+        per_problem = pass_at_k(n, c, k)
+        points, bounds = interval_estimates(
+            {"x": per_problem[:, None]}, aggregate_mean, reps=reps, seed=seed
+        )
+        out[k] = (float(points["x"]), [float(b) for b in bounds["x"]])
+    return out

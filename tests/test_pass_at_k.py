@@ -1,0 +1,41 @@
+"""pass@k: the unbiased estimator of Chen et al. (2021) against a NumPy reference written from the
+paper's definition with exact binomials, and pass@1 as the mean sampled accuracy."""
+
+import math
+
+import numpy as np
+import pytest
+
+from jaxrl import evaluation
+
+
+def reference(n: int, c: int, k: int) -> float:
+    """1 - C(n - c, k) / C(n, k), with Python's exact integers."""
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def test_pass_at_k_equals_the_binomial_reference_on_fixed_samples():
+    rng = np.random.default_rng(0)
+    correct = (rng.random((50, 16)) < rng.random((50, 1))).astype(float)  # per-problem skill
+    counts = correct.sum(axis=1).astype(int)
+    for k in (1, 2, 4, 8, 16):
+        expected = np.mean([reference(16, int(c), k) for c in counts])
+        estimates = evaluation.pass_at_k_estimates(correct, [k], reps=200)
+        np.testing.assert_allclose(estimates[k][0], expected, rtol=1e-12)
+        low, high = estimates[k][1]
+        assert low <= estimates[k][0] <= high
+    # Per problem, including the edges c = 0 and n - c < k.
+    for n, c, k in [(10, 0, 3), (10, 10, 3), (10, 8, 3), (200, 3, 50), (1, 1, 1)]:
+        np.testing.assert_allclose(evaluation.pass_at_k(n, c, k), reference(n, c, k), rtol=1e-12)
+
+
+def test_pass_at_1_is_the_mean_sampled_accuracy_and_pass_at_k_grows_with_k():
+    correct = np.array([[1, 0, 0, 1], [0, 0, 0, 0], [1, 1, 1, 1], [0, 1, 0, 0]], float)
+    estimates = evaluation.pass_at_k_estimates(correct, [1, 2, 4], reps=500)
+    assert estimates[1][0] == pytest.approx(correct.mean(), rel=1e-12)
+    assert estimates[1][0] < estimates[2][0] < estimates[4][0] == 0.75  # 3 of 4 ever right
+
+
+def test_pass_at_k_refuses_k_above_the_samples():
+    with pytest.raises(ValueError, match="1 <= k"):
+        evaluation.pass_at_k(4, 1, 5)
