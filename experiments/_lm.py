@@ -41,6 +41,7 @@ SETTINGS = (
     "eval_batch_size",
     "eval_every",
     "reward_model",  # ppo_lm.py's and online_dpo.py's reward_model.py run(s)
+    "eval_samples",  # sampled completions per held-out prompt, for pass@k
 )  # top-level scalars that are not Config fields
 # What a run directory records besides config.json: the model it trained (architecture and
 # dtypes), where its tokenizer is and the special-token ids, so that init_from, generate.py and
@@ -702,6 +703,45 @@ def greedy_completions(
         for row in range(min(batch_size, n - start)):
             completions.append(tokenizer.decode(out.tokens[row][out.mask[row]]))
     return completions
+
+
+@functools.lru_cache(maxsize=8)
+def _sampler(model: ModelConfig, sampling: SamplingConfig, mesh: Any) -> Callable:
+    """One jitted sampler per (model, sampling, mesh), its key an argument."""
+    return jax.jit(
+        lambda p, t, m, k: generate(model, p, t, m, k, sampling, mesh),
+        out_shardings=sharding.replicated(mesh),
+    )
+
+
+def sampled_completions(
+    model: ModelConfig,
+    params: Any,
+    tokenizer: Any,
+    prompt_tokens: np.ndarray,
+    prompt_mask: np.ndarray,
+    sampling: SamplingConfig,
+    num_samples: int,
+    key: jax.Array,
+    mesh: Any,
+    batch_size: int = 256,
+) -> list[list[str]]:
+    """`num_samples` decoded completions of every left-padded prompt sampled with `sampling`
+    (for pass@k), `batch_size` rows at a time; batch i draws with `fold_in(key, i)`, so the same
+    key gives the same samples (a resumed run's evaluation is the uninterrupted run's)."""
+    run = _sampler(model, sampling, mesh)
+    n = len(prompt_tokens)
+    rows = np.repeat(np.arange(n), num_samples)  # prompt of each sample
+    batch_size = batch_for_mesh(min(batch_size, len(rows)), mesh)
+    texts: list[str] = []
+    for index, start in enumerate(range(0, len(rows), batch_size)):
+        chosen = rows[np.arange(start, start + batch_size) % len(rows)]
+        tokens = sharding.shard_batch(prompt_tokens[chosen], mesh)
+        mask = sharding.shard_batch(prompt_mask[chosen], mesh)
+        out = jax.device_get(run(params, tokens, mask, jax.random.fold_in(key, index)))
+        for row in range(min(batch_size, len(rows) - start)):
+            texts.append(tokenizer.decode(out.tokens[row][out.mask[row]]))
+    return [texts[i * num_samples : (i + 1) * num_samples] for i in range(n)]
 
 
 def task_accuracy(

@@ -39,3 +39,38 @@ def test_pass_at_1_is_the_mean_sampled_accuracy_and_pass_at_k_grows_with_k():
 def test_pass_at_k_refuses_k_above_the_samples():
     with pytest.raises(ValueError, match="1 <= k"):
         evaluation.pass_at_k(4, 1, 5)
+
+
+@pytest.mark.parametrize(
+    "script, args",
+    [
+        ("grpo.py", ["--config.group_size=4"]),
+        ("ppo_lm.py", []),
+        ("online_dpo.py", ["--config.num_minibatches=1"]),
+    ],
+)
+def test_lm_summaries_carry_pass_at_k_with_intervals(script, args, tmp_path):
+    """Held-out pass@1, @2 and @4 of 4 samples per prompt, before and after training, each with
+    a bootstrap interval around it; pass@k grows with k."""
+    from tests.script_runs import read_json, run_script
+
+    workdir = str(tmp_path / "run")
+    run_script(
+        script,
+        *args,
+        "--config.num_steps=2",
+        "--config.batch_size=8",
+        "--config.task.num_eval=16",
+        "--config.run.num_chunks=1",
+        "--config.run.progress=False",
+        "--config.run.tensorboard=False",
+        f"--workdir={workdir}",
+    )
+    summary = read_json(workdir, "summary.json")
+    assert summary["eval_samples"] == 4
+    for prefix in ("eval_", "initial_eval_"):
+        points = [summary[f"{prefix}pass_at_{k}"] for k in (1, 2, 4)]
+        assert points == sorted(points), points
+        for k, point in zip((1, 2, 4), points, strict=True):
+            low, high = summary[f"{prefix}pass_at_{k}_ci95"]
+            assert 0.0 <= low <= point <= high <= 1.0, (k, low, point, high)
