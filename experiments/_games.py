@@ -288,4 +288,18 @@ def evaluator(
             called, shown,
         )  # fmt: skip
 
+    @functools.partial(jax.jit, static_argnums=(1, 2))
+    def sampled(params: Any, temperature: float, num_samples: int) -> jax.Array:
+        sampling = SamplingConfig(turn_tokens, game.end_of_turn, tokenizer.pad_id, temperature)
+        resets = jax.numpy.repeat(reset_keys, num_samples, axis=0)  # each game n times
+        draws = jax.random.split(jax.random.key(section.data_seed + 2), count * num_samples)
+        played, _ = dialogue.converse(model, params, game.env, resets, draws, sampling, mesh)
+        return (played.rewards.sum(axis=1) > 0).reshape(count, num_samples)
+
+    def successes(params: Any, temperature: float, num_samples: int) -> np.ndarray:
+        """[num_eval, num_samples]: 1 where an episode of each evaluation game succeeded, each
+        game played `num_samples` times with fixed keys (for pass@k)."""
+        return np.asarray(jax.device_get(sampled(params, temperature, num_samples)), np.float64)
+
+    evaluate.successes = successes  # type: ignore[attr-defined]
     return evaluate

@@ -363,12 +363,14 @@ def pass_at_ks(num_samples: int) -> list[int]:
     return sorted(ks)
 
 
-def pass_at_k_fields(held: HeldOut, prefix: str = "eval_") -> dict[str, Any]:
-    """`{prefix}pass_at_K` and its `_ci95` for every reported k (nothing without samples)."""
-    if held.samples is None or held.samples.size == 0:
+def pass_at_k_fields(held: HeldOut | np.ndarray | None, prefix: str = "eval_") -> dict[str, Any]:
+    """`{prefix}pass_at_K` and its `_ci95` for every reported k of a held-out result (or its
+    [problems, samples] correctness); nothing without samples."""
+    samples = held.samples if isinstance(held, HeldOut) else held
+    if samples is None or samples.size == 0:
         return {}
     fields: dict[str, Any] = {}
-    estimates = evaluation.pass_at_k_estimates(held.samples, pass_at_ks(held.samples.shape[1]))
+    estimates = evaluation.pass_at_k_estimates(samples, pass_at_ks(samples.shape[1]))
     for k, (point, bounds) in estimates.items():
         fields[f"{prefix}pass_at_{k}"] = point
         fields[f"{prefix}pass_at_{k}_ci95"] = bounds

@@ -44,14 +44,18 @@ def test_pass_at_k_refuses_k_above_the_samples():
 @pytest.mark.parametrize(
     "script, args",
     [
-        ("grpo.py", ["--config.group_size=4"]),
-        ("ppo_lm.py", []),
-        ("online_dpo.py", ["--config.num_minibatches=1"]),
+        ("grpo.py", ["--config.group_size=4", "--config.batch_size=8"]),
+        ("ppo_lm.py", ["--config.batch_size=8"]),
+        ("online_dpo.py", ["--config.num_minibatches=1", "--config.batch_size=8"]),
+        (
+            "multiturn.py",
+            ["--config.batch_size=2", "--config.group_size=4", "--config.task.max_turns=3"],
+        ),
     ],
 )
 def test_lm_summaries_carry_pass_at_k_with_intervals(script, args, tmp_path):
-    """Held-out pass@1, @2 and @4 of 4 samples per prompt, before and after training, each with
-    a bootstrap interval around it; pass@k grows with k."""
+    """Held-out pass@1, @2 and @4 of 4 samples per prompt (multi-turn: 4 episodes per game),
+    before and after training, each with a bootstrap interval around it; pass@k grows with k."""
     from tests.script_runs import read_json, run_script
 
     workdir = str(tmp_path / "run")
@@ -59,7 +63,6 @@ def test_lm_summaries_carry_pass_at_k_with_intervals(script, args, tmp_path):
         script,
         *args,
         "--config.num_steps=2",
-        "--config.batch_size=8",
         "--config.task.num_eval=16",
         "--config.run.num_chunks=1",
         "--config.run.progress=False",
