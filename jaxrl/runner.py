@@ -615,7 +615,7 @@ def train(
                 checkpointer.save(end, states, {"step": end})
             if kill_after_chunk == index + 1:
                 os.kill(os.getpid(), signal.SIGKILL)
-            if stop.requested and not is_last:
+            if stop.requested:  # after the last chunk too: the final evaluation can wait
                 _stop_with_checkpoint(checkpointer, sink, states, step, job, run_dir)
     jax.block_until_ready(states)
     sink.close()

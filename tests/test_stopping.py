@@ -79,6 +79,14 @@ def pendulum_data(tmp_path_factory):
     return os.path.join(data_dir, "pendulum_v1", "random", "1.0.0")
 
 
+@pytest.fixture(scope="module")
+def sft_run(tmp_path_factory):
+    """A small SFT run for DPO to start from."""
+    workdir = str(tmp_path_factory.mktemp("sft") / "sft")
+    run_script("sft.py", "--config.num_steps=20", *LM, f"--workdir={workdir}")
+    return workdir
+
+
 def results_of(summary: dict) -> dict:
     return {k: v for k, v in summary.items() if not any(t in k for t in TIMING_KEYS)}
 
@@ -88,6 +96,8 @@ def test_ctrl_c_stops_after_the_running_update_and_the_rerun_ends_equal(script, 
     args = list(CASES[script])
     if script == "cql.py":
         args.append(f"--config.dataset.path={request.getfixturevalue('pendulum_data')}")
+    if script == "dpo.py":
+        args.append(f"--config.init_from={request.getfixturevalue('sft_run')}")
     whole, parts = str(tmp_path / "whole"), str(tmp_path / "parts")
 
     # The uninterrupted run, and how long it trained from its first metrics row to its last.
