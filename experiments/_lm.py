@@ -7,15 +7,18 @@ tokenizer/, params/), the runner's `Job` for one LM run, and greedy-generation t
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import functools
 import json
+import logging
 import os
 import shutil
+import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, NamedTuple
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 
 import jax
 import ml_collections
@@ -495,9 +498,13 @@ def load_params(source: Checkpoint, model: ModelConfig, mesh: Any, seed: int = 0
             jax.eval_shape(lambda: init_params(model, jax.random.key(0))),
             where,
         )
-        with ocp.StandardCheckpointer() as checkpointer:
-            params = checkpointer.restore(
-                os.path.abspath(os.path.join(source.path, PARAMS_DIR)), like
+        path = os.path.abspath(os.path.join(source.path, PARAMS_DIR))
+        with quiet_orbax() as failed, ocp.StandardCheckpointer() as checkpointer:
+            params = checkpointer.restore(path, like)
+        if failed:
+            failed_exit(
+                f"config.init_from: {path}: cannot read the parameters ({damage(failed[0])}); "
+                "the files are damaged or incomplete: rerun that run, or start from another"
             )
         return jax.tree.map(lambda x: x.astype(dtype), params)
     if source.kind == "hf":
@@ -507,10 +514,56 @@ def load_params(source: Checkpoint, model: ModelConfig, mesh: Any, seed: int = 0
             _, params = load_hf_checkpoint(source.path)
         except (ConfigError, ValueError, OSError) as error:
             fail(f"config.init_from: {error}")
+        except Exception as error:  # noqa: BLE001  safetensors' own error for a cut file
+            fail(
+                f"config.init_from: {source.path}: cannot read its safetensors ({damage(error)}); "
+                "the file is damaged or incomplete: download it again"
+            )
     else:
         params = source.gguf.params
     params = jax.tree.map(lambda x: np.asarray(x).astype(dtype), params)
     return jax.device_put(params, where)
+
+
+def damage(error: BaseException) -> str:
+    """An exception as `Type: first line`, short: what a damaged file made a reader raise."""
+    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return f"{type(error).__name__}: {shorten(text, 160)}" if text else type(error).__name__
+
+
+@contextlib.contextmanager
+def quiet_orbax() -> Iterator[list[BaseException]]:
+    """Reading a damaged checkpoint, orbax logs a traceback per array, and its reads still in
+    flight when it raises print theirs from other threads ("Event loop is closed") for a moment
+    after: stderr (the file descriptor) is silenced meanwhile, and the error is caught into the
+    yielded list instead, for `failed_exit` to say in one line."""
+    loggers = [logging.getLogger(name) for name in ("absl", "orbax", "jax._src.array")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 2)
+    failed: list[BaseException] = []
+    try:
+        yield failed
+    except Exception as error:  # noqa: BLE001  orbax raises many kinds for damaged files
+        failed.append(error)
+        time.sleep(1.0)  # the reads in flight fail (and print) into /dev/null
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+
+
+def failed_exit(message: str) -> NoReturn:
+    """`fail`, without the interpreter's shutdown, where threads of a failed read would print."""
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    os._exit(2)
 
 
 def _saved_param_dtype(run_path: str, model: ModelConfig) -> Any:

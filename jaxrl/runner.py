@@ -19,6 +19,7 @@ and a line telling how to resume, whatever `run.log_every` is; a second one stop
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import re
@@ -250,12 +251,35 @@ def build_config(config_cls: type, flat: ml_collections.ConfigDict, settings: tu
             f"config.{unknown[0]}: not a setting of {config_cls.__module__}.Config; "
             f"valid settings are {sorted(fields)}"
         )
+    defaults = {f.name: f.default for f in dataclasses.fields(config_cls)}
+    for name, value in values.items():
+        check_like_default(name, value, defaults.get(name, dataclasses.MISSING))
     try:
         return config_cls(**values)
     except ConfigError as error:
         fail(f"config.{error}")
     except TypeError as error:
-        fail(f"config: {error}")
+        fail(f"config: {error}; check the settings' types against the config file")
+
+
+def check_like_default(name: str, value: Any, default: Any) -> None:
+    """A tuple setting (layer widths, a mesh shape) given as something else, or holding another
+    type of element than its default, is one line naming it: the Config's own checks compare
+    its elements with numbers and would fail with Python's message instead."""
+    if not isinstance(default, tuple) or not default:
+        return
+    kind = type(default[0])
+    example = "(" + ", ".join(str(x) for x in default) + ("," if len(default) == 1 else "") + ")"
+    if not isinstance(value, tuple | list):
+        fail(f"config.{name}: expected a tuple such as {example}, got {value!r}; pass e.g. "
+             f"--config.{name}='{example}'")  # fmt: skip
+    numbers = (int, float) if kind is float else (kind,)
+    bad = [
+        x for x in value if not isinstance(x, numbers) or isinstance(x, bool) is not (kind is bool)
+    ]
+    if bad:
+        fail(f"config.{name}: expected {kind.__name__}s such as {example}, got {tuple(value)!r}; "
+             f"pass e.g. --config.{name}='{example}'")  # fmt: skip
 
 
 RUN_COUNTS = ("num_chunks", "checkpoint_every", "keep_checkpoints", "log_every")
@@ -269,6 +293,25 @@ def check_run_settings(run: Any, num_seeds: int = 1) -> None:
         value = run[name]
         if not isinstance(value, int) or value < 1:
             fail(f"config.run.{name} must be >= 1, got {value}; set it to 1 or more")
+
+
+def check_same_script(run_dir: RunDirectory, workdir: str) -> None:
+    """A run directory is resumed only by the script that started it (versions.json records its
+    command line): another script's settings differ in some field, and naming that field would
+    hide that the directory holds another algorithm's run."""
+    try:
+        with open(run_dir.file("versions.json")) as f:
+            earlier = os.path.basename(str(json.load(f)["argv"][0]))
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        return  # no record: the settings' comparison decides
+    current = os.path.basename(sys.argv[0])
+    scripts = os.listdir(os.path.join(REPO_ROOT, "experiments"))
+    if earlier != current and earlier in scripts and current in scripts:
+        algo = earlier.removesuffix(".py").upper().replace("_LM", "-LM").replace("_", " ")
+        fail(
+            f"--workdir={workdir} holds a {algo} run (experiments/{earlier}), not a "
+            f"{current} one; pass a new --workdir"
+        )
 
 
 def check_resumable(saved: dict[str, Any] | None, current: dict[str, Any], workdir: str) -> None:
@@ -416,6 +459,7 @@ def open_run(workdir: str, resolved_config: Mapping[str, Any]) -> RunDirectory:
         name.isdigit() for name in os.listdir(run_dir.checkpoint_dir)
     )
     if has_checkpoint:
+        check_same_script(run_dir, workdir)
         check_resumable(run_dir.saved_config(), resolved, workdir)
     run_dir.write_config(resolved)
     _open_runs.append(run_dir)

@@ -152,6 +152,12 @@ def _preference_row(row: Any, where: str) -> PreferenceRow:
                 f"{where}: field {field!r} has no assistant message; write it as "
                 '[{"role": "assistant", "content": "..."}]'
             )
+        # As an empty string is: a response with nothing in it teaches nothing about preference.
+        if not any(m["content"].strip() for m in checked[field] if m["role"] == "assistant"):
+            raise PreferenceDataError(
+                f"{where}: field {field!r} is an assistant message with empty content; drop the "
+                "row or fill in the response"
+            )
     return checked
 
 
