@@ -13,7 +13,6 @@ conversations RL samples share one layout.
 from __future__ import annotations
 
 import functools
-import importlib
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -28,7 +27,7 @@ from jaxrl.data.chat import has_chat_template
 from jaxrl.lm import dialogue
 from jaxrl.lm.model import ModelConfig
 from jaxrl.lm.sampler import SamplingConfig
-from jaxrl.runner import fail
+from jaxrl.runner import fail, load_named
 
 TEACHERS = ("scripted", "plausible", "random")
 # The task section's fields that one game reads, with their defaults.
@@ -133,13 +132,12 @@ def user_game(spec: str) -> Callable[[], Any]:
     `reset(seed) -> opening` and `step(utterance) -> (answer, reward, done)`. Tried once, before
     anything compiles (a new game, reset(0), then one step), so that a game that cannot even
     start is one error line, not a failure inside the program."""
-    module_name, _, attribute = spec.partition(":")
     try:
-        make = getattr(importlib.import_module(module_name), attribute)
+        make = load_named(spec)
     except (ImportError, AttributeError, ValueError) as error:
         fail(
             f"config.task.game: cannot load {spec!r} ({error}); give 'module.path:GameClass' "
-            "importable from the working directory"
+            "importable from the working directory, or 'path/to/file.py:GameClass'"
         )
     if not callable(make):
         fail(f"config.task.game: {spec!r} is not a class or function; name the game's class")

@@ -6,7 +6,6 @@ completions scored by the task or the reward functions) with its intervals and p
 from __future__ import annotations
 
 import functools
-import importlib
 import inspect
 import json
 import os
@@ -62,13 +61,14 @@ def reward_functions(section: ml_collections.ConfigDict) -> list[tuple[str, Call
             )
     functions = []
     for spec, weight in zip(specs, weights, strict=True):
-        module_name, _, function_name = spec.partition(":")
+        function_name = spec.rpartition(":")[2]
         try:
-            function = getattr(importlib.import_module(module_name), function_name)
+            function = runner.load_named(spec)
         except (ImportError, AttributeError, ValueError) as error:
             runner.fail(
                 f"config.rewards.host: cannot load {spec!r} ({error}); give "
-                "'module.path:function' importable from the working directory"
+                "'module.path:function' importable from the working directory, or "
+                "'path/to/file.py:function'"
             )
         if not callable(function):
             runner.fail(f"config.rewards.host: {spec!r} is not a function; name a function")

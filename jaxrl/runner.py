@@ -51,6 +51,38 @@ def fail(message: str) -> NoReturn:
     sys.exit(2)
 
 
+def load_named(spec: str) -> Any:
+    """The object `spec` names: "module.path:name" (importable from the working directory) or
+    "path/to/file.py:name" (a module of the user's anywhere, loaded from its file). Raises
+    ImportError / AttributeError / ValueError with the reason."""
+    module_name, _, attribute = spec.rpartition(":") if ".py:" in spec else spec.partition(":")
+    if not attribute:
+        raise ValueError("no ':name' after the module")
+    if module_name.endswith(".py"):
+        import importlib.util
+
+        path = os.path.abspath(os.path.expanduser(module_name))
+        if not os.path.isfile(path):
+            raise ImportError(f"no such file {path}")
+        # One module per file, under a name of its own: loading it twice reuses it.
+        name = "jaxrl_user_" + re.sub(r"\W", "_", path)
+        if name not in sys.modules:
+            loader_spec = importlib.util.spec_from_file_location(name, path)
+            if loader_spec is None or loader_spec.loader is None:
+                raise ImportError(f"cannot load {path} as a Python module")
+            module = importlib.util.module_from_spec(loader_spec)
+            sys.modules[name] = module
+            try:
+                loader_spec.loader.exec_module(module)
+            except BaseException:
+                del sys.modules[name]
+                raise
+        return getattr(sys.modules[name], attribute)
+    import importlib
+
+    return getattr(importlib.import_module(module_name), attribute)
+
+
 # --------------------------------------------------------------------------------------------
 # Flags and configs
 

@@ -259,3 +259,22 @@ def test_ctrl_c_inside_a_block_stops_after_the_running_update_and_resumes_exactl
     strip = lambda rs: [{k: v for k, v in r.items() if k != "wall_seconds"} for r in rs]  # noqa: E731
     assert strip(rows(parts)) == strip(rows(whole))
     assert rows(whole)[1]["x_per_run"] == [6.5, 13.0]  # the mean of updates 5-8
+
+
+def test_load_named_takes_a_module_path_or_a_file_outside_the_repository(tmp_path):
+    """`--config.rewards.host=/abs/path/my_rewards.py:f` (and games) load the file as a module,
+    once; "module.path:name" still imports."""
+    source = tmp_path / "my_rewards.py"
+    source.write_text(
+        "calls = []\n\ndef f(prompts, completions):\n    return [1.0] * len(completions)\n"
+    )
+    f = runner.load_named(f"{source}:f")
+    assert f(["p"], ["a", "b"]) == [1.0, 1.0]
+    assert runner.load_named(f"{source}:f") is f
+    assert runner.load_named("tests.fixtures.host_reward:digit_fraction")(None, ["1a"], None) == [
+        0.5
+    ]
+    with pytest.raises(ImportError, match="no such file"):
+        runner.load_named(f"{tmp_path / 'nope.py'}:f")
+    with pytest.raises(AttributeError):
+        runner.load_named(f"{source}:g")
