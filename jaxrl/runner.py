@@ -209,6 +209,9 @@ def main(script_main: Callable[[list[str]], None], positional: bool = False) -> 
 
     def run(argv: list[str]) -> None:
         absl_logging.set_verbosity(absl_logging.WARNING)  # orbax narrates every save at INFO
+        # and warns when a save waits for the one before ("Waiting for previous save to complete
+        # took 7.3 seconds"): a fact of the schedule, not something to act on.
+        absl_logging.get_absl_logger().addFilter(_drop_orbax_waits)
         # JAX logs the traceback of a failing callback before re-raising it; the exception itself
         # reaches us (a user's function failing: one line, its traceback in the run's error.log).
         logging.getLogger("jax._src.callback").setLevel(logging.CRITICAL)
@@ -220,13 +223,27 @@ def main(script_main: Callable[[list[str]], None], positional: bool = False) -> 
                 raise
             report_host_failure(failure)
         except KeyboardInterrupt:  # outside training (setup, final evaluation): one line too
-            print(
-                "\nInterrupted; checkpoints are kept: run the same command again to resume.",
-                file=sys.stderr,
-            )
+            run_dir = _open_runs[-1] if _open_runs else None
+            kept = run_dir is not None and os.path.isdir(run_dir.checkpoint_dir)
+            kept = kept and any(name.isdigit() for name in os.listdir(run_dir.checkpoint_dir))
+            if kept:
+                print(
+                    f"\nInterrupted; the checkpoints in {run_dir.checkpoint_dir} are kept: run "
+                    "the same command again to resume.",
+                    file=sys.stderr,
+                )
+            else:
+                print(
+                    "\nInterrupted before any checkpoint; run the same command again to start.",
+                    file=sys.stderr,
+                )
             sys.exit(130)
 
     app.run(run, flags_parser=parse)
+
+
+def _drop_orbax_waits(record: logging.LogRecord) -> bool:
+    return "Waiting for previous save" not in str(record.msg)
 
 
 def run_section(**overrides: Any) -> ml_collections.ConfigDict:
