@@ -184,6 +184,15 @@ def main(script_main: Callable[[list[str]], None], positional: bool = False) -> 
     from absl import logging as absl_logging
 
     def parse(argv: list[str]) -> list[str]:
+        # absl exits with status 1 after --help; asking for help is no error. --helpconfig lists
+        # the config's fields with their values (after the --config file, preset and overrides).
+        wanted = [a for a in argv[1:] if a in HELP_FLAGS]
+        if wanted and wanted[0] != "--helpconfig":
+            app.usage(shorthelp=wanted[0] != "--helpfull", writeto_stdout=True)
+            if wanted[0] != "--helpfull":
+                print("Try --helpfull for every flag, --helpconfig for the config's fields.")
+            sys.exit(0)
+        argv = [a for a in argv if a != "--helpconfig"]
         try:
             rest = flags.FLAGS(argv)
             if "config" in flags.FLAGS:
@@ -205,6 +214,13 @@ def main(script_main: Callable[[list[str]], None], positional: bool = False) -> 
                 )
         if len(rest) > 1 and not positional:
             fail(f"unexpected arguments {rest[1:]}; settings are flags, e.g. --config.seed=1")
+        if wanted:
+            if "config" not in flags.FLAGS:
+                print("This script has no config; see --helpfull for its flags.")
+            else:
+                for name, value in config_fields(flags.FLAGS["config"].value):
+                    print(f"--config.{name}={value!r}")
+            sys.exit(0)
         return rest
 
     def run(argv: list[str]) -> None:
@@ -240,6 +256,20 @@ def main(script_main: Callable[[list[str]], None], positional: bool = False) -> 
             sys.exit(130)
 
     app.run(run, flags_parser=parse)
+
+
+HELP_FLAGS = ("--help", "-h", "-?", "--helpshort", "--helpfull", "--helpconfig")
+
+
+def config_fields(config: ml_collections.ConfigDict, prefix: str = "") -> list[tuple[str, Any]]:
+    """Every field of `config` as (dotted name, value), sections flattened, in order."""
+    fields = []
+    for name, value in config.items():
+        if isinstance(value, ml_collections.ConfigDict):
+            fields += config_fields(value, f"{prefix}{name}.")
+        else:
+            fields.append((f"{prefix}{name}", value))
+    return fields
 
 
 def _drop_orbax_waits(record: logging.LogRecord) -> bool:

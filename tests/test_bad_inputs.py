@@ -576,3 +576,14 @@ def test_another_scripts_run_directory_is_named_as_such(script, tmp_path):
     result, _ = timed(command(script, "", str(workdir)))
     one_error_line(result, f"--workdir={workdir} holds a PPO run (experiments/ppo.py)")
     assert tree_digest(str(workdir)) == before
+
+
+def test_a_malformed_jsonl_line_names_the_column_of_the_error(tmp_path):
+    """The missing comma is at column 148 of line 2, and the line says so."""
+    data = tmp_path / "prompts.jsonl"
+    prompt = "x" * (148 - len('{"prompt": "", "answer": "6" ') - 1)
+    bad = f'{{"prompt": "{prompt}", "answer": "6" "level": 1}}'
+    assert bad.index('"level"') + 1 == 148
+    data.write_text('{"prompt": "say 6:", "answer": "6"}\n' + bad + "\n")
+    result, _ = timed(command("grpo.py", f"--config.task.train_jsonl={data}", str(tmp_path / "r")))
+    one_error_line(result, f"{data}:2: invalid JSON (Expecting ',' delimiter at column 148)")
