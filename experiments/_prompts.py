@@ -727,7 +727,10 @@ def summary_fields(
         "tokens": round(config.num_steps * generated_per_update),  # generated tokens
         "tokens_per_second": round(steps_per_second * generated_per_update),
         "trained_tokens_per_second": round(steps_per_second * trained_per_update),
+        # The sampled completions' reward over the last updates: a digit task's answer reward
+        # (reward_task), or, with a prompt file, the weighted sum of its reward functions.
         "final_mean_reward": final_reward,
+        "final_mean_reward_metric": prompts.reward_key,
         "eval_task_accuracy": final.accuracy,
         "eval_task_accuracy_ci95": interval(final.correct),
         "initial_eval_task_accuracy": initial.accuracy,
@@ -763,7 +766,7 @@ def write_plots_and_report(
     title: str,
 ) -> None:
     """The learning curve, the held-out accuracy plot and the closing line."""
-    what = "answer reward" if prompts.data is None else "reward"
+    what = "answer reward" if prompts.data is None else "reward (weighted sum of the functions)"
     run_dir.write_learning_curve(
         x="step", y=prompts.reward_key, title=f"{title}: {what} of sampled completions"
     )

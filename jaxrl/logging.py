@@ -169,13 +169,13 @@ class MetricsSink:
     Called (through `jax.debug.callback`) as `sink(step, metrics)` after every piece of equally
     many updates (`jaxrl.loop.make_chunk`'s `check_every`), with the piece's mean metrics, each
     with a leading axis over runs (seeds) when there are several. It advances a progress bar
-    showing units/s and ETA every call (counting the units of all runs, so its rate is the
-    program's throughput), and every `log_every` steps writes the mean of that row's pieces
-    (across runs, and per run for the `per_run` keys) to `metrics.jsonl`, TensorBoard and the
-    bar's postfix. Each row holds `step` and `units_name` (e.g. `env_steps`: step x
-    units_per_step). The pieces of a row not yet written are `pending`: a run stopped between
-    rows saves them with its checkpoint and its resumption hands them back (`restore_pending`),
-    so its row is the uninterrupted run's.
+    showing units/s and ETA every call (the environment steps of all runs, so its rate is the
+    program's throughput; an LM run's updates), and every `log_every` steps writes the mean of
+    that row's pieces (across runs, and per run for the `per_run` keys) to `metrics.jsonl`,
+    TensorBoard and the bar's postfix. Each row holds `step` and `units_name` (e.g.
+    `env_steps`: step x units_per_step). The pieces of a row not yet written are `pending`: a
+    run stopped between rows saves them with its checkpoint and its resumption hands them back
+    (`restore_pending`), so its row is the uninterrupted run's.
     """
 
     def __init__(
@@ -221,7 +221,7 @@ class MetricsSink:
         if self.progress and self._bar is None:
             self._bar = self._make_bar()
         if self._bar is not None:
-            self._bar.update((step - self.last_step) * self.units_per_step * self.num_runs)
+            self._bar.update((step - self.last_step) * self._bar_units())
         self.last_step = step
         self._pieces.append({k: np.asarray(v, dtype=np.float64) for k, v in metrics.items()})
         if step % self.log_every != 0 and step != self.total_steps:
@@ -274,15 +274,21 @@ class MetricsSink:
             for piece in pieces
         ]
 
+    def _bar_units(self) -> int:
+        """What the bar counts per update: environment steps of all runs (a control run's
+        throughput), or the update itself where an update is a batch of completions, pairs or
+        sequences (a bar of 16 completions for 2 GRPO updates read as 16 steps)."""
+        return self.units_per_step * self.num_runs if self.units_name == "env_steps" else 1
+
     def _make_bar(self):
         from tqdm import tqdm
 
-        units = self.units_per_step * self.num_runs
+        units = self._bar_units()
         return tqdm(
             total=self.total_steps * units,
             initial=self.last_step * units,
             desc=self.description,
-            unit="step",
+            unit=" env steps" if self.units_name == "env_steps" else " updates",
             unit_scale=True,
             dynamic_ncols=True,
             mininterval=1.0,

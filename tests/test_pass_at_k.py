@@ -77,3 +77,23 @@ def test_lm_summaries_carry_pass_at_k_with_intervals(script, args, tmp_path):
         for k, point in zip((1, 2, 4), points, strict=True):
             low, high = summary[f"{prefix}pass_at_{k}_ci95"]
             assert 0.0 <= low <= point <= high <= 1.0, (k, low, point, high)
+
+
+def test_curves_of_few_updates_have_markers_and_whole_update_ticks(tmp_path):
+    """A held-out curve at updates 0, 1, 2: points drawn as markers, ticks at whole updates
+    (matplotlib's default ticks at 0.25 read "250m" under the engineering formatter)."""
+    out = str(tmp_path / "curve.png")
+    fig = evaluation.plot_sample_efficiency_curves(
+        [0, 1, 2], {"greedy": np.array([0.2, 0.3, 0.5])}, {"greedy": np.zeros((2, 3))}
+    )
+    ax = fig.axes[0]
+    assert ax.lines[0].get_marker() == "o"
+    fig.canvas.draw()
+    ticks = [t.get_text() for t in ax.get_xticklabels() if t.get_text()]
+    assert ticks and all(t.lstrip("−-").isdigit() for t in ticks), ticks
+    assert (
+        evaluation.plot_sample_efficiency_curves(
+            [0, 1], {"a": np.zeros(2)}, {"a": np.zeros((2, 2))}, out
+        )
+        == out
+    )
