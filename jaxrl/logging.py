@@ -289,7 +289,7 @@ class MetricsSink:
             initial=self.last_step * units,
             desc=self.description,
             unit=" env steps" if self.units_name == "env_steps" else " updates",
-            unit_scale=True,
+            unit_scale=self.units_name == "env_steps",  # "1.00/4.00 updates" otherwise
             dynamic_ncols=True,
             mininterval=1.0,
             file=sys.stderr,
