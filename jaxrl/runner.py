@@ -670,12 +670,14 @@ def train(
         return not stop.requested and int(step) < control["end"]
 
     def chunk_program(length: int) -> Callable:
+        # A piece program (several devices) is shorter than a row: the sink gathers its rows.
+        row = block if one_device else check
         if job.make_chunk is not None:
-            return job.make_chunk(length, block, sink, keep_going if one_device else None, check)
+            return job.make_chunk(length, row, sink, keep_going if one_device else None, check)
         return loop.make_chunk(
             job.update,
             length,
-            log_every=block,
+            log_every=row,
             callback=sink,
             runs_axis=job.runs_axis,
             scan_inputs=job.scan_inputs,
