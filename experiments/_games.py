@@ -13,7 +13,6 @@ conversations RL samples share one layout.
 from __future__ import annotations
 
 import functools
-import importlib
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -28,7 +27,7 @@ from jaxrl.data.chat import has_chat_template
 from jaxrl.lm import dialogue
 from jaxrl.lm.model import ModelConfig
 from jaxrl.lm.sampler import SamplingConfig
-from jaxrl.runner import fail
+from jaxrl.runner import fail, load_named
 
 TEACHERS = ("scripted", "plausible", "random")
 # The task section's fields that one game reads, with their defaults.
@@ -133,13 +132,12 @@ def user_game(spec: str) -> Callable[[], Any]:
     `reset(seed) -> opening` and `step(utterance) -> (answer, reward, done)`. Tried once, before
     anything compiles (a new game, reset(0), then one step), so that a game that cannot even
     start is one error line, not a failure inside the program."""
-    module_name, _, attribute = spec.partition(":")
     try:
-        make = getattr(importlib.import_module(module_name), attribute)
+        make = load_named(spec)
     except (ImportError, AttributeError, ValueError) as error:
         fail(
             f"config.task.game: cannot load {spec!r} ({error}); give 'module.path:GameClass' "
-            "importable from the working directory"
+            "importable from the working directory, or 'path/to/file.py:GameClass'"
         )
     if not callable(make):
         fail(f"config.task.game: {spec!r} is not a class or function; name the game's class")
@@ -288,4 +286,18 @@ def evaluator(
             called, shown,
         )  # fmt: skip
 
+    @functools.partial(jax.jit, static_argnums=(1, 2))
+    def sampled(params: Any, temperature: float, num_samples: int) -> jax.Array:
+        sampling = SamplingConfig(turn_tokens, game.end_of_turn, tokenizer.pad_id, temperature)
+        resets = jax.numpy.repeat(reset_keys, num_samples, axis=0)  # each game n times
+        draws = jax.random.split(jax.random.key(section.data_seed + 2), count * num_samples)
+        played, _ = dialogue.converse(model, params, game.env, resets, draws, sampling, mesh)
+        return (played.rewards.sum(axis=1) > 0).reshape(count, num_samples)
+
+    def successes(params: Any, temperature: float, num_samples: int) -> np.ndarray:
+        """[num_eval, num_samples]: 1 where an episode of each evaluation game succeeded, each
+        game played `num_samples` times with fixed keys (for pass@k)."""
+        return np.asarray(jax.device_get(sampled(params, temperature, num_samples)), np.float64)
+
+    evaluate.successes = successes  # type: ignore[attr-defined]
     return evaluate

@@ -7,15 +7,18 @@ tokenizer/, params/), the runner's `Job` for one LM run, and greedy-generation t
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import functools
 import json
+import logging
 import os
 import shutil
+import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, NamedTuple
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 
 import jax
 import ml_collections
@@ -41,6 +44,7 @@ SETTINGS = (
     "eval_batch_size",
     "eval_every",
     "reward_model",  # ppo_lm.py's and online_dpo.py's reward_model.py run(s)
+    "eval_samples",  # sampled completions per held-out prompt, for pass@k
 )  # top-level scalars that are not Config fields
 # What a run directory records besides config.json: the model it trained (architecture and
 # dtypes), where its tokenizer is and the special-token ids, so that init_from, generate.py and
@@ -136,16 +140,24 @@ def job(
     `PRNGKey(config.seed)` and the config's hyper-parameters (replicated over the mesh), kept in
     its shardings by every chunk. The runner compiles chunks of `algorithm.update` itself
     (`scan_inputs`: `inputs_for` gives one host batch per update), unless `chunk(update, length,
-    log_every=, callback=, keep_going=)` makes them (DPO's, which hands every update the same
-    reference). `after_chunk(state, step, chunk_index)` may return a metrics row (an evaluation)."""
+    log_every=, callback=, keep_going=, check_every=)` makes them (DPO's, which hands every
+    update the same reference). `after_chunk(state, step, chunk_index)` may return a metrics row
+    (an evaluation)."""
     hp = jax.device_put(hparams.hparams(run.config), sharding.replicated(run.mesh))
     state = algorithm.init(jax.random.PRNGKey(run.flat.seed), hp)
     custom = None
     if chunk is not None:
 
-        def custom(length: int, block: int, sink: Callable, keep_going: Callable | None):
+        def custom(
+            length: int, block: int, sink: Callable, keep_going: Callable | None, check: int
+        ):
             return chunk(
-                algorithm.update, length, log_every=block, callback=sink, keep_going=keep_going
+                algorithm.update,
+                length,
+                log_every=block,
+                callback=sink,
+                keep_going=keep_going,
+                check_every=check,
             )
 
     return runner.Job(
@@ -486,9 +498,14 @@ def load_params(source: Checkpoint, model: ModelConfig, mesh: Any, seed: int = 0
             jax.eval_shape(lambda: init_params(model, jax.random.key(0))),
             where,
         )
-        params = training.restore_params(
-            os.path.abspath(os.path.join(source.path, PARAMS_DIR)), like
-        )
+        path = os.path.abspath(os.path.join(source.path, PARAMS_DIR))
+        with quiet_orbax() as failed:
+            params = training.restore_params(path, like)
+        if failed:
+            failed_exit(
+                f"config.init_from: {path}: cannot read the parameters ({damage(failed[0])}); "
+                "the files are damaged or incomplete: rerun that run, or start from another"
+            )
         return jax.tree.map(lambda x: x.astype(dtype), params)
     if source.kind == "hf":
         from jaxrl.lm.hf import load_hf_checkpoint
@@ -497,10 +514,56 @@ def load_params(source: Checkpoint, model: ModelConfig, mesh: Any, seed: int = 0
             _, params = load_hf_checkpoint(source.path)
         except (ConfigError, ValueError, OSError) as error:
             fail(f"config.init_from: {error}")
+        except Exception as error:  # noqa: BLE001  safetensors' own error for a cut file
+            fail(
+                f"config.init_from: {source.path}: cannot read its safetensors ({damage(error)}); "
+                "the file is damaged or incomplete: download it again"
+            )
     else:
         params = source.gguf.params
     params = jax.tree.map(lambda x: np.asarray(x).astype(dtype), params)
     return jax.device_put(params, where)
+
+
+def damage(error: BaseException) -> str:
+    """An exception as `Type: first line`, short: what a damaged file made a reader raise."""
+    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return f"{type(error).__name__}: {shorten(text, 160)}" if text else type(error).__name__
+
+
+@contextlib.contextmanager
+def quiet_orbax() -> Iterator[list[BaseException]]:
+    """Reading a damaged checkpoint, orbax logs a traceback per array, and its reads still in
+    flight when it raises print theirs from other threads ("Event loop is closed") for a moment
+    after: stderr (the file descriptor) is silenced meanwhile, and the error is caught into the
+    yielded list instead, for `failed_exit` to say in one line."""
+    loggers = [logging.getLogger(name) for name in ("absl", "orbax", "jax._src.array")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 2)
+    failed: list[BaseException] = []
+    try:
+        yield failed
+    except Exception as error:  # noqa: BLE001  orbax raises many kinds for damaged files
+        failed.append(error)
+        time.sleep(1.0)  # the reads in flight fail (and print) into /dev/null
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+
+
+def failed_exit(message: str) -> NoReturn:
+    """`fail`, without the interpreter's shutdown, where threads of a failed read would print."""
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    os._exit(2)
 
 
 def _saved_param_dtype(run_path: str, model: ModelConfig) -> Any:
@@ -692,6 +755,45 @@ def greedy_completions(
         for row in range(min(batch_size, n - start)):
             completions.append(tokenizer.decode(out.tokens[row][out.mask[row]]))
     return completions
+
+
+@functools.lru_cache(maxsize=8)
+def _sampler(model: ModelConfig, sampling: SamplingConfig, mesh: Any) -> Callable:
+    """One jitted sampler per (model, sampling, mesh), its key an argument."""
+    return jax.jit(
+        lambda p, t, m, k: generate(model, p, t, m, k, sampling, mesh),
+        out_shardings=sharding.replicated(mesh),
+    )
+
+
+def sampled_completions(
+    model: ModelConfig,
+    params: Any,
+    tokenizer: Any,
+    prompt_tokens: np.ndarray,
+    prompt_mask: np.ndarray,
+    sampling: SamplingConfig,
+    num_samples: int,
+    key: jax.Array,
+    mesh: Any,
+    batch_size: int = 256,
+) -> list[list[str]]:
+    """`num_samples` decoded completions of every left-padded prompt sampled with `sampling`
+    (for pass@k), `batch_size` rows at a time; batch i draws with `fold_in(key, i)`, so the same
+    key gives the same samples (a resumed run's evaluation is the uninterrupted run's)."""
+    run = _sampler(model, sampling, mesh)
+    n = len(prompt_tokens)
+    rows = np.repeat(np.arange(n), num_samples)  # prompt of each sample
+    batch_size = batch_for_mesh(min(batch_size, len(rows)), mesh)
+    texts: list[str] = []
+    for index, start in enumerate(range(0, len(rows), batch_size)):
+        chosen = rows[np.arange(start, start + batch_size) % len(rows)]
+        tokens = sharding.shard_batch(prompt_tokens[chosen], mesh)
+        mask = sharding.shard_batch(prompt_mask[chosen], mesh)
+        out = jax.device_get(run(params, tokens, mask, jax.random.fold_in(key, index)))
+        for row in range(min(batch_size, len(rows) - start)):
+            texts.append(tokenizer.decode(out.tokens[row][out.mask[row]]))
+    return [texts[i * num_samples : (i + 1) * num_samples] for i in range(n)]
 
 
 def task_accuracy(

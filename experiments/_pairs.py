@@ -214,9 +214,16 @@ def checked_pairs(run, algorithm: str) -> tuple[Pairs, PairArrays]:
             f"config.batch_size: {config.batch_size} exceeds the {num_pairs} training pairs; "
             "lower it or give more pairs"
         )
+    held_out = len(data.arrays["eval"]["chosen_tokens"])
+    if section.train_jsonl and section.eval_jsonl:  # each split named after its own file
+        where = (
+            f"{num_pairs} training pairs of {os.path.basename(section.train_jsonl)} and "
+            f"{held_out} held-out pairs of {os.path.basename(section.eval_jsonl)}"
+        )
+    else:
+        where = f"{num_pairs} training and {held_out} held-out pairs of {data_name(run)}"
     print(
-        f"{algorithm} data: {num_pairs} training and {len(data.arrays['eval']['chosen_tokens'])} "
-        f"held-out pairs of {data_name(run)}, max_prompt_length={data.max_prompt_length}, "
+        f"{algorithm} data: {where}, max_prompt_length={data.max_prompt_length}, "
         f"max_length={data.max_length} tokens; pairs cut: {data.cut_rows['train']} training, "
         f"{data.cut_rows['eval']} held-out"
     )

@@ -6,7 +6,6 @@ completions scored by the task or the reward functions) with its intervals and p
 from __future__ import annotations
 
 import functools
-import importlib
 import inspect
 import json
 import os
@@ -33,6 +32,7 @@ from jaxrl.data.prompts import (
     tokenize_prompts,
 )
 from jaxrl.lm.model import ModelConfig
+from jaxrl.lm.sampler import SamplingConfig
 from jaxrl.logging import RunDirectory
 
 # Task settings that only the built-in digit tasks read (a prompt file brings its own prompts).
@@ -61,13 +61,14 @@ def reward_functions(section: ml_collections.ConfigDict) -> list[tuple[str, Call
             )
     functions = []
     for spec, weight in zip(specs, weights, strict=True):
-        module_name, _, function_name = spec.partition(":")
+        function_name = spec.rpartition(":")[2]
         try:
-            function = getattr(importlib.import_module(module_name), function_name)
+            function = runner.load_named(spec)
         except (ImportError, AttributeError, ValueError) as error:
             runner.fail(
                 f"config.rewards.host: cannot load {spec!r} ({error}); give "
-                "'module.path:function' importable from the working directory"
+                "'module.path:function' importable from the working directory, or "
+                "'path/to/file.py:function'"
             )
         if not callable(function):
             runner.fail(f"config.rewards.host: {spec!r} is not a function; name a function")
@@ -324,12 +325,56 @@ def last_rows(run_dir: RunDirectory, updates: int, num_steps: int, log_every: in
 
 
 class HeldOut(NamedTuple):
-    """Greedy completions of the held-out prompts, scored."""
+    """Greedy completions of the held-out prompts, scored; and sampled ones, for pass@k."""
 
     accuracy: float  # mean of `correct`
     correct: np.ndarray  # [num_eval]: 1 for a right answer (a prompt file: its first reward)
     rewards: dict[str, float]  # summary fields: each reward function's mean, or the task score
     examples: list[dict[str, str]]  # a few prompts with their completions
+    # [num_eval, eval_samples]: 1 for a right sampled answer (None: eval_samples is 0)
+    samples: np.ndarray | None = None
+
+
+def eval_samples(run: _lm.Setup) -> int:
+    """Sampled completions per held-out prompt for pass@k (the `eval_samples` setting)."""
+    value = run.flat.get("eval_samples", 0)
+    if not isinstance(value, int) or value < 0:
+        runner.fail(f"config.eval_samples: got {value!r}; give a whole number >= 0 (0: no pass@k)")
+    return value
+
+
+def sampling_for(run: _lm.Setup) -> SamplingConfig:
+    """How the evaluation samples: as training does (temperature, top-k, top-p)."""
+    config = run.config
+    return SamplingConfig(
+        max_new_tokens=config.max_new_tokens,
+        eos_id=run.tokenizer.eos_id,
+        pad_id=run.tokenizer.pad_id,
+        temperature=getattr(config, "temperature", 1.0),
+        top_k=getattr(config, "top_k", 0),
+        top_p=getattr(config, "top_p", 1.0),
+    )
+
+
+def pass_at_ks(num_samples: int) -> list[int]:
+    """The k reported for `num_samples` samples per prompt: 1, the powers of 2 between, and n."""
+    ks = {1, num_samples}
+    ks |= {2**i for i in range(1, num_samples.bit_length()) if 2**i < num_samples}
+    return sorted(ks)
+
+
+def pass_at_k_fields(held: HeldOut | np.ndarray | None, prefix: str = "eval_") -> dict[str, Any]:
+    """`{prefix}pass_at_K` and its `_ci95` for every reported k of a held-out result (or its
+    [problems, samples] correctness); nothing without samples."""
+    samples = held.samples if isinstance(held, HeldOut) else held
+    if samples is None or samples.size == 0:
+        return {}
+    fields: dict[str, Any] = {}
+    estimates = evaluation.pass_at_k_estimates(samples, pass_at_ks(samples.shape[1]))
+    for k, (point, bounds) in estimates.items():
+        fields[f"{prefix}pass_at_{k}"] = point
+        fields[f"{prefix}pass_at_{k}_ci95"] = bounds
+    return fields
 
 
 def digit_evaluator(run: _lm.Setup, model: ModelConfig, held_out: Any, problems: list[str]):
@@ -343,7 +388,19 @@ def digit_evaluator(run: _lm.Setup, model: ModelConfig, held_out: Any, problems:
         scores = [run.task.score(p, c) for p, c in zip(problems, completions, strict=True)]
         correct = np.array([s == 1.0 for s in scores], np.float64)
         examples = _lm.eval_examples(run.task, problems, completions)
-        return HeldOut(float(correct.mean()), correct, {"eval_task_score": mean_score}, examples)
+        samples = None
+        if eval_samples(run):
+            sampled = sample(run, model, params, held_out.tokens, held_out.mask)
+            samples = np.array(
+                [
+                    [run.task.score(p, c) == 1.0 for c in row]
+                    for p, row in zip(problems, sampled, strict=True)
+                ],
+                np.float64,
+            )
+        return HeldOut(
+            float(correct.mean()), correct, {"eval_task_score": mean_score}, examples, samples
+        )
 
     return evaluate
 
@@ -379,9 +436,42 @@ def file_evaluator(run: _lm.Setup, model: ModelConfig, data: PromptData):
             for p, t in zip(prompts[:5], texts[:5], strict=False)
         ]
         correct = (first >= 1.0).astype(np.float64)  # full marks: a right answer
-        return HeldOut(float(correct.mean()), correct, means, examples)
+        samples = None
+        if eval_samples(run):  # the first reward function scores every sample
+            n = eval_samples(run)
+            sampled = sample(run, model, params, table.tokens, table.mask)
+            flat_texts = [text for row in sampled for text in row]
+            flat: list = flat_texts
+            if table.conversational:
+                flat = [[{"role": "assistant", "content": text}] for text in flat_texts]
+            repeated = {
+                name: [v for v in values for _ in range(n)] for name, values in columns.items()
+            }
+            name, function, _ = data.functions[0]
+            label = f"reward function {function.__module__}:{function.__qualname__}"
+            try:
+                values = host.call(
+                    label, function, [p for p in prompts for _ in range(n)], flat, **repeated
+                )
+                values = host.check_rewards(label, values, len(flat))
+            except Exception:
+                runner.report_host_failure(host.take_failure())
+            samples = (np.asarray(values).reshape(len(prompts), n) >= 1.0).astype(np.float64)
+        return HeldOut(float(correct.mean()), correct, means, examples, samples)
 
     return evaluate
+
+
+def sample(
+    run: _lm.Setup, model: ModelConfig, params: Any, tokens: np.ndarray, mask: np.ndarray
+) -> list[list[str]]:
+    """`eval_samples` completions of every held-out prompt, sampled as training samples, with a
+    key fixed by the run's seed (the same params give the same samples)."""
+    return _lm.sampled_completions(
+        model, params, run.tokenizer, tokens, mask, sampling_for(run), eval_samples(run),
+        jax.random.fold_in(jax.random.key(run.flat.seed), 1), run.mesh,
+        run.flat.eval_batch_size,
+    )  # fmt: skip
 
 
 def interval(values: np.ndarray, seed: int = 0) -> list[float]:
@@ -410,10 +500,25 @@ def plot_held_out_accuracy(
         interval(final.correct),
     ]
     name = f"greedy, {len(final.correct)} problems"
+    xs, ys, bands = {name: steps}, {name: np.array(points)}, {name: np.array(bounds).T}
+    if final.samples is not None and initial.samples is not None:
+        n = final.samples.shape[1]
+        for k in sorted({1, n}):  # the sampled accuracy, and the chance one of n is right
+            key = f"eval_pass_at_{k}"
+            at = [r for r in middle if key in r]
+            first = pass_at_k_fields(initial)
+            last = pass_at_k_fields(final)
+            label = f"pass@{k} of {n} samples"
+            xs[label] = [0, *(r["step"] for r in at), num_steps]
+            ys[label] = np.array([first[key], *(r[key] for r in at), last[key]])
+            bands[label] = np.array(
+                [first[f"{key}_ci95"], *([r[f"{key}_low"], r[f"{key}_high"]] for r in at),
+                 last[f"{key}_ci95"]]
+            ).T  # fmt: skip
     evaluation.plot_sample_efficiency_curves(
-        {name: steps},
-        {name: np.array(points)},
-        {name: np.array(bounds).T},
+        xs,
+        ys,
+        bands,
         run_dir.file("held_out_accuracy.png"),
         xlabel="update",
         ylabel="held-out accuracy (95% CI)",
@@ -428,8 +533,13 @@ def initial_evaluation(run: _lm.Setup, evaluate: Callable, params: Any) -> HeldO
     path = os.path.join(run.workdir, INITIAL_EVAL_FILE)
     if os.path.isfile(path):
         saved = _lm.read_json(path)
+        samples = saved.get("samples")
         return HeldOut(
-            saved["accuracy"], np.array(saved["correct"]), saved["rewards"], saved["examples"]
+            saved["accuracy"],
+            np.array(saved["correct"]),
+            saved["rewards"],
+            saved["examples"],
+            None if samples is None else np.array(samples, np.float64),
         )
     return evaluate(params)
 
@@ -499,6 +609,7 @@ def read_task(run: _lm.Setup) -> Prompts:
     """The run's prompts and rewards, and its held-out problems: everything the user gave (data,
     reward functions) checked, one error line each, before any compile; then the check that
     prompt + max_new_tokens fits the model."""
+    eval_samples(run)  # checked before anything is read or compiled
     flat, config = run.flat, run.config
     from_prompts = flat.task.train_jsonl or flat.task.train_tfds
     data = prompt_data(run) if from_prompts else digit_problems_as_prompts(run)
@@ -550,7 +661,8 @@ def open_run_with_initial_evaluation(
     run_dir = _lm.open_run(run)
     if run_dir.writes:
         _lm.write_json(run_dir.file(INITIAL_EVAL_FILE), initial._asdict() | {
-            "correct": initial.correct.tolist()
+            "correct": initial.correct.tolist(),
+            "samples": None if initial.samples is None else initial.samples.tolist(),
         })  # fmt: skip
     return run_dir, initial
 
@@ -573,6 +685,17 @@ def evaluate_every(
             "eval_task_accuracy_low": low,
             "eval_task_accuracy_high": high,
             **held.rewards,
+            **{
+                name: value
+                for name, value in pass_at_k_fields(held).items()
+                if not name.endswith("_ci95")
+            },
+            **{
+                f"{name.removesuffix('_ci95')}_{side}": bound
+                for name, value in pass_at_k_fields(held).items()
+                if name.endswith("_ci95")
+                for side, bound in zip(("low", "high"), value, strict=True)
+            },
         }
 
     return after_chunk
@@ -604,7 +727,10 @@ def summary_fields(
         "tokens": round(config.num_steps * generated_per_update),  # generated tokens
         "tokens_per_second": round(steps_per_second * generated_per_update),
         "trained_tokens_per_second": round(steps_per_second * trained_per_update),
+        # The sampled completions' reward over the last updates: a digit task's answer reward
+        # (reward_task), or, with a prompt file, the weighted sum of its reward functions.
         "final_mean_reward": final_reward,
+        "final_mean_reward_metric": prompts.reward_key,
         "eval_task_accuracy": final.accuracy,
         "eval_task_accuracy_ci95": interval(final.correct),
         "initial_eval_task_accuracy": initial.accuracy,
@@ -612,6 +738,11 @@ def summary_fields(
         "eval_accuracy_change": final.accuracy - initial.accuracy,
         "eval_accuracy_change_ci95": interval(final.correct - initial.correct),
         **final.rewards,
+        # pass@k of `eval_samples` sampled completions per held-out prompt (Chen et al. 2021's
+        # unbiased estimator, problems resampled for the interval), before and after training.
+        "eval_samples": final.samples.shape[1] if final.samples is not None else 0,
+        **pass_at_k_fields(final),
+        **pass_at_k_fields(initial, "initial_eval_"),
         "num_eval": prompts.num_eval,
         "eval_examples": final.examples,
         "mesh_shape": list(config.mesh_shape),
@@ -635,7 +766,7 @@ def write_plots_and_report(
     title: str,
 ) -> None:
     """The learning curve, the held-out accuracy plot and the closing line."""
-    what = "answer reward" if prompts.data is None else "reward"
+    what = "answer reward" if prompts.data is None else "reward (weighted sum of the functions)"
     run_dir.write_learning_curve(
         x="step", y=prompts.reward_key, title=f"{title}: {what} of sampled completions"
     )

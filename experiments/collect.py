@@ -20,9 +20,11 @@ Read it back with `jaxrl.data.load_transitions(path)` or `load_transitions(name,
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import re
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -97,6 +99,20 @@ def default_name(env_name: str, mixture: str) -> str:
     return f"{base if base[:1].isalpha() else 'env_' + base}/{mixture}"
 
 
+def check_writable(target: str) -> None:
+    """One line, before collecting, when the dataset's directory cannot be written: a file is
+    made (and removed) in the nearest directory of `target` that exists, so nothing stays."""
+    existing = target
+    while not os.path.isdir(existing) and os.path.dirname(existing) != existing:
+        existing = os.path.dirname(existing)
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as error:
+        where = _DATA_DIR.value or existing
+        fail(f"--data_dir={where}: cannot write there ({error.strerror}); pass a writable one")
+
+
 def main(argv: list[str]) -> None:
     logging.set_verbosity(logging.ERROR)  # orbax and tfds narrate at INFO and WARNING
     tfds.disable_progress_bar()
@@ -108,6 +124,12 @@ def main(argv: list[str]) -> None:
         fail(f"--num_envs must be >= 1, got {_NUM_ENVS.value}; pass 1 or more")
     if _MAX_EPISODE_STEPS.value is not None and _MAX_EPISODE_STEPS.value < 1:
         fail(f"--max_episode_steps must be >= 1, got {_MAX_EPISODE_STEPS.value}; pass 1 or more")
+    for flag in (_REF_MIN, _REF_MAX):
+        if flag.value is not None and not math.isfinite(flag.value):
+            fail(f"--{flag.name}: must be a finite number, got {flag.value}; give a return")
+    if (_REF_MIN.value is None) != (_REF_MAX.value is None):
+        fail("--ref_min_return and --ref_max_return: give both (a random and an expert return) "
+             "or neither")  # fmt: skip
     if _REF_MIN.value is not None and _REF_MIN.value == _REF_MAX.value:
         fail("--ref_min_return and --ref_max_return are equal; scores would be undefined")
     random_policy = _POLICY.value == "random"
@@ -132,9 +154,10 @@ def main(argv: list[str]) -> None:
         fail(f"--env: {error}")
     name = _NAME.value or default_name(env_name, mixture)
     try:  # before spending time on collection
-        build_path(_DATA_DIR.value, name, _VERSION.value, overwrite=_OVERWRITE.value)
+        target = build_path(_DATA_DIR.value, name, _VERSION.value, overwrite=_OVERWRITE.value)
     except (FileExistsError, NotADirectoryError, ValueError) as error:
         fail(f"--name/--data_dir: {error}")
+    check_writable(target)
 
     t0 = time.time()
     try:
@@ -189,6 +212,9 @@ def main(argv: list[str]) -> None:
             )
     except (FileExistsError, ValueError) as error:
         fail(str(error))
+    except OSError as error:
+        fail(f"--data_dir={_DATA_DIR.value}: cannot write the dataset ({error}); pass a writable "
+             "directory")  # fmt: skip
 
     returns = episode_returns(episodes)
     transitions = sum(len(e["reward"]) for e in episodes)

@@ -19,6 +19,10 @@ are normalised, and the probability of improvement P(X > Y) of every pair. Writt
 `comparison.json` (all numbers), `interval_estimates.png`, `performance_profile.png`,
 `probability_of_improvement.png` (two or more configurations) and `learning_curves.png` (IQM
 over seeds of the training return against env steps, read from each run's metrics.jsonl).
+Language-model runs (grpo.py, ppo_lm.py, online_dpo.py) also get a table of their held-out pass@k
+(summary.json's eval_pass_at_K) with intervals; `--metric=eval_pass_at_4` compares by one of them.
+Runs of several tasks are compared only with --normalize for each task: raw returns of different
+environments are on different scales.
 """
 
 from __future__ import annotations
@@ -74,6 +78,7 @@ _CONFIDENCE = flags.DEFINE_float("confidence", 0.95, "Coverage of the confidence
 _BOOTSTRAP_SEED = flags.DEFINE_integer("bootstrap_seed", 0, "Seed of the bootstrap resampling.")
 
 CURVE_METRICS = ("episode_return", "eval_return")
+PASS_AT = "eval_pass_at_"  # summary.json's held-out pass@k of language-model runs
 
 
 @dataclasses.dataclass
@@ -85,6 +90,8 @@ class Run:
     task: str
     scores: np.ndarray  # (num_seeds,)
     curves: dict[str, tuple[np.ndarray, np.ndarray]]  # metric -> (x (points,), (seeds, points))
+    # k -> (held-out pass@k, its 95% interval over problems): language-model runs' summaries
+    pass_at: dict[int, tuple[float, list[float]]] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -188,12 +195,19 @@ def load_run(path: str, metric: str, x_key: str) -> Run:
     if not task:
         fail(f"{summary_path}: names no env, task or dataset, so its task is unknown")
     scores = read_scores(path, summary, metric)
+    pass_at = {
+        int(key.removeprefix(PASS_AT)): (float(value), summary.get(f"{key}_ci95") or [])
+        for key, value in summary.items()
+        if key.startswith(PASS_AT) and key.removeprefix(PASS_AT).isdigit()
+        and isinstance(value, int | float)
+    }  # fmt: skip
     return Run(
         path=path,
         algo=str(summary.get("algo", "?")),
         task=task,
         scores=scores,
         curves=read_curves(path, x_key, len(scores)),
+        pass_at=pass_at,
     )
 
 
@@ -261,6 +275,34 @@ def build_configurations(
             )
         configurations.append(Configuration(label, runs, np.stack(per_task, axis=1)))
     return configurations, tasks
+
+
+def pass_at_k_table(
+    configurations: list[Configuration], tasks: list[str], settings: dict
+) -> dict[str, dict[int, tuple[float, list[float]]]]:
+    """Per configuration, held-out pass@k for every k all its runs report: the mean over runs
+    (tasks pooled as the scores are) with a stratified bootstrap interval over runs; a
+    configuration of one run keeps that run's interval (its problems resampled). Empty when the
+    runs report no pass@k (control runs)."""
+    runs = [r for c in configurations for r in c.runs]
+    ks = set.intersection(*(set(r.pass_at) for r in runs)) if runs else set()
+    out: dict[str, dict[int, tuple[float, list[float]]]] = {}
+    if not ks:
+        return out
+    for c in configurations:
+        out[c.label] = {}
+        for k in sorted(ks):
+            if len(c.runs) == 1:
+                point, ci = c.runs[0].pass_at[k]
+                out[c.label][k] = (point, [float(b) for b in ci] or [point, point])
+                continue
+            per_task = [[r.pass_at[k][0] for r in c.runs if r.task == t] for t in tasks]
+            scores = np.array(per_task, dtype=np.float64).T  # (runs, tasks)
+            points, intervals = evaluation.interval_estimates(
+                {"x": scores}, evaluation.aggregate_mean, **settings
+            )
+            out[c.label][k] = (float(points["x"]), [float(b) for b in intervals["x"]])
+    return out
 
 
 def learning_curves(
@@ -336,9 +378,18 @@ def main(argv: list[str]) -> None:
         fail(f"--confidence must be strictly between 0 and 1, got {confidence}")
     metric, seed = _METRIC.value, _BOOTSTRAP_SEED.value
     normalize = parse_normalization(_NORMALIZE.value)
+    out_dir = _OUT_DIR.value
+    if out_dir is not None and os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        fail(f"--out_dir={out_dir}: is a file, not a directory; pass a directory path")
     start = time.time()
 
     configurations, tasks = build_configurations(arguments, metric, _CURVE_X.value)
+    if len(tasks) > 1 and not normalize:
+        fail(
+            f"the runs cover {len(tasks)} tasks ({', '.join(tasks)}) and their raw {metric} "
+            "are on different scales, so pooling them is meaningless; pass "
+            "--normalize=TASK:MIN:MAX for each task, or compare one task at a time"
+        )
     if normalize:
         normalize_scores(configurations, tasks, normalize)
     score_dict = {c.label: c.scores for c in configurations}
@@ -393,11 +444,6 @@ def main(argv: list[str]) -> None:
     print_table(headers, rows)
     if len(tasks) == 1:
         print("(one task: the median over tasks of the mean over runs is the mean)")
-    if len(tasks) > 1 and not normalize:
-        print(
-            "note: raw scores of several tasks are aggregated as they are; pass "
-            "--normalize=TASK:MIN:MAX for each task to put them on one scale"
-        )
     if poi_points:
         print(f"\nprobability of improvement P(X > Y) [{level} CI]; P(Y > X) = 1 - P(X > Y):")
         width = max(len(f"{x} > {y}") for x, y in poi_points)
@@ -412,11 +458,29 @@ def main(argv: list[str]) -> None:
             values = " ".join(fmt(v) for v in c.scores[:, j])
             print(f"  {c.label.ljust(label_width)}  {(task + ':').ljust(task_width)} {values}")
 
-    if _OUT_DIR.value is None:
+    pass_at = pass_at_k_table(configurations, tasks, settings)
+    if pass_at:
+        ks = sorted(next(iter(pass_at.values())))
+        print(f"\nheld-out pass@k [{level} CI] (mean over runs; one run: its problems resampled):")
+        print_table(
+            ["configuration", *(f"pass@{k}" for k in ks)],
+            [
+                [label, *(f"{e[k][0]:.3f} [{e[k][1][0]:.3f}, {e[k][1][1]:.3f}]" for k in ks)]
+                for label, e in pass_at.items()
+            ],
+        )
+
+    if out_dir is None:
         print(f"\n({time.time() - start:.1f}s; pass --out_dir=DIR for comparison.json and plots)")
         return
-    out_dir = _OUT_DIR.value
-    os.makedirs(out_dir, exist_ok=True)
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        probe = os.path.join(out_dir, f".write_test.{os.getpid()}")
+        with open(probe, "w"):
+            pass
+        os.remove(probe)
+    except OSError as error:
+        fail(f"--out_dir={out_dir}: cannot write there ({error.strerror}); pass a writable path")
     written = [
         evaluation.plot_interval_estimates(
             points,
@@ -481,6 +545,11 @@ def main(argv: list[str]) -> None:
             {"x": x, "y": y, **estimate(p, poi_intervals[(x, y)])}
             for (x, y), p in poi_points.items()
         ],
+        "pass_at_k": {
+            label: {str(k): {"estimate": p, "ci": ci} for k, (p, ci) in e.items()}
+            for label, e in pass_at.items()
+        }
+        or None,
         "performance_profile": {
             "taus": taus.tolist(),
             "reps": min(reps, 2_000),

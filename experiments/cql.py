@@ -76,17 +76,28 @@ def load_dataset(flat: Any, config: cql.Config) -> tuple[Transition, dict[str, A
 
 
 def reference_returns(flat: Any, metadata: dict[str, Any]) -> tuple[float | None, float | None]:
-    """D4RL's random and expert returns: the config's, else the dataset's metadata, else none."""
+    """D4RL's random and expert returns: the config's, else the dataset's metadata, else none
+    (then the summary has no normalized score)."""
     random_return = flat.reference.random_return
     expert_return = flat.reference.expert_return
+    if (random_return is None) != (expert_return is None):
+        runner.fail(
+            "config.reference: give both random_return and expert_return, or neither (the "
+            "dataset's metadata then gives them, if it has them)"
+        )
     if random_return is None:
         random_return = metadata.get("reference_min_return")
-    if expert_return is None:
         expert_return = metadata.get("reference_max_return")
-    if (random_return is None) != (expert_return is None) or random_return == expert_return:
+        if (random_return is None) != (expert_return is None):
+            runner.fail(
+                "config.reference: the dataset's metadata has only one of reference_min_return "
+                "and reference_max_return; give both --config.reference.random_return and "
+                "--config.reference.expert_return"
+            )
+    if random_return is not None and random_return == expert_return:
         runner.fail(
-            "config.reference: give both random_return and expert_return (different values), "
-            "or neither to use the dataset's metadata"
+            f"config.reference: random_return and expert_return are both {random_return}, so "
+            "no score can be normalized between them; give two different returns"
         )
     return random_return, expert_return
 
@@ -100,6 +111,11 @@ def main(argv: list[str]) -> None:
         value = flat.reference[name]
         if value is not None and not is_finite_number(value):
             runner.fail(f"config.reference.{name}: must be a finite number, got {value}; give one")
+    if (flat.reference.random_return is None) != (flat.reference.expert_return is None):
+        runner.fail(
+            "config.reference: give both random_return and expert_return, or neither (the "
+            "dataset's metadata then gives them, if it has them)"
+        )
     bc_config = None
     if flat.bc.enabled:
         try:
@@ -149,6 +165,7 @@ def main(argv: list[str]) -> None:
         inputs_for=lambda first, count: data,  # every update draws from the whole dataset
         per_run=("eval_return",),
         after_chunk=after_chunk,
+        check_every=50,  # a gradient step is about a millisecond: ask about Ctrl-C every 50
     )
     run_dir = runner.open_run(workdir, seeds.record(flat))
     result = runner.train(job, flat.run, run_dir, FLAGS["kill_after_chunk"].value)

@@ -105,6 +105,11 @@ def main(argv: list[str]) -> None:
         )  # fmt: skip
 
     sft_accuracy, _, _ = task_accuracy(params)
+    # The held-out pair metrics before training: the baseline the headline compares with (the
+    # SFT model is its own reference, so its margins are 0 and its loss log 2 for sigmoid DPO).
+    initial_pairs = dpo.evaluate_pairs(
+        score, params, eval_reference, arrays["eval"], config, eval_batch, place
+    )
 
     algorithm = dpo.make(config, model, params, mesh, answer_window)
     batches_for = dataset_batches(train, config, flat.seed, mesh)
@@ -140,16 +145,23 @@ def main(argv: list[str]) -> None:
         "eval_task_accuracy": accuracy,
         "eval_task_score": mean_score,
         "sft_eval_task_accuracy": sft_accuracy,
+        **{f"initial_{name}": value for name, value in initial_pairs.items()},
         "eval_examples": _lm.eval_examples(task, eval_problems, completions),
     }
     run_dir.write_summary(summary)
     title = f"DPO ({config.loss_type}) {name}"
     run_dir.write_learning_curve(x="step", y="reward_accuracy", title=title)
+    held_out = (
+        f"eval_reward_accuracy {pair_metrics['eval_reward_accuracy']:.3f} (before training: "
+        f"{initial_pairs['eval_reward_accuracy']:.3f}), eval_loss {pair_metrics['eval_loss']:.3f} "
+        f"(before: {initial_pairs['eval_loss']:.3f}) on {len(arrays['eval']['chosen_tokens'])} "
+        "held-out pairs"
+    )
+    if accuracy is not None:  # a digit task: greedy answers scored
+        held_out += f", eval_task_accuracy {accuracy:.3f} (SFT model: {sft_accuracy:.3f})"
     print(
-        f"{title}: eval_reward_accuracy {pair_metrics['eval_reward_accuracy']:.3f}, "
-        f"eval_task_accuracy {accuracy} (SFT model: {sft_accuracy}) after {config.num_steps} "
-        f"steps in {summary['wall_seconds']:.0f}s (compile {summary['compile_seconds']:.0f}s). "
-        f"Run directory: {run_dir.path}"
+        f"{title}: {held_out} after {config.num_steps} steps in {summary['wall_seconds']:.0f}s "
+        f"(compile {summary['compile_seconds']:.0f}s). Run directory: {run_dir.path}"
     )
 
 

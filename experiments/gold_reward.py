@@ -474,4 +474,4 @@ def overoptimisation(model: ModelConfig, results: dict) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    runner.main(main)

@@ -44,6 +44,7 @@ def main(argv: list[str]) -> None:
         config,
         seeds,
         units_per_step=config.env_steps_per_update,
+        check_every=10,  # an update is milliseconds: ask about Ctrl-C every 10 (tens of ms)
     )
     run_dir = runner.open_run(workdir, seeds.record(flat))
     result = runner.train(job, flat.run, run_dir, FLAGS["kill_after_chunk"].value)

@@ -94,6 +94,7 @@ def main(argv: list[str]) -> None:
     params, model, source = _lm.initial_params(run)
     turn_tokens = config.max_new_tokens
     evaluate = _games.evaluator(section, game, model, run.tokenizer, turn_tokens, mesh)
+    num_samples = _prompts.eval_samples(run)
 
     def evaluate_both(params) -> tuple[dict, list[str]]:
         sampled = evaluate(params, config.temperature)
@@ -101,6 +102,9 @@ def main(argv: list[str]) -> None:
         tools = section.game == _games.TOOL_GAME
         row = evaluation_row(sampled, "eval_success", tools)
         row |= evaluation_row(greedy, "eval_success_greedy", tools)
+        if num_samples:  # pass@k: each evaluation game played eval_samples times, sampled
+            games = evaluate.successes(params, config.temperature, num_samples)
+            row |= _prompts.pass_at_k_fields(games)
         return row | {"_success": sampled.success}, sampled.transcripts
 
     # The starting policy's evaluation (recomputed on a resume: the same episodes).
@@ -120,7 +124,12 @@ def main(argv: list[str]) -> None:
         if not every or (index + 1) % every or step >= config.num_steps:
             return None
         row, _ = evaluate_both(state.params)
-        return {key: value for key, value in row.items() if not key.startswith("_")}
+        row = {key: value for key, value in row.items() if not key.startswith("_")}
+        for key in [k for k in row if k.endswith("_ci95")]:  # metrics rows hold numbers
+            row[f"{key.removesuffix('_ci95')}_low"], row[f"{key.removesuffix('_ci95')}_high"] = (
+                row.pop(key)
+            )
+        return row
 
     title = f"Multi-turn GRPO ({config.credit} credit) on {section.game}"
     job = _lm.job(
@@ -159,6 +168,7 @@ def main(argv: list[str]) -> None:
         "eval_success_change": float(change.mean()),
         "eval_success_change_ci95": _prompts.interval(change),
         "num_eval": section.num_eval,
+        "eval_samples": num_samples,  # episodes per evaluation game behind eval_pass_at_K
         "mesh_shape": list(config.mesh_shape),
     }
     run_dir.write_summary(summary)

@@ -34,7 +34,15 @@ def main(argv: list[str]) -> None:
     workdir = runner.workdir(FLAGS, f"ppo-{config.env_name}")
     algorithm = ppo.make(config)
     job = runner.seeded_job(
-        "ppo", f"PPO {config.env_name}", algorithm, config, seeds, units_per_step=config.batch_size
+        "ppo",
+        f"PPO {config.env_name}",
+        algorithm,
+        config,
+        seeds,
+        units_per_step=config.batch_size,
+        # An MLP's update is milliseconds: ask about Ctrl-C every 10 (tens of ms); a CNN's on
+        # Atari frames is seconds: after each.
+        check_every=1 if config.torso == "nature_cnn" else 10,
     )
     run_dir = runner.open_run(workdir, seeds.record(flat))
     result = runner.train(job, flat.run, run_dir, FLAGS["kill_after_chunk"].value)

@@ -41,6 +41,9 @@ def main(argv: list[str]) -> None:
         config,
         seeds,
         units_per_step=config.num_envs,  # environment steps per update (the warm-up's aside)
+        # An update is about a millisecond, and asking about Ctrl-C after each one costs a third
+        # (Pendulum, 2 seeds, 2-core CPU: 896 vs 1283 updates/s): ask every 50.
+        check_every=50,
     )
     run_dir = runner.open_run(workdir, seeds.record(flat))
     result = runner.train(job, flat.run, run_dir, FLAGS["kill_after_chunk"].value)

@@ -102,8 +102,12 @@ def plot_learning_curves(
     if per_run in rows[0]:
         runs = np.array([r[per_run] for r in rows], dtype=float)
         for i in range(runs.shape[1]):
-            ax.plot(xs, runs[:, i], lw=0.8, alpha=0.4, color="tab:blue")
-    ax.plot(xs, [r[y] for r in rows], lw=2.0, color="tab:blue", label="mean over runs")
+            ax.plot(xs, runs[:, i], lw=0.8, alpha=0.4, color="tab:blue", **_markers(len(xs), 3))
+    ax.plot(
+        xs, [r[y] for r in rows], lw=2.0, color="tab:blue", label="mean over runs",
+        **_markers(len(xs)),
+    )  # fmt: skip
+    _format_steps(ax.xaxis, xs)
     ax.set_xlabel(x.replace("_", " "))
     ax.set_ylabel(y.replace("_", " "))
     ax.set_title(title or y)
@@ -111,6 +115,23 @@ def plot_learning_curves(
     ax.legend(loc="lower right")
     fig.savefig(out_path)
     return out_path
+
+
+def _markers(num_points: int, size: float = 5) -> dict[str, Any]:
+    """Markers on a line of few points: a run shorter than a few metric rows is otherwise one
+    invisible point (a line needs two)."""
+    return {"marker": "o", "markersize": size} if num_points <= 30 else {}
+
+
+def _format_steps(axis: Any, values: np.ndarray) -> None:
+    """Whole-number ticks for counts (updates, steps), never 0.25 of one (EngFormatter wrote it
+    "250m"); engineering prefixes only where the counts run into thousands."""
+    from matplotlib.ticker import EngFormatter, MaxNLocator
+
+    if values.size and np.all(values == np.round(values)):
+        axis.set_major_locator(MaxNLocator(integer=True))
+    if values.size and np.nanmax(np.abs(values)) >= 10_000:
+        axis.set_major_formatter(EngFormatter(sep=""))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -687,17 +708,18 @@ def plot_sample_efficiency_curves(
     (shaded), as `learning_curve_estimates` returns them; `xs` gives the x values, per
     configuration or shared."""
     from matplotlib.figure import Figure
-    from matplotlib.ticker import EngFormatter
 
     color = _colors(list(points), colors)
     fig = Figure(figsize=(6.5, 4.0), layout="constrained")
     ax = fig.subplots()
+    all_x = []
     for name, curve in points.items():
         x = np.asarray(xs[name] if isinstance(xs, Mapping) else xs, dtype=np.float64)
         lower, upper = np.asarray(intervals[name], dtype=np.float64)
-        ax.plot(x, curve, color=color[name], lw=2, label=name)
+        ax.plot(x, curve, color=color[name], lw=2, label=name, **_markers(len(x)))
         ax.fill_between(x, lower, upper, color=color[name], alpha=0.2, lw=0)
-    ax.xaxis.set_major_formatter(EngFormatter(sep=""))
+        all_x.append(x)
+    _format_steps(ax.xaxis, np.concatenate(all_x) if all_x else np.zeros(0))
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
@@ -705,3 +727,52 @@ def plot_sample_efficiency_curves(
     if title:
         ax.set_title(title)
     return _finish(fig, out_path)
+
+
+# --------------------------------------------------------------------------------------------
+# pass@k (Chen et al. 2021, "Evaluating Large Language Models Trained on Code")
+
+
+def pass_at_k(num_samples: ArrayLike, num_correct: ArrayLike, k: int) -> np.ndarray:
+    """The unbiased estimate of pass@k per problem from `num_correct` right answers among
+    `num_samples` samples: 1 - C(n - c, k) / C(n, k), the chance that k of the n samples drawn
+    without replacement include a right one.
+
+    Computed as Chen et al.'s stable product 1 - prod_{i=n-c+1}^{n} (1 - k / i) rather than from
+    the binomials, which overflow for large n. Where n - c < k every draw of k holds a right
+    answer: 1. Needs 1 <= k <= n."""
+    n = np.asarray(num_samples, dtype=np.int64)
+    c = np.asarray(num_correct, dtype=np.int64)
+    n, c = np.broadcast_arrays(n, c)
+    if k < 1 or (n < k).any():
+        raise ValueError(f"pass@{k} needs 1 <= k <= the number of samples per problem")
+    if ((c < 0) | (c > n)).any():
+        raise ValueError("num_correct must lie in [0, num_samples]")
+    out = np.ones(n.shape, dtype=np.float64)
+    for index in np.ndindex(n.shape):
+        ni, ci = int(n[index]), int(c[index])
+        if ni - ci >= k:
+            out[index] = 1.0 - np.prod(1.0 - k / np.arange(ni - ci + 1, ni + 1, dtype=np.float64))
+    return out
+
+
+def pass_at_k_estimates(
+    correct: ArrayLike, ks: Sequence[int], *, reps: int = 10_000, seed: int = 0
+) -> dict[int, tuple[float, list[float]]]:
+    """pass@k of each k in `ks` over problems with `correct` [problems, samples] (1 for a right
+    sample): the mean over problems of the unbiased per-problem estimate, and its bootstrap 95%
+    interval with problems resampled (`interval_estimates`). pass@1 is the mean sampled
+    accuracy."""
+    correct = np.asarray(correct, dtype=np.float64)
+    if correct.ndim != 2:
+        raise ValueError(f"correct must be [problems, samples], got shape {correct.shape}")
+    n = correct.shape[1]
+    c = correct.sum(axis=1).round().astype(np.int64)
+    out = {}
+    for k in ks:
+        per_problem = pass_at_k(n, c, k)
+        points, bounds = interval_estimates(
+            {"x": per_problem[:, None]}, aggregate_mean, reps=reps, seed=seed
+        )
+        out[k] = (float(points["x"]), [float(b) for b in bounds["x"]])
+    return out

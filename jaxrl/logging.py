@@ -166,12 +166,16 @@ class RunDirectory:
 class MetricsSink:
     """Host-side receiver of per-update metrics from inside a compiled loop.
 
-    Called (through `jax.debug.callback`) as `sink(step, metrics)`, where each metric has a
-    leading axis over runs (seeds) when there are several. It advances a progress bar showing
-    units/s and ETA every call (counting the units of all runs, so its rate is the program's
-    throughput), and every `log_every` steps writes the across-run mean (and per-run values of the
-    `per_run` keys) to `metrics.jsonl`, TensorBoard and the bar's postfix. Each row holds `step`
-    and `units_name` (e.g. `env_steps`: step x units_per_step).
+    Called (through `jax.debug.callback`) as `sink(step, metrics)` after every piece of equally
+    many updates (`jaxrl.loop.make_chunk`'s `check_every`), with the piece's mean metrics, each
+    with a leading axis over runs (seeds) when there are several. It advances a progress bar
+    showing units/s and ETA every call (the environment steps of all runs, so its rate is the
+    program's throughput; an LM run's updates), and every `log_every` steps writes the mean of
+    that row's pieces (across runs, and per run for the `per_run` keys) to `metrics.jsonl`,
+    TensorBoard and the bar's postfix. Each row holds `step` and `units_name` (e.g.
+    `env_steps`: step x units_per_step). The pieces of a row not yet written are `pending`: a
+    run stopped between rows saves them with its checkpoint and its resumption hands them back
+    (`restore_pending`), so its row is the uninterrupted run's.
     """
 
     def __init__(
@@ -210,14 +214,16 @@ class MetricsSink:
         self.progress = progress and writes
         self.description = description
         self._bar = None  # made at the first update, so its rate and ETA exclude compilation
+        self._pieces: list[dict[str, np.ndarray]] = []  # of the row being gathered
 
     def __call__(self, step: Any, metrics: Mapping[str, Any]) -> None:
         step = int(step)
         if self.progress and self._bar is None:
             self._bar = self._make_bar()
         if self._bar is not None:
-            self._bar.update((step - self.last_step) * self.units_per_step * self.num_runs)
+            self._bar.update((step - self.last_step) * self._bar_units())
         self.last_step = step
+        self._pieces.append({k: np.asarray(v, dtype=np.float64) for k, v in metrics.items()})
         if step % self.log_every != 0 and step != self.total_steps:
             return
         row: dict[str, Any] = {
@@ -225,8 +231,11 @@ class MetricsSink:
             self.units_name: step * self.units_per_step,
             "wall_seconds": round(time.time() - self.start_time, 3),
         }
-        for name, value in metrics.items():
-            value = np.asarray(value, dtype=np.float64)
+        pieces, self._pieces = self._pieces, []
+        for name in metrics:
+            # Each run's mean over the row's pieces (NaN in any piece stays NaN, as one mean over
+            # the row's updates would), then the mean over runs that have a value.
+            value = np.mean(np.stack([p[name] for p in pieces]), axis=0)
             row[name] = float(np.nanmean(value))
             if name in self.per_run:
                 row[f"{name}_per_run"] = value.reshape(-1).tolist()
@@ -241,16 +250,46 @@ class MetricsSink:
         if self._bar is not None and "episode_return" in row:
             self._bar.set_postfix(episode_return=f"{row['episode_return']:.1f}", refresh=False)
 
+    def pending(self) -> list[dict[str, Any]]:
+        """The pieces of the row being gathered, as JSON (NaN as null), for a checkpoint."""
+        return [
+            {
+                k: {
+                    "shape": list(v.shape),
+                    "values": [None if np.isnan(x) else float(x) for x in v.ravel()],
+                }
+                for k, v in piece.items()
+            }
+            for piece in self._pieces
+        ]
+
+    def restore_pending(self, pieces: list[dict[str, Any]]) -> None:
+        """Resume gathering a row from `pending()` of the checkpoint the run resumes from (a
+        float64 holds each float32 metric exactly, so the row equals the uninterrupted run's)."""
+        self._pieces = [
+            {
+                k: np.asarray(v["values"], dtype=np.float64).reshape(v["shape"])
+                for k, v in piece.items()
+            }
+            for piece in pieces
+        ]
+
+    def _bar_units(self) -> int:
+        """What the bar counts per update: environment steps of all runs (a control run's
+        throughput), or the update itself where an update is a batch of completions, pairs or
+        sequences (a bar of 16 completions for 2 GRPO updates read as 16 steps)."""
+        return self.units_per_step * self.num_runs if self.units_name == "env_steps" else 1
+
     def _make_bar(self):
         from tqdm import tqdm
 
-        units = self.units_per_step * self.num_runs
+        units = self._bar_units()
         return tqdm(
             total=self.total_steps * units,
             initial=self.last_step * units,
             desc=self.description,
-            unit="step",
-            unit_scale=True,
+            unit=" env steps" if self.units_name == "env_steps" else " updates",
+            unit_scale=self.units_name == "env_steps",  # "1.00/4.00 updates" otherwise
             dynamic_ncols=True,
             mininterval=1.0,
             file=sys.stderr,

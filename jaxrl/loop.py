@@ -46,6 +46,7 @@ def make_chunk(
     runs_axis: bool = True,
     scan_inputs: bool = False,
     keep_going: Callable[[jax.Array], bool] | None = None,
+    check_every: int | None = None,
 ) -> Callable[[State, Any, HParams], tuple[State, Metrics]]:
     """`chunk(states, inputs, hparams) -> (states, metrics)`: `num_steps` updates in one program.
 
@@ -54,32 +55,39 @@ def make_chunk(
     `scan_inputs`, `inputs` has a leading [num_steps] axis and update i gets slice i (one host
     batch per update); otherwise every update gets all of `inputs`.
 
-    Every `log_every` updates (which must divide `num_steps`), `callback(step, metrics)` runs on
-    the host with the block's mean metrics of every run: one host call per block, not per update,
-    which matters when an update costs less than the call (one SAC environment step). `step` is
-    the state's step counter after the block. The returned metrics are those block means, stacked
-    [num_steps // log_every, (runs,) ...].
+    The updates run in pieces of `check_every` updates (default `log_every`; it must divide
+    `log_every`, which must divide `num_steps`). After each piece, `callback(step, metrics)` runs
+    on the host with the piece's mean metrics of every run: one host call per piece, not per
+    update, which matters when an update costs less than the call (one SAC environment step).
+    `step` is the state's step counter after the piece; a metrics row (`log_every` updates) is
+    the mean of its pieces (`jaxrl.logging.MetricsSink` averages them). The returned metrics are
+    those piece means, stacked [num_steps // check_every, (runs,) ...].
 
-    With `keep_going`, the host is asked `keep_going(step)` before each block, and a block it
+    With `keep_going`, the host is asked `keep_going(step)` before each piece, and a piece it
     declines is skipped (the state passes through; its metrics are zeros and not streamed): this
-    is how a run stops within seconds of Ctrl-C instead of at the end of a long chunk, and how a
-    run resumed between chunk boundaries stops at the next one. The caller reads where the chunk
-    stopped from the state's step.
+    is how a run stops within seconds of Ctrl-C (after the running piece) instead of at the end
+    of a long chunk, and how a run resumed between chunk boundaries stops at the next one. The
+    caller reads where the chunk stopped from the state's step.
     """
+    check_every = log_every if check_every is None else check_every
     if num_steps % log_every:
         raise ValueError(f"num_steps ({num_steps}) must be a multiple of log_every ({log_every})")
-    num_blocks = num_steps // log_every
+    if log_every % check_every:
+        raise ValueError(
+            f"log_every ({log_every}) must be a multiple of check_every ({check_every})"
+        )
+    num_pieces = num_steps // check_every
     one_update = jax.vmap(update, in_axes=(0, None, 0)) if runs_axis else update
 
-    def run_block(states, block_inputs, hparams):
+    def run_piece(states, piece_inputs, hparams):
         def body(states, step_inputs):
             return one_update(states, step_inputs, hparams)
 
         if scan_inputs:
-            states, metrics = jax.lax.scan(body, states, block_inputs)
+            states, metrics = jax.lax.scan(body, states, piece_inputs)
         else:
             states, metrics = jax.lax.scan(
-                lambda s, _: body(s, block_inputs), states, None, length=log_every
+                lambda s, _: body(s, piece_inputs), states, None, length=check_every
             )
         metrics = jax.tree.map(lambda m: m.mean(axis=0), metrics)
         if callback is not None:
@@ -89,24 +97,24 @@ def make_chunk(
     def step_of(states):
         return states.step[0] if runs_axis else states.step
 
-    def block(states, block_inputs, hparams):
+    def piece(states, piece_inputs, hparams):
         if keep_going is None:
-            return run_block(states, block_inputs, hparams)
+            return run_piece(states, piece_inputs, hparams)
         go = io_callback(keep_going, jax.ShapeDtypeStruct((), jnp.bool_), step_of(states))
-        shapes = jax.eval_shape(run_block, states, block_inputs, hparams)[1]
+        shapes = jax.eval_shape(run_piece, states, piece_inputs, hparams)[1]
 
-        def skip(states, block_inputs, hparams):
+        def skip(states, piece_inputs, hparams):
             return states, jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
 
-        return jax.lax.cond(go, run_block, skip, states, block_inputs, hparams)
+        return jax.lax.cond(go, run_piece, skip, states, piece_inputs, hparams)
 
     def chunk(states: State, inputs: Any, hparams: HParams) -> tuple[State, Metrics]:
         if scan_inputs:
-            blocks = jax.tree.map(
-                lambda x: x.reshape((num_blocks, log_every, *x.shape[1:])), inputs
+            pieces = jax.tree.map(
+                lambda x: x.reshape((num_pieces, check_every, *x.shape[1:])), inputs
             )
-            return jax.lax.scan(lambda s, b: block(s, b, hparams), states, blocks)
-        return jax.lax.scan(lambda s, _: block(s, inputs, hparams), states, None, length=num_blocks)
+            return jax.lax.scan(lambda s, b: piece(s, b, hparams), states, pieces)
+        return jax.lax.scan(lambda s, _: piece(s, inputs, hparams), states, None, length=num_pieces)
 
     return chunk
 

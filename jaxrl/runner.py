@@ -11,13 +11,15 @@ come from. The runner does the rest the same way for every algorithm:
 
 A run killed at any moment (SIGKILL included) and started again ends where an uninterrupted run
 ends: the state resumes from the newest checkpoint and every metric row logged after it is
-dropped, so the re-run logs it again. Ctrl-C (SIGINT) or SIGTERM stops at the end of the running
-chunk with a checkpoint and a line telling how to resume; a second one stops at once.
+dropped, so the re-run logs it again. Ctrl-C (SIGINT) or SIGTERM stops after the running update
+(or piece of `Job.check_every` updates, for updates that cost less than asking) with a checkpoint
+and a line telling how to resume, whatever `run.log_every` is; a second one stops at once.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import re
@@ -47,6 +49,38 @@ def fail(message: str) -> NoReturn:
     """Exit with one clear line (no traceback): bad settings are the user's to fix, not bugs."""
     print(f"error: {message}", file=sys.stderr)
     sys.exit(2)
+
+
+def load_named(spec: str) -> Any:
+    """The object `spec` names: "module.path:name" (importable from the working directory) or
+    "path/to/file.py:name" (a module of the user's anywhere, loaded from its file). Raises
+    ImportError / AttributeError / ValueError with the reason."""
+    module_name, _, attribute = spec.rpartition(":") if ".py:" in spec else spec.partition(":")
+    if not attribute:
+        raise ValueError("no ':name' after the module")
+    if module_name.endswith(".py"):
+        import importlib.util
+
+        path = os.path.abspath(os.path.expanduser(module_name))
+        if not os.path.isfile(path):
+            raise ImportError(f"no such file {path}")
+        # One module per file, under a name of its own: loading it twice reuses it.
+        name = "jaxrl_user_" + re.sub(r"\W", "_", path)
+        if name not in sys.modules:
+            loader_spec = importlib.util.spec_from_file_location(name, path)
+            if loader_spec is None or loader_spec.loader is None:
+                raise ImportError(f"cannot load {path} as a Python module")
+            module = importlib.util.module_from_spec(loader_spec)
+            sys.modules[name] = module
+            try:
+                loader_spec.loader.exec_module(module)
+            except BaseException:
+                del sys.modules[name]
+                raise
+        return getattr(sys.modules[name], attribute)
+    import importlib
+
+    return getattr(importlib.import_module(module_name), attribute)
 
 
 # --------------------------------------------------------------------------------------------
@@ -150,6 +184,15 @@ def main(script_main: Callable[[list[str]], None], positional: bool = False) -> 
     from absl import logging as absl_logging
 
     def parse(argv: list[str]) -> list[str]:
+        # absl exits with status 1 after --help; asking for help is no error. --helpconfig lists
+        # the config's fields with their values (after the --config file, preset and overrides).
+        wanted = [a for a in argv[1:] if a in HELP_FLAGS]
+        if wanted and wanted[0] != "--helpconfig":
+            app.usage(shorthelp=wanted[0] != "--helpfull", writeto_stdout=True)
+            if wanted[0] != "--helpfull":
+                print("Try --helpfull for every flag, --helpconfig for the config's fields.")
+            sys.exit(0)
+        argv = [a for a in argv if a != "--helpconfig"]
         try:
             rest = flags.FLAGS(argv)
             if "config" in flags.FLAGS:
@@ -171,10 +214,20 @@ def main(script_main: Callable[[list[str]], None], positional: bool = False) -> 
                 )
         if len(rest) > 1 and not positional:
             fail(f"unexpected arguments {rest[1:]}; settings are flags, e.g. --config.seed=1")
+        if wanted:
+            if "config" not in flags.FLAGS:
+                print("This script has no config; see --helpfull for its flags.")
+            else:
+                for name, value in config_fields(flags.FLAGS["config"].value):
+                    print(f"--config.{name}={value!r}")
+            sys.exit(0)
         return rest
 
     def run(argv: list[str]) -> None:
         absl_logging.set_verbosity(absl_logging.WARNING)  # orbax narrates every save at INFO
+        # and warns when a save waits for the one before ("Waiting for previous save to complete
+        # took 7.3 seconds"): a fact of the schedule, not something to act on.
+        absl_logging.get_absl_logger().addFilter(_drop_orbax_waits)
         # JAX logs the traceback of a failing callback before re-raising it; the exception itself
         # reaches us (a user's function failing: one line, its traceback in the run's error.log).
         logging.getLogger("jax._src.callback").setLevel(logging.CRITICAL)
@@ -186,13 +239,41 @@ def main(script_main: Callable[[list[str]], None], positional: bool = False) -> 
                 raise
             report_host_failure(failure)
         except KeyboardInterrupt:  # outside training (setup, final evaluation): one line too
-            print(
-                "\nInterrupted; checkpoints are kept: run the same command again to resume.",
-                file=sys.stderr,
-            )
+            run_dir = _open_runs[-1] if _open_runs else None
+            kept = run_dir is not None and os.path.isdir(run_dir.checkpoint_dir)
+            kept = kept and any(name.isdigit() for name in os.listdir(run_dir.checkpoint_dir))
+            if kept:
+                print(
+                    f"\nInterrupted; the checkpoints in {run_dir.checkpoint_dir} are kept: run "
+                    "the same command again to resume.",
+                    file=sys.stderr,
+                )
+            else:
+                print(
+                    "\nInterrupted before any checkpoint; run the same command again to start.",
+                    file=sys.stderr,
+                )
             sys.exit(130)
 
     app.run(run, flags_parser=parse)
+
+
+HELP_FLAGS = ("--help", "-h", "-?", "--helpshort", "--helpfull", "--helpconfig")
+
+
+def config_fields(config: ml_collections.ConfigDict, prefix: str = "") -> list[tuple[str, Any]]:
+    """Every field of `config` as (dotted name, value), sections flattened, in order."""
+    fields = []
+    for name, value in config.items():
+        if isinstance(value, ml_collections.ConfigDict):
+            fields += config_fields(value, f"{prefix}{name}.")
+        else:
+            fields.append((f"{prefix}{name}", value))
+    return fields
+
+
+def _drop_orbax_waits(record: logging.LogRecord) -> bool:
+    return "Waiting for previous save" not in str(record.msg)
 
 
 def run_section(**overrides: Any) -> ml_collections.ConfigDict:
@@ -249,12 +330,35 @@ def build_config(config_cls: type, flat: ml_collections.ConfigDict, settings: tu
             f"config.{unknown[0]}: not a setting of {config_cls.__module__}.Config; "
             f"valid settings are {sorted(fields)}"
         )
+    defaults = {f.name: f.default for f in dataclasses.fields(config_cls)}
+    for name, value in values.items():
+        check_like_default(name, value, defaults.get(name, dataclasses.MISSING))
     try:
         return config_cls(**values)
     except ConfigError as error:
         fail(f"config.{error}")
     except TypeError as error:
-        fail(f"config: {error}")
+        fail(f"config: {error}; check the settings' types against the config file")
+
+
+def check_like_default(name: str, value: Any, default: Any) -> None:
+    """A tuple setting (layer widths, a mesh shape) given as something else, or holding another
+    type of element than its default, is one line naming it: the Config's own checks compare
+    its elements with numbers and would fail with Python's message instead."""
+    if not isinstance(default, tuple) or not default:
+        return
+    kind = type(default[0])
+    example = "(" + ", ".join(str(x) for x in default) + ("," if len(default) == 1 else "") + ")"
+    if not isinstance(value, tuple | list):
+        fail(f"config.{name}: expected a tuple such as {example}, got {value!r}; pass e.g. "
+             f"--config.{name}='{example}'")  # fmt: skip
+    numbers = (int, float) if kind is float else (kind,)
+    bad = [
+        x for x in value if not isinstance(x, numbers) or isinstance(x, bool) is not (kind is bool)
+    ]
+    if bad:
+        fail(f"config.{name}: expected {kind.__name__}s such as {example}, got {tuple(value)!r}; "
+             f"pass e.g. --config.{name}='{example}'")  # fmt: skip
 
 
 RUN_COUNTS = ("num_chunks", "checkpoint_every", "keep_checkpoints", "log_every")
@@ -268,6 +372,25 @@ def check_run_settings(run: Any, num_seeds: int = 1) -> None:
         value = run[name]
         if not isinstance(value, int) or value < 1:
             fail(f"config.run.{name} must be >= 1, got {value}; set it to 1 or more")
+
+
+def check_same_script(run_dir: RunDirectory, workdir: str) -> None:
+    """A run directory is resumed only by the script that started it (versions.json records its
+    command line): another script's settings differ in some field, and naming that field would
+    hide that the directory holds another algorithm's run."""
+    try:
+        with open(run_dir.file("versions.json")) as f:
+            earlier = os.path.basename(str(json.load(f)["argv"][0]))
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        return  # no record: the settings' comparison decides
+    current = os.path.basename(sys.argv[0])
+    scripts = os.listdir(os.path.join(REPO_ROOT, "experiments"))
+    if earlier != current and earlier in scripts and current in scripts:
+        algo = earlier.removesuffix(".py").upper().replace("_LM", "-LM").replace("_", " ")
+        fail(
+            f"--workdir={workdir} holds a {algo} run (experiments/{earlier}), not a "
+            f"{current} one; pass a new --workdir"
+        )
 
 
 def check_resumable(saved: dict[str, Any] | None, current: dict[str, Any], workdir: str) -> None:
@@ -355,9 +478,12 @@ class Job:
     """What a script hands the runner: everything particular to its algorithm.
 
     The runner compiles chunks of the algorithm's `update` with `jaxrl.loop.make_chunk` (or calls
-    `make_chunk(length, log_every, sink, keep_going)` for a custom chunk, which passes `keep_going`
-    on to `loop.make_chunk`). `inputs_for(first, count)` gives the inputs of updates
-    [first, first + count) (None when the environment runs inside). After each chunk,
+    `make_chunk(length, log_every, sink, keep_going, check_every)` for a custom chunk, which
+    passes the last three on to `loop.make_chunk`). A stop request (Ctrl-C) is looked at every
+    `check_every` updates at most (the largest divisor of the block not above it): 1 where an
+    update takes long enough that asking costs nothing (the default), more where an update is
+    microseconds (SAC's one environment step). `inputs_for(first, count)` gives the inputs of
+    updates [first, first + count) (None when the environment runs inside). After each chunk,
     `after_chunk(states, step, chunk_index)` may return extra metric rows for the sink (an
     evaluation, say)."""
 
@@ -377,6 +503,7 @@ class Job:
     per_run: tuple[str, ...] = ("episode_return",)  # metrics also logged for every run
     after_chunk: Callable[[Any, int, int], Mapping[str, Any] | None] | None = None
     out_shardings: Any = None  # of (states, metrics), for sharded states
+    check_every: int = 1  # updates between stop checks, at most
 
 
 @dataclasses.dataclass
@@ -387,7 +514,7 @@ class RunResult:
     compile_seconds: float
     train_seconds: float
     resumed_from_step: int
-    last_metrics: Any  # stacked block metrics of the last chunk run here (None if none ran)
+    last_metrics: Any  # stacked piece metrics of the last chunk run here (None if none ran)
 
 
 def open_run(workdir: str, resolved_config: Mapping[str, Any]) -> RunDirectory:
@@ -411,6 +538,7 @@ def open_run(workdir: str, resolved_config: Mapping[str, Any]) -> RunDirectory:
         name.isdigit() for name in os.listdir(run_dir.checkpoint_dir)
     )
     if has_checkpoint:
+        check_same_script(run_dir, workdir)
         check_resumable(run_dir.saved_config(), resolved, workdir)
     run_dir.write_config(resolved)
     _open_runs.append(run_dir)
@@ -442,8 +570,8 @@ def report_host_failure(failure: host.HostFailure) -> NoReturn:
 
 
 class _StopRequests:
-    """SIGINT/SIGTERM handling: the first asks the loop to stop at the next block boundary, the
-    second stops at once.
+    """SIGINT/SIGTERM handling: the first asks the loop to stop after the running update (or
+    piece of updates), the second stops at once.
 
     Python runs signal handlers only on the main thread between bytecodes, and the main thread sits
     inside the compiled chunk until it returns. So the handlers do nothing themselves: the signal
@@ -493,7 +621,7 @@ def train(
     """Run `job` as compiled chunks with checkpoints, resuming from the newest one."""
     states = job.init_states()
     checkpointer = Checkpointer(run_dir.checkpoint_dir, keep=run.keep_checkpoints)
-    done = 0
+    done, pending = 0, []
     try:
         restored = checkpointer.restore_newest_intact(states, run_dir.file("damaged_checkpoints"))
     except DamagedCheckpointError as error:
@@ -504,6 +632,7 @@ def train(
         for note in notes:
             print(f"warning: {note}; moved to damaged_checkpoints/", file=sys.stderr)
         done = int(meta["step"])
+        pending = meta.get("pending", [])  # a stop between rows: the row's pieces so far
         # Flushed: a pipe buffers stdout, and the line matters most when the run dies again.
         print(f"Resuming {run_dir.path} from step {done}/{job.num_steps}.", flush=True)
     # Rows logged after the checkpoint (or at all, without one) are logged again by this run.
@@ -524,34 +653,42 @@ def train(
         progress=run.progress,
         description=job.description,
     )
-    # Asked before every block inside the compiled chunk: a stop request (or, after a resume
-    # between chunk boundaries, the chunk's scheduled end) skips the remaining blocks. Runs whose
-    # state is spread over several devices stop at chunk ends instead: a host callback that
-    # returns a value inside a multi-device CPU program can deadlock jaxlib 0.10's runtime.
+    sink.restore_pending(pending)
+    # Asked before every piece of `check` updates inside the compiled chunk: a stop request (or,
+    # after a resume between chunk boundaries, the chunk's scheduled end) skips the remaining
+    # pieces. Runs whose state is spread over several devices are driven piece by piece from
+    # here instead (one program of `check` updates, called until the chunk's end or a stop): a
+    # host callback that returns a value inside a multi-device CPU program can deadlock jaxlib
+    # 0.10's runtime.
     stop = _StopRequests()
     control = {"end": 0}
     one_device = len({d for x in jax.tree.leaves(states) for d in x.devices()}) == 1
+    check = block_length(block, job.check_every)
+    programs = sorted(set(lengths)) if one_device else [check]
 
     def keep_going(step: Any) -> bool:
         return not stop.requested and int(step) < control["end"]
 
     def chunk_program(length: int) -> Callable:
+        # A piece program (several devices) is shorter than a row: the sink gathers its rows.
+        row = block if one_device else check
         if job.make_chunk is not None:
-            return job.make_chunk(length, block, sink, keep_going)
+            return job.make_chunk(length, row, sink, keep_going if one_device else None, check)
         return loop.make_chunk(
             job.update,
             length,
-            log_every=block,
+            log_every=row,
             callback=sink,
             runs_axis=job.runs_axis,
             scan_inputs=job.scan_inputs,
             keep_going=keep_going if one_device else None,
+            check_every=check,
         )
 
     with stop:  # from before compiling, so Ctrl-C there is one line too
         t0 = time.time()
         compiled = {}
-        for length in sorted(set(lengths)):
+        for length in programs:
             jit_options = {"donate_argnums": 0}
             if job.out_shardings is not None:
                 jit_options["out_shardings"] = job.out_shardings
@@ -570,19 +707,24 @@ def train(
             if end <= step:
                 continue  # done before the interruption
             control["end"] = end
-            inputs = job.inputs_for(step, length)
             try:
-                states, last_metrics = compiled[length](states, inputs, job.hparams)
+                if one_device:
+                    inputs = job.inputs_for(step, length)
+                    states, last_metrics = compiled[length](states, inputs, job.hparams)
+                else:
+                    states, last_metrics = _run_pieces(
+                        compiled[check], check, states, step, end, job, stop
+                    )
                 reached = int(np.asarray(states.step).reshape(-1)[0])
             except Exception:  # a host callback failed: keep what was logged, save nothing
                 _failed_updates[:] = [step + 1, end, checkpointer.latest_step()]
                 sink.close()
                 checkpointer.close()
                 raise
-            blocks_run = (reached - step) // block
-            last_metrics = jax.tree.map(lambda m, n=blocks_run: m[:n], last_metrics)
+            pieces_run = (reached - step) // check
+            last_metrics = jax.tree.map(lambda m, n=pieces_run: m[:n], last_metrics)
             if not all_finite(states):  # never checkpoint (or continue from) a diverged state
-                message = divergence_message(last_metrics, step, block, checkpointer)
+                message = divergence_message(last_metrics, step, check, checkpointer)
                 sink.close()
                 checkpointer.close()
                 fail(message)
@@ -598,13 +740,26 @@ def train(
                 checkpointer.save(end, states, {"step": end})
             if kill_after_chunk == index + 1:
                 os.kill(os.getpid(), signal.SIGKILL)
-            if stop.requested and not is_last:
+            if stop.requested:  # after the last chunk too: the final evaluation can wait
                 _stop_with_checkpoint(checkpointer, sink, states, step, job, run_dir)
     jax.block_until_ready(states)
     sink.close()
     checkpointer.close()
     last_metrics = None if last_metrics is None else jax.device_get(last_metrics)
     return RunResult(states, compile_seconds, time.time() - start, done, last_metrics)
+
+
+def _run_pieces(program, count, states, step, end, job, stop) -> tuple[Any, Any]:
+    """Updates `step` to `end` as calls of `program` (`count` updates each), stopping after the
+    piece during which a stop was requested; the pieces' metrics concatenated as one chunk's."""
+    pieces = []
+    while True:
+        states, metrics = program(states, job.inputs_for(step, count), job.hparams)
+        pieces.append(metrics)
+        step += count
+        if step >= end or stop.requested:
+            break
+    return states, jax.tree.map(lambda *m: jnp.concatenate(m), *pieces)
 
 
 def _stop_before_training(checkpointer, sink, done, job, run_dir) -> NoReturn:
@@ -620,9 +775,11 @@ def _stop_before_training(checkpointer, sink, done, job, run_dir) -> NoReturn:
 
 
 def _stop_with_checkpoint(checkpointer, sink, states, step, job, run_dir) -> NoReturn:
-    """Save `states` at `step` (unless that checkpoint exists), say how to resume, exit 130."""
+    """Save `states` at `step` (unless that checkpoint exists) with the pieces of the metrics row
+    it stopped inside, say how to resume, exit 130."""
     if checkpointer.latest_step() != step:
-        checkpointer.save(step, states, {"step": step})
+        pending = sink.pending()
+        checkpointer.save(step, states, {"step": step} | ({"pending": pending} if pending else {}))
     sink.close()
     checkpointer.close()
     print(

@@ -7,7 +7,9 @@ start (`--helpfull`: every import, flag parsing, nothing else), so a check that 
 compiling something would show up as slow.
 """
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -354,6 +356,32 @@ CASES = [
         "--config=experiments/configs/sft.py:guess_my_number --config.task.scripted_fraction=2",
         "config.task.scripted_fraction: got 2",
     ),
+    # --- issue 36: values of the wrong type, references, destinations
+    ("sac.py", "--config.hidden_sizes=abc", "config.hidden_sizes: expected ints such as"),
+    ("ppo.py", "--config.hidden_sizes=(64,x)", "config.hidden_sizes: expected ints such as"),
+    ("sft.py", "--config.mesh_shape=abc", "config.mesh_shape: expected ints such as (1, 1, 1)"),
+    ("grpo.py", "--config.eval_samples=-1", "config.eval_samples: got -1"),
+    (
+        "cql.py",
+        "--config.reference.random_return=1 --config.dataset.path=x",
+        "config.reference: give both random_return and expert_return, or neither",
+    ),
+    (
+        "collect.py",
+        "--env=Pendulum-v1 --policy=random --ref_min_return=nan --ref_max_return=nan",
+        "--ref_min_return: must be a finite number, got nan",
+    ),
+    (
+        "collect.py",
+        "--env=Pendulum-v1 --policy=random --ref_min_return=0 --ref_max_return=inf",
+        "--ref_max_return: must be a finite number, got inf",
+    ),
+    (
+        "collect.py",
+        "--env=Pendulum-v1 --policy=random --ref_min_return=-1200",
+        "--ref_min_return and --ref_max_return: give both",
+    ),
+    ("compare.py", "tests --out_dir=README.md", "--out_dir=README.md: is a file, not a directory"),
     ("generate.py", "--prompt=hi", "--model: missing"),
     ("generate.py", "--model=tests/fixtures/hf/tiny_llama --prompt=hi", "--model=tests/fixtures"),
     ("export.py", "--out=/nonexistent/export", "--run: missing"),
@@ -430,3 +458,132 @@ def test_an_existing_run_directory_stays_byte_identical(tmp_path):
     result, _ = timed(command("ppo.py", "--config.gamma=2", str(workdir)))
     assert result.returncode == 2
     assert tree_digest(str(workdir)) == before
+
+
+# --- Issue 36's bad inputs that need files made first (one error line, exit 2, nothing written,
+# and the same command with the input fixed is not blocked by anything the refusal left).
+
+
+def one_error_line(result: subprocess.CompletedProcess, expected: str) -> None:
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    lines = [line for line in lines if "Warning" not in line and not line.startswith("  warn")]
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert len(lines) == 1, result.stderr[-3000:]
+    assert lines[0].startswith(f"error: {expected}"), lines[0]
+    assert ";" in lines[0], f"no fix given: {lines[0]}"
+
+
+def test_dpo_refuses_an_assistant_message_with_empty_content(tmp_path):
+    """The chat form of an empty response is refused as the string form "" is."""
+    data = tmp_path / "pairs.jsonl"
+    row = {
+        "prompt": [{"role": "user", "content": "Say hi"}],
+        "chosen": [{"role": "assistant", "content": " "}],
+        "rejected": [{"role": "assistant", "content": "no"}],
+    }
+    data.write_text(json.dumps(row) + "\n")
+    workdir = str(tmp_path / "run")
+    result, _ = timed(
+        command(
+            "dpo.py",
+            "--config.init_from=tests/fixtures/hf/tiny_llama "
+            f"--config.task.tokenizer=tests/fixtures/hf/tokenizer --config.task.train_jsonl={data}",
+            workdir,
+        )
+    )
+    one_error_line(result, f"{data}:1: field 'chosen' is an assistant message with empty content")
+    assert not os.path.exists(workdir)
+
+
+def test_a_cut_safetensors_file_is_one_line(tmp_path):
+    model = tmp_path / "hf"
+    shutil.copytree(os.path.join(REPO, "tests", "fixtures", "hf", "tiny_llama"), model)
+    weights = model / "model.safetensors"
+    os.truncate(weights, os.path.getsize(weights) // 2)
+    workdir = str(tmp_path / "run")
+    args = f"--config.init_from={model} --config.task.tokenizer=tests/fixtures/hf/tokenizer"
+    result, _ = timed(command("sft.py", args, workdir))
+    one_error_line(result, f"config.init_from: {model}: cannot read its safetensors")
+    assert not os.path.exists(workdir)
+
+
+def test_a_run_with_cut_parameter_files_is_one_line(tmp_path):
+    """init_from a run whose params/ files were cut in half: orbax's tracebacks (one per array,
+    and more from its reads in flight) become one line."""
+    sft = str(tmp_path / "sft")
+    small = "--config.num_steps=2 --config.batch_size=8 --config.task.num_eval=8"
+    result, _ = timed(command("sft.py", f"{small} --config.run.progress=False", sft))
+    assert result.returncode == 0, result.stderr[-3000:]
+    for root, _, files in os.walk(os.path.join(sft, "params")):
+        for name in files:
+            if os.path.basename(root) == "d":  # the arrays' data, not the metadata
+                os.truncate(
+                    os.path.join(root, name), os.path.getsize(os.path.join(root, name)) // 2
+                )
+    workdir = str(tmp_path / "dpo")
+    result, _ = timed(command("dpo.py", f"--config.init_from={sft}", workdir))
+    one_error_line(result, f"config.init_from: {sft}/params: cannot read the parameters")
+    assert not os.path.exists(workdir)
+
+
+def test_collect_into_a_directory_it_cannot_write_is_one_line_before_collecting(tmp_path):
+    """A data_dir that cannot be written (here under /proc, which refuses even root) is refused
+    before collection; so are NaN reference returns (a CASES row), which used to be refused only
+    after the dataset was written, blocking the corrected command."""
+    args = ["--env=Pendulum-v1", "--policy=random", "--num_steps=400"]
+    cmd = [sys.executable, "experiments/collect.py", *args, "--data_dir=/proc/jaxrl_data"]
+    result, _ = timed(cmd)
+    one_error_line(result, "--data_dir=/proc/jaxrl_data: cannot write there")
+    data_dir = str(tmp_path / "data")
+    refs = ["--ref_min_return=nan", "--ref_max_return=nan"]
+    result, _ = timed(
+        [sys.executable, "experiments/collect.py", *args, *refs, f"--data_dir={data_dir}"]
+    )
+    one_error_line(result, "--ref_min_return: must be a finite number")
+    assert not os.path.exists(data_dir)
+    fixed = ["--ref_min_return=-1200", "--ref_max_return=-150"]
+    result, _ = timed(
+        [sys.executable, "experiments/collect.py", *args, *fixed, f"--data_dir={data_dir}"]
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_compare_refuses_raw_returns_of_two_environments_under_one_label(tmp_path):
+    runs = []
+    for env, returns in (("CartPole-v1", [500.0, 480.0]), ("Pendulum-v1", [-150.0, -170.0])):
+        path = tmp_path / env
+        path.mkdir()
+        summary = {"algo": "ppo", "env": env, "num_seeds": 2, "final_eval_return": 0.0}
+        (path / "summary.json").write_text(
+            json.dumps(summary | {"final_eval_return_per_seed": returns})
+        )
+        runs.append(f"mix={path}")
+    out = tmp_path / "cmp"
+    result, _ = timed([sys.executable, "experiments/compare.py", *runs, f"--out_dir={out}"])
+    one_error_line(result, "the runs cover 2 tasks (CartPole-v1, Pendulum-v1)")
+    assert not os.path.exists(out)
+
+
+@pytest.mark.parametrize("script", ["sac.py", "sft.py"])
+def test_another_scripts_run_directory_is_named_as_such(script, tmp_path):
+    """A PPO run's directory (checkpoints, versions.json naming experiments/ppo.py): SAC and SFT
+    say it holds a PPO run, rather than naming the first setting that differs."""
+    workdir = tmp_path / "ppo"
+    (workdir / "checkpoints" / "10").mkdir(parents=True)
+    (workdir / "config.json").write_text(json.dumps({"activation": "tanh"}))
+    (workdir / "versions.json").write_text(json.dumps({"argv": ["experiments/ppo.py"]}))
+    before = tree_digest(str(workdir))
+    result, _ = timed(command(script, "", str(workdir)))
+    one_error_line(result, f"--workdir={workdir} holds a PPO run (experiments/ppo.py)")
+    assert tree_digest(str(workdir)) == before
+
+
+def test_a_malformed_jsonl_line_names_the_column_of_the_error(tmp_path):
+    """The missing comma is at column 148 of line 2, and the line says so."""
+    data = tmp_path / "prompts.jsonl"
+    prompt = "x" * (148 - len('{"prompt": "", "answer": "6" ') - 1)
+    bad = f'{{"prompt": "{prompt}", "answer": "6" "level": 1}}'
+    assert bad.index('"level"') + 1 == 148
+    data.write_text('{"prompt": "say 6:", "answer": "6"}\n' + bad + "\n")
+    result, _ = timed(command("grpo.py", f"--config.task.train_jsonl={data}", str(tmp_path / "r")))
+    one_error_line(result, f"{data}:2: invalid JSON (Expecting ',' delimiter at column 148)")

@@ -193,3 +193,34 @@ def test_parse_argument(tmp_path):
     assert compare.parse_argument(f"lr=2.5e-4={run}") == ("lr=2.5e-4", run)
     assert compare.parse_argument("base=runs/missing") == ("base", "runs/missing")
     assert compare.parse_argument("runs/x/") == ("x", "runs/x/")
+
+
+def test_compare_reports_held_out_pass_at_k_of_language_model_runs(tmp_path):
+    """GRPO-like summaries (one seed each, eval_pass_at_K with ci95): a configuration of one run
+    keeps its interval; one of two runs gets the mean over runs and a bootstrap interval;
+    comparison.json holds both; --metric=eval_pass_at_4 compares by it."""
+
+    def lm_run(name, p1, p4):
+        path = tmp_path / name
+        os.makedirs(path)
+        summary = {"algo": "grpo", "task": "say_digit", "num_seeds": 1, "eval_task_accuracy": p1}
+        summary |= {"eval_pass_at_1": p1, "eval_pass_at_1_ci95": [p1 - 0.1, p1 + 0.1]}
+        summary |= {"eval_pass_at_4": p4, "eval_pass_at_4_ci95": [p4 - 0.1, p4 + 0.1]}
+        with open(path / "summary.json", "w") as f:
+            json.dump(summary, f)
+        return str(path)
+
+    a, b1, b2 = lm_run("a", 0.3, 0.6), lm_run("b1", 0.5, 0.8), lm_run("b2", 0.7, 0.9)
+    out = tmp_path / "cmp"
+    result = run_compare(
+        f"a={a}", f"b={b1}", f"b={b2}", "--metric=eval_pass_at_4", f"--out_dir={out}", "--reps=500"
+    )
+    assert "held-out pass@k" in result.stdout
+    with open(out / "comparison.json") as f:
+        comparison = json.load(f)
+    table = comparison["pass_at_k"]
+    assert table["a"]["1"] == {"estimate": 0.3, "ci": [0.19999999999999998, 0.4]}
+    assert table["b"]["4"]["estimate"] == pytest.approx(0.85)
+    low, high = table["b"]["4"]["ci"]
+    assert 0.8 <= low <= 0.85 <= high <= 0.9
+    assert comparison["configurations"]["a"]["mean"]["estimate"] == pytest.approx(0.6)

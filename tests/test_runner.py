@@ -129,7 +129,8 @@ def test_divergence_stops_with_one_line_and_keeps_the_last_good_checkpoint(tmp_p
     assert exit_info.value.code == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 1
-    assert err[0].startswith("error: training: non-finite x at step 8 (NaN or inf)"), err[0]
+    # Stop checks after every update make the pieces single updates: the exact update is named.
+    assert err[0].startswith("error: training: non-finite x at step 7 (NaN or inf)"), err[0]
     assert "the checkpoint of step 4 is kept" in err[0]
     checkpointer = Checkpointer(run_dir.checkpoint_dir)
     assert checkpointer.latest_step() == 4  # nothing NaN was saved
@@ -206,3 +207,74 @@ def test_no_intact_checkpoint_is_one_line(tmp_path, capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "none of the 3 checkpoints" in err[0] and "is intact" in err[0]
+
+
+def test_ctrl_c_inside_a_block_stops_after_the_running_update_and_resumes_exactly(tmp_path):
+    """Rows of 4 updates in one chunk of 12; SIGINT arrives during update 6, inside the second
+    row's block: the run stops after that update (not at the block's or chunk's end) with a
+    checkpoint of step 6 holding the row's two pieces so far, and the same call again ends with
+    the uninterrupted run's rows (the row of step 8 averages the updates before and after the
+    stop) and state."""
+    import signal
+    import time
+
+    from jax.experimental import io_callback
+
+    config = ToyConfig()
+    algorithm = make_toy(config)
+
+    signalled = []
+
+    def signal_at_six(step):  # called once per run (the update is vmapped): signal once
+        if int(step) == 6 and not signalled:
+            signalled.append(step)
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.5)  # the watcher thread reads the signal before the next check
+        return np.zeros((), np.int32)
+
+    def update(state, inputs, hp):
+        state, metrics = algorithm.update(state, inputs, hp)
+        tick = io_callback(signal_at_six, jax.ShapeDtypeStruct((), jnp.int32), state.step)
+        return state.replace(step=state.step + tick), metrics
+
+    run = runner.run_section(num_chunks=1, log_every=4, tensorboard=False, progress=False)
+    whole = str(tmp_path / "whole")
+    plain = runner.train(toy_job(config), run, runner.open_run(whole, {"rate": 1.0}))
+
+    parts = str(tmp_path / "parts")
+    job = dataclasses.replace(toy_job(config), update=update)
+    with pytest.raises(SystemExit) as stopped:
+        runner.train(job, run, runner.open_run(parts, {"rate": 1.0}))
+    assert stopped.value.code == 130
+    checkpointer = Checkpointer(os.path.join(parts, "checkpoints"))
+    state, meta = checkpointer.restore(toy_job(config).init_states())
+    checkpointer.close()
+    assert meta["step"] == 6 and len(meta["pending"]) == 2, meta
+    np.testing.assert_allclose(state.x, [6.0, 12.0])
+    assert [r["step"] for r in rows(parts)] == [4]
+
+    resumed = runner.train(toy_job(config), run, runner.open_run(parts, {"rate": 1.0}))
+    assert resumed.resumed_from_step == 6
+    np.testing.assert_array_equal(resumed.states.x, plain.states.x)
+    strip = lambda rs: [{k: v for k, v in r.items() if k != "wall_seconds"} for r in rs]  # noqa: E731
+    assert strip(rows(parts)) == strip(rows(whole))
+    assert rows(whole)[1]["x_per_run"] == [6.5, 13.0]  # the mean of updates 5-8
+
+
+def test_load_named_takes_a_module_path_or_a_file_outside_the_repository(tmp_path):
+    """`--config.rewards.host=/abs/path/my_rewards.py:f` (and games) load the file as a module,
+    once; "module.path:name" still imports."""
+    source = tmp_path / "my_rewards.py"
+    source.write_text(
+        "calls = []\n\ndef f(prompts, completions):\n    return [1.0] * len(completions)\n"
+    )
+    f = runner.load_named(f"{source}:f")
+    assert f(["p"], ["a", "b"]) == [1.0, 1.0]
+    assert runner.load_named(f"{source}:f") is f
+    assert runner.load_named("tests.fixtures.host_reward:digit_fraction")(None, ["1a"], None) == [
+        0.5
+    ]
+    with pytest.raises(ImportError, match="no such file"):
+        runner.load_named(f"{tmp_path / 'nope.py'}:f")
+    with pytest.raises(AttributeError):
+        runner.load_named(f"{source}:g")

@@ -74,6 +74,7 @@ def get_config(preset: str = "guess_my_number") -> ml_collections.ConfigDict:
         chosen,
         num_chunks=max(1, chosen["num_steps"] // 10),
         eval_every=0,  # evaluation episodes every N chunks (0: at the start and the end only)
+        eval_samples=4,  # episodes of each evaluation game sampled for pass@k (0: none)
     )
     config.task = _games.game_task(**game)
     config.run.log_every = 1

@@ -60,6 +60,7 @@ def get_config(preset: str = "reverse_digits") -> ml_collections.ConfigDict:
         rewards=rewards,
         eval_batch_size=settings.get("eval_batch_size", 256),
         eval_every=0,  # held-out evaluation every N chunks (0: at the start and the end only)
+        eval_samples=4,  # sampled completions per held-out prompt, for pass@k (0: none)
     )
     config.task.train_tfds = ""
     config.task.tfds_data_dir = ""

@@ -37,8 +37,10 @@ the question, e.g. "rev 123=" cut to "23=").
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
+import io
 import json
 import os
 import re
@@ -151,6 +153,12 @@ def _preference_row(row: Any, where: str) -> PreferenceRow:
             raise PreferenceDataError(
                 f"{where}: field {field!r} has no assistant message; write it as "
                 '[{"role": "assistant", "content": "..."}]'
+            )
+        # As an empty string is: a response with nothing in it teaches nothing about preference.
+        if not any(m["content"].strip() for m in checked[field] if m["role"] == "assistant"):
+            raise PreferenceDataError(
+                f"{where}: field {field!r} is an assistant message with empty content; drop the "
+                "row or fill in the response"
             )
     return checked
 
@@ -296,7 +304,9 @@ def build_preference_dataset(
     builder = PreferencePairs(data_dir=data_dir, config=config, file_format="array_record")
     # Nothing is downloaded, but tfds creates its download directory anyway (by default under
     # ~/tensorflow_datasets); keep that out of the user's home.
-    with tempfile.TemporaryDirectory() as download_dir:
+    # tfds prints "Downloading and preparing dataset Unknown size ..." and "... prepared" on
+    # stdout, about a download that does not happen: kept off the console.
+    with tempfile.TemporaryDirectory() as download_dir, contextlib.redirect_stdout(io.StringIO()):
         builder.download_and_prepare(download_dir=download_dir)
     return os.fspath(builder.data_dir)
 

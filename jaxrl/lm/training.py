@@ -387,6 +387,7 @@ def make_batch_chunk(
     log_every: int = 1,
     callback: Callable[[Array, dict[str, Array]], None] | None = None,
     keep_going: Callable[[Array], bool] | None = None,
+    check_every: int | None = None,
 ) -> Callable[[TrainState, Any, HParams], tuple[TrainState, dict[str, Array]]]:
     """`chunk(state, (batches, shared), hparams)`: `jaxrl.loop.make_chunk` over one host batch
     per update (`batches` stacked [num_steps, grad_accum_steps, micro_batch, ...]), update i
@@ -404,6 +405,7 @@ def make_batch_chunk(
             runs_axis=False,
             scan_inputs=True,
             keep_going=keep_going,
+            check_every=check_every,
         )
         return run(state, batches, hp)
 

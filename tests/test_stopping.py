@@ -1,0 +1,136 @@
+"""Ctrl-C in every training script at its default `run.log_every`: the first SIGINT stops the
+run after the update it is in (not at the end of the metrics row's block of updates, nor of the
+compiled chunk) within 10 s, with a checkpoint and one line saying how to resume; the same
+command again ends with the uninterrupted run's metric rows and results.
+
+Each run is one compiled chunk (`run.num_chunks=1`), so before stopping was looked at after every
+update, Ctrl-C ran to the end of the run; the rows are the defaults' (10 updates each where the
+config keeps the runner's default), so a stop inside a row exercises the saved partial row.
+"""
+
+import json
+import os
+import shutil
+import signal
+import time
+
+import pytest
+
+from tests.script_runs import (
+    read_rows,
+    run_script,
+    start_script,
+    wait_for_first_row,
+)
+
+QUIET = ["--config.run.progress=False", "--config.run.tensorboard=False"]
+ONE_CHUNK = ["--config.run.num_chunks=1", *QUIET]
+LM = ["--config.batch_size=8", "--config.task.num_eval=16", *ONE_CHUNK]
+CASES = {
+    "ppo.py": ["--config.total_timesteps=409600", "--num_seeds=2", *ONE_CHUNK],
+    "sac.py": [
+        "--config=experiments/configs/sac.py:pendulum_small",
+        "--config.total_timesteps=7000",
+        "--config.hidden_sizes=(32, 32)",
+        "--config.eval_episodes=2",
+        "--num_seeds=2",
+        *ONE_CHUNK,
+    ],
+    "cql.py": [
+        "--config.num_steps=3000",
+        "--config.hidden_sizes=(32, 32)",
+        "--config.eval_episodes=2",
+        "--config.bc.num_steps=100",
+        "--num_seeds=2",
+        *ONE_CHUNK,
+    ],
+    "sft.py": ["--config.num_steps=60", *LM],
+    "dpo.py": ["--config.num_steps=60", *LM],
+    "grpo.py": ["--config.num_steps=40", "--config.group_size=4", *LM],
+    "ppo_lm.py": ["--config.num_steps=12", *LM],
+    "online_dpo.py": ["--config.num_steps=12", "--config.num_minibatches=1", *LM],
+    "multiturn.py": [
+        "--config.num_steps=12",
+        "--config.batch_size=2",
+        "--config.group_size=4",
+        "--config.task.max_turns=3",
+        "--config.task.num_eval=8",
+        "--config.max_new_tokens=3",
+        *ONE_CHUNK,
+    ],
+}
+TIMING_KEYS = ("second", "resumed_from_step")  # the summary keys a resumed run may differ in
+
+
+@pytest.fixture(scope="module")
+def pendulum_data(tmp_path_factory):
+    """collect.py's random Pendulum data, with reference returns, for CQL."""
+    data_dir = str(tmp_path_factory.mktemp("data"))
+    run_script(
+        "collect.py",
+        "--env=Pendulum-v1",
+        "--policy=random",
+        "--num_steps=2000",
+        f"--data_dir={data_dir}",
+        "--ref_min_return=-1200",
+        "--ref_max_return=-150",
+    )
+    return os.path.join(data_dir, "pendulum_v1", "random", "1.0.0")
+
+
+@pytest.fixture(scope="module")
+def sft_run(tmp_path_factory):
+    """A small SFT run for DPO to start from."""
+    workdir = str(tmp_path_factory.mktemp("sft") / "sft")
+    run_script("sft.py", "--config.num_steps=20", *LM, f"--workdir={workdir}")
+    return workdir
+
+
+def results_of(workdir: str) -> dict:
+    """summary.json without its timings, the run directory's own path written as WORKDIR."""
+    with open(os.path.join(workdir, "summary.json")) as f:
+        summary = json.loads(f.read().replace(workdir, "WORKDIR"))
+    return {k: v for k, v in summary.items() if not any(t in k for t in TIMING_KEYS)}
+
+
+@pytest.mark.parametrize("script", list(CASES))
+def test_ctrl_c_stops_after_the_running_update_and_the_rerun_ends_equal(script, tmp_path, request):
+    args = list(CASES[script])
+    if script == "cql.py":
+        args.append(f"--config.dataset.path={request.getfixturevalue('pendulum_data')}")
+    if script == "dpo.py":
+        args.append(f"--config.init_from={request.getfixturevalue('sft_run')}")
+    whole, parts = str(tmp_path / "whole"), str(tmp_path / "parts")
+
+    # The uninterrupted run, and how long it trained from its first metrics row to its last.
+    run_script(script, *args, f"--workdir={whole}")
+    with open(os.path.join(whole, "metrics.jsonl")) as f:
+        walls = [json.loads(line)["wall_seconds"] for line in f]
+    training = walls[-1] - walls[0]
+
+    # Ctrl-C about 5 s after the first row (earlier for a run that ends sooner): a retry with
+    # half the delay if the run ended before the signal.
+    delay = min(5.0, training / 3)
+    for _ in range(4):
+        shutil.rmtree(parts, ignore_errors=True)
+        process = start_script(script, *args, f"--workdir={parts}")
+        wait_for_first_row(process, parts)
+        time.sleep(delay)
+        if process.poll() is None:
+            break
+        process.stderr.close()
+        delay /= 2
+    signalled = time.time()
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=600)
+    seconds = time.time() - signalled
+    assert process.returncode == 130, stderr[-3000:]
+    assert seconds < 10, f"Ctrl-C took {seconds:.1f} s"
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("Stopped at step ") and "run the same command again" in last, last
+    stopped_at = int(last.split("Stopped at step ")[1].split("/")[0])
+
+    resumed = run_script(script, *args, f"--workdir={parts}")
+    assert f"from step {stopped_at}/" in resumed.stdout, resumed.stdout
+    assert read_rows(parts) == read_rows(whole)
+    assert results_of(parts) == results_of(whole)
