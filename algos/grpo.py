@@ -48,6 +48,7 @@ A user's prompt file becomes a task with `envs.text.prompt_dataset`; its token t
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -115,6 +116,14 @@ class Config(training.TrainConfig):
     overlong_buffer: int = 0  # DAPO's soft overlong penalty over the last N tokens; 0 is off
     overlong_penalty: float = swept(1.0)  # the penalty at max_new_tokens
     std_eps: float = 1e-4  # added to the group's standard deviation before dividing
+    # DAPO's dynamic sampling: draw oversample_factor x batch_size prompts (each with its group),
+    # keep batch_size groups whose rewards vary, filling up with uniform ones if too few vary
+    # (`select_groups`); the update trains on batch_size x group_size completions either way.
+    dynamic_sampling: bool = False
+    oversample_factor: int = 2  # prompts drawn per kept prompt, with dynamic_sampling
+    # A one-line warning when more than half the drawn groups carry no signal (all rewards
+    # equal) in this many consecutive updates; 0 never warns.
+    warn_no_signal_updates: int = 3
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mesh_shape", tuple(self.mesh_shape))
@@ -161,6 +170,7 @@ class Config(training.TrainConfig):
         )
         require(self.warmup_steps >= 0, "warmup_steps", f"got {self.warmup_steps}", "use 0 or more")
         require(self.weight_decay >= 0, "weight_decay", f"got {self.weight_decay}", "use 0 or more")
+        self.validate_dynamic_sampling()
         SamplingConfig(  # validates temperature / top_k / top_p
             self.max_new_tokens, 0, 0, self.temperature, self.top_k, self.top_p
         )
@@ -189,6 +199,45 @@ class Config(training.TrainConfig):
             f"{shards} batch shards",
             f"make it a multiple of {shards}",
         )
+
+    def validate_dynamic_sampling(self) -> None:
+        """Check dynamic_sampling, oversample_factor and warn_no_signal_updates."""
+        require(
+            isinstance(self.dynamic_sampling, bool),
+            "dynamic_sampling",
+            f"got {self.dynamic_sampling!r}",
+            "use True or False",
+        )
+        require(
+            isinstance(self.oversample_factor, int) and self.oversample_factor >= 1,
+            "oversample_factor",
+            f"got {self.oversample_factor!r}",
+            "use a whole number of prompts drawn per prompt kept, 2 or more",
+        )
+        require(
+            not self.dynamic_sampling or self.oversample_factor >= 2,
+            "oversample_factor",
+            "1 draws only the groups the update keeps, so dynamic sampling has none to choose from",
+            "use 2 or more",
+        )
+        require(
+            self.dynamic_sampling or self.oversample_factor == 2,
+            "oversample_factor",
+            f"got {self.oversample_factor}, but it is read only with dynamic_sampling=True",
+            "set dynamic_sampling=True, or drop oversample_factor",
+        )
+        require(
+            isinstance(self.warn_no_signal_updates, int) and self.warn_no_signal_updates >= 0,
+            "warn_no_signal_updates",
+            f"got {self.warn_no_signal_updates!r}",
+            "use a number of updates, or 0 for no warning",
+        )
+
+    @property
+    def prompts_drawn(self) -> int:
+        """Prompts sampled per update: batch_size, times oversample_factor with dynamic
+        sampling."""
+        return self.batch_size * (self.oversample_factor if self.dynamic_sampling else 1)
 
     @property
     def spec(self) -> Variant:
@@ -266,6 +315,39 @@ def overlong_penalty(
         return jnp.zeros(lengths.shape, jnp.float32)
     excess = jnp.maximum(lengths - (max_new_tokens - buffer), 0)
     return -penalty * excess.astype(jnp.float32) / buffer
+
+
+def group_has_signal(rewards: Array, greedy_rewards: Array | None = None) -> Array:
+    """[num_prompts, group_size] rewards -> [num_prompts] whether the group carries a learning
+    signal: its rewards differ (or, with the greedy baseline, some sample scored unlike the
+    greedy completion)."""
+    if greedy_rewards is not None:
+        return jnp.any(rewards != greedy_rewards[:, None], axis=1)
+    return jnp.ptp(rewards, axis=1) > 0
+
+
+def select_groups(has_signal: Array, count: int) -> Array:
+    """DAPO's dynamic sampling at fixed shapes: the indices of `count` of the drawn groups, the
+    ones with signal first in the order drawn, then (if fewer than `count` have signal) uniform
+    ones in the order drawn to fill the batch. The drawn prompts are independent draws, so
+    taking the first ones biases nothing."""
+    return jnp.argsort(jnp.logical_not(has_signal).astype(jnp.int32), stable=True)[:count]
+
+
+def take_groups(tree: Any, groups: Array, num_groups: int, group_size: int) -> Any:
+    """The chosen `groups` (indices among `num_groups`) of every array in `tree`: an array with
+    a row per completion (leading dimension num_groups * group_size, a group's rows adjacent)
+    gives those groups' rows, one with a row per group (num_groups) those rows."""
+    rows = (groups[:, None] * group_size + jnp.arange(group_size)).reshape(-1)
+
+    def take(leaf: Array) -> Array:
+        if leaf.shape[0] == num_groups * group_size:
+            return jnp.take(leaf, rows, axis=0)
+        if leaf.shape[0] == num_groups:
+            return jnp.take(leaf, groups, axis=0)
+        raise ValueError(f"take_groups: a leaf of {leaf.shape[0]} rows for {num_groups} groups")
+
+    return jax.tree.map(take, tree)
 
 
 def k3_kl(log_probs: Array, reference_log_probs: Array) -> Array:
@@ -452,7 +534,10 @@ def make_rollout(
 
     def rollout(params: Any, key: Array, hp: HParams, task_data: Any = None):
         prompt_key, sample_key = jax.random.split(key)
-        prompts = task.sample_prompts(prompt_key, config.batch_size, task_data)
+        # batch_size prompts, or with dynamic sampling oversample_factor times as many, of
+        # which `keep_varied_groups` keeps batch_size.
+        drawn = config.prompts_drawn
+        prompts = task.sample_prompts(prompt_key, drawn, task_data)
         grouped = jax.tree.map(lambda x: jnp.repeat(x, config.group_size, axis=0), prompts)
         grouped = sharding.constrain_batch(grouped, mesh)
         completion = generate(
@@ -470,14 +555,28 @@ def make_rollout(
             greedy_rewards, _ = penalised_rewards(prompts, baseline, hp)
             metrics["greedy_reward"] = greedy_rewards.mean()
 
-        by_group = rewards.reshape(config.batch_size, config.group_size)
+        by_group = rewards.reshape(drawn, config.group_size)
+        has_signal = group_has_signal(by_group, greedy_rewards)
+        # The drawn completions' statistics: what the policy does, before any selection.
+        ended_with_eos = jnp.any(completion.mask & (completion.tokens == task.eos_id), axis=1)
+        metrics.update(
+            reward=rewards.mean(),
+            reward_std=jnp.std(by_group, axis=1, ddof=1).mean() if config.group_size > 1 else 0.0,
+            zero_variance_fraction=1.0 - has_signal.mean(),
+            completion_length=completion.lengths.mean(),
+            ended_with_eos=ended_with_eos.mean(),
+        )
+        if config.dynamic_sampling:
+            kept, selection_metrics = keep_varied_groups(
+                config, (grouped, completion, by_group, greedy_rewards, has_signal)
+            )
+            grouped, completion, by_group, greedy_rewards, has_signal = kept
+            grouped = sharding.constrain_batch(grouped, mesh)
+            metrics.update(selection_metrics)
+
         advantages = group_advantages(
             by_group, spec.baseline, spec.scale_by_std, config.std_eps, greedy_rewards
         )
-        if spec.baseline == "greedy":  # a sample that scored unlike the greedy completion
-            has_signal = jnp.any(by_group != greedy_rewards[:, None], axis=1)
-        else:
-            has_signal = jnp.ptp(by_group, axis=1) > 0
         weights = jnp.ones_like(by_group)
         if spec.drop_zero_variance_groups:
             weights = jnp.broadcast_to(has_signal[:, None], by_group.shape).astype(jnp.float32)
@@ -489,17 +588,71 @@ def make_rollout(
             "advantages": advantages.reshape(-1),
             "weights": weights.reshape(-1),
         }
-        ended_with_eos = jnp.any(completion.mask & (completion.tokens == task.eos_id), axis=1)
-        metrics.update(
-            reward=rewards.mean(),
-            reward_std=jnp.std(by_group, axis=1, ddof=1).mean() if config.group_size > 1 else 0.0,
-            zero_variance_fraction=1.0 - has_signal.mean(),
-            completion_length=completion.lengths.mean(),
-            ended_with_eos=ended_with_eos.mean(),
-        )
         return batch, metrics
 
     return rollout
+
+
+def keep_varied_groups(config: Config, drawn: tuple) -> tuple[tuple, dict[str, Array]]:
+    """Dynamic sampling's selection inside the program: from the drawn (prompts, completions,
+    rewards [drawn, group_size], greedy rewards or None, has_signal [drawn]) keep batch_size
+    groups, those with signal first (`select_groups`). Metrics: groups_drawn, groups_varied
+    (of those drawn), groups_kept_varied and groups_filled_uniform (kept without signal,
+    because too few varied)."""
+    grouped, completion, by_group, greedy_rewards, has_signal = drawn
+    num_drawn = has_signal.shape[0]
+    keep = select_groups(has_signal, config.batch_size)
+    kept = take_groups(
+        (grouped, completion, by_group, greedy_rewards, has_signal),
+        keep,
+        num_drawn,
+        config.group_size,
+    )
+    varied = has_signal.sum().astype(jnp.float32)
+    kept_varied = kept[4].sum().astype(jnp.float32)
+    metrics = {
+        "groups_drawn": jnp.float32(num_drawn),
+        "groups_varied": varied,
+        "groups_kept_varied": kept_varied,
+        "groups_filled_uniform": config.batch_size - kept_varied,
+    }
+    return kept, metrics
+
+
+def no_signal_monitor(name: str, patience: int) -> Callable[[Any, Any], None]:
+    """A host function `monitor(step, zero_variance_fraction)`, called once per update from
+    inside the program, that prints one warning line when more than half the drawn groups had
+    all-equal rewards (no gradient from them) in `patience` consecutive updates, and again only
+    after an update with signal. Updates may report out of order (unordered callbacks): it
+    keeps each update's fraction by step."""
+    fractions: dict[int, float] = {}
+    warned_at: list[int] = []
+
+    def monitor(step: Any, fraction: Any) -> None:
+        steps = np.asarray(step).reshape(-1)
+        values = np.asarray(fraction, dtype=np.float64).reshape(-1)
+        # Several runs of one program (a sweep): the fraction over all of them.
+        current = int(steps.max())
+        fractions[current] = float(values.mean())
+        streak = [fractions.get(current - i) for i in range(patience)]
+        if any(value is None or value <= 0.5 for value in streak):
+            return
+        if warned_at and all(
+            fractions.get(s, 1.0) > 0.5 for s in range(warned_at[-1], current + 1)
+        ):
+            return  # the same streak as the last warning
+        warned_at.append(current)
+        if jax.process_index() == 0:
+            print(
+                f"warning: {name}: more than half the prompt groups got the same reward for "
+                f"every completion in {patience} consecutive updates (zero_variance_fraction "
+                f"{fractions[current]:.2f} in update {current + 1}), so they give no gradient; "
+                "set --config.dynamic_sampling=True, raise group_size or temperature, or make "
+                "the rewards finer or the prompts easier",
+                file=sys.stderr,
+            )
+
+    return monitor
 
 
 # --- the loss ---------------------------------------------------------------------------------
@@ -600,6 +753,9 @@ def make(
     only LoRA adapters train and sampling uses the merged parameters (the state's `params`).
     """
     rollout = make_rollout(config, model, task, mesh)
+    monitor = None
+    if config.warn_no_signal_updates > 0:
+        monitor = no_signal_monitor(f"GRPO ({config.variant})", config.warn_no_signal_updates)
     transformer = Transformer(model, mesh=mesh)
     loss_fn = make_loss(transformer, config)
     config = static(config)
@@ -634,6 +790,8 @@ def make(
             shuffle_key, config.num_epochs, config.num_minibatches, mesh, dropout_key,
         )  # fmt: skip
         metrics.update(jax.tree.map(jnp.mean, step_metrics))
+        if monitor is not None:
+            jax.debug.callback(monitor, state.step, metrics["zero_variance_fraction"])
         return state._replace(step=state.step + 1), metrics
 
     return Algorithm(training.make_init(params, config, mesh, model), update)
