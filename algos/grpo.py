@@ -32,6 +32,15 @@ Variants (`Config.variant`):
   completion of the prompt, generated in the same program (one per prompt); token sums divided
   by max_new_tokens like RLOO. It needs no critic and works from group_size 1.
 
+Dynamic sampling (DAPO's, `Config.dynamic_sampling`, with any variant): a group whose rewards are
+all equal gives no gradient, so the rollout draws oversample_factor x batch_size prompts, samples
+and scores all their groups, and keeps batch_size groups, those with signal first
+(`select_groups`), filling up with uniform groups when too few vary (counted as
+`groups_filled_uniform`). Shapes stay fixed: the update trains on batch_size x group_size
+completions either way, and the selection happens inside the program. Every update logs
+`zero_variance_fraction` of the drawn groups; with `warn_no_signal_updates` > 0, more than half
+of them without signal for that many updates in a row prints one warning line.
+
 The file reads top to bottom: `Config`; the pure pieces (`group_advantages`, `overlong_penalty`,
 `policy_loss`) that tests compare with NumPy; host reward terms; the rollout; the loss; and `make`,
 GRPO as the learner contract's `init` and `update`:
@@ -337,10 +346,13 @@ def select_groups(has_signal: Array, count: int) -> Array:
 def take_groups(tree: Any, groups: Array, num_groups: int, group_size: int) -> Any:
     """The chosen `groups` (indices among `num_groups`) of every array in `tree`: an array with
     a row per completion (leading dimension num_groups * group_size, a group's rows adjacent)
-    gives those groups' rows, one with a row per group (num_groups) those rows."""
+    gives those groups' rows, one with a row per group (num_groups) those rows; a scalar (a
+    value shared by every row) stays as it is."""
     rows = (groups[:, None] * group_size + jnp.arange(group_size)).reshape(-1)
 
     def take(leaf: Array) -> Array:
+        if jnp.ndim(leaf) == 0:
+            return leaf
         if leaf.shape[0] == num_groups * group_size:
             return jnp.take(leaf, rows, axis=0)
         if leaf.shape[0] == num_groups:
@@ -608,15 +620,19 @@ def keep_varied_groups(config: Config, drawn: tuple) -> tuple[tuple, dict[str, A
         num_drawn,
         config.group_size,
     )
-    varied = has_signal.sum().astype(jnp.float32)
-    kept_varied = kept[4].sum().astype(jnp.float32)
-    metrics = {
-        "groups_drawn": jnp.float32(num_drawn),
-        "groups_varied": varied,
+    return kept, selection_metrics(has_signal, kept[4])
+
+
+def selection_metrics(drawn_has_signal: Array, kept_has_signal: Array) -> dict[str, Array]:
+    """Dynamic sampling's per-update counts: groups_drawn, groups_varied (of those drawn),
+    groups_kept_varied and groups_filled_uniform (kept without signal: too few varied)."""
+    kept_varied = kept_has_signal.sum().astype(jnp.float32)
+    return {
+        "groups_drawn": jnp.float32(drawn_has_signal.shape[0]),
+        "groups_varied": drawn_has_signal.sum().astype(jnp.float32),
         "groups_kept_varied": kept_varied,
-        "groups_filled_uniform": config.batch_size - kept_varied,
+        "groups_filled_uniform": kept_has_signal.shape[0] - kept_varied,
     }
-    return kept, metrics
 
 
 def no_signal_monitor(name: str, patience: int) -> Callable[[Any, Any], None]:

@@ -161,3 +161,31 @@ def test_no_signal_monitor_warns_once_per_streak(capsys):
     for step, fraction in enumerate([0.9, 0.5, 0.9, 0.4, 0.9]):  # never two in a row above half
         quiet(np.int32(step), np.float32(fraction))
     assert "warning:" not in capsys.readouterr().err
+
+
+def test_multiturn_keeps_the_games_whose_episodes_differ():
+    """Multi-turn GRPO with dynamic sampling plays oversample_factor x batch_size games and
+    trains on batch_size of them, those whose episodes' returns differ first: as many varied
+    games are kept as there are, up to batch_size."""
+    from algos import multiturn
+    from envs.text import multiturn as text_games
+    from tests.test_multiturn import BYTES, digits_model
+    from tests.test_multiturn import TINY as DIGITS_TINY
+
+    env = text_games.make_guess_my_number(BYTES, maximum=8, max_turns=4)
+    config = multiturn.Config(
+        batch_size=2, group_size=4, max_new_tokens=4, learning_rate=1e-3, dynamic_sampling=True,
+        oversample_factor=4,
+    )  # fmt: skip
+    algorithm = multiturn.make(config, DIGITS_TINY, env, digits_model(), BYTES.eos_id, BYTES.pad_id)
+    hp = hparams.hparams(config)
+    state = algorithm.init(jax.random.key(0), hp)
+    _, metrics = jax.jit(loop.make_chunk(algorithm.update, 2, runs_axis=False))(state, None, hp)
+    metrics = jax.device_get(metrics)
+    np.testing.assert_array_equal(metrics["groups_drawn"], [8, 8])
+    for varied, kept in zip(metrics["groups_varied"], metrics["groups_kept_varied"], strict=True):
+        assert kept == min(2, varied)
+    assert metrics["groups_varied"].max() >= 2  # the digits model's guesses differ
+    np.testing.assert_allclose(
+        metrics["zero_variance_fraction"], 1 - metrics["groups_varied"] / 8, atol=1e-6
+    )
