@@ -100,6 +100,41 @@ VARIANTS = {
 }
 
 
+def validate_dynamic_sampling(config: Any) -> None:
+    """Check a Config's dynamic_sampling, oversample_factor and warn_no_signal_updates (GRPO's,
+    multi-turn's and online DPO's)."""
+    require(
+        isinstance(config.dynamic_sampling, bool),
+        "dynamic_sampling",
+        f"got {config.dynamic_sampling!r}",
+        "use True or False",
+    )
+    require(
+        isinstance(config.oversample_factor, int) and config.oversample_factor >= 1,
+        "oversample_factor",
+        f"got {config.oversample_factor!r}",
+        "use a whole number of prompts drawn per prompt kept, 2 or more",
+    )
+    require(
+        not config.dynamic_sampling or config.oversample_factor >= 2,
+        "oversample_factor",
+        "1 draws only the groups the update keeps, so dynamic sampling has none to choose from",
+        "use 2 or more",
+    )
+    require(
+        config.dynamic_sampling or config.oversample_factor == 2,
+        "oversample_factor",
+        f"got {config.oversample_factor}, but it is read only with dynamic_sampling=True",
+        "set dynamic_sampling=True, or drop oversample_factor",
+    )
+    require(
+        isinstance(config.warn_no_signal_updates, int) and config.warn_no_signal_updates >= 0,
+        "warn_no_signal_updates",
+        f"got {config.warn_no_signal_updates!r}",
+        "use a number of updates, or 0 for no warning",
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class Config(training.TrainConfig):
     """GRPO settings on top of the shared optimisation ones. `batch_size` counts prompts per
@@ -179,7 +214,7 @@ class Config(training.TrainConfig):
         )
         require(self.warmup_steps >= 0, "warmup_steps", f"got {self.warmup_steps}", "use 0 or more")
         require(self.weight_decay >= 0, "weight_decay", f"got {self.weight_decay}", "use 0 or more")
-        self.validate_dynamic_sampling()
+        validate_dynamic_sampling(self)
         SamplingConfig(  # validates temperature / top_k / top_p
             self.max_new_tokens, 0, 0, self.temperature, self.top_k, self.top_p
         )
@@ -207,39 +242,6 @@ class Config(training.TrainConfig):
             f"(num_minibatches * grad_accum_steps)) does not split over the mesh's data*fsdp = "
             f"{shards} batch shards",
             f"make it a multiple of {shards}",
-        )
-
-    def validate_dynamic_sampling(self) -> None:
-        """Check dynamic_sampling, oversample_factor and warn_no_signal_updates."""
-        require(
-            isinstance(self.dynamic_sampling, bool),
-            "dynamic_sampling",
-            f"got {self.dynamic_sampling!r}",
-            "use True or False",
-        )
-        require(
-            isinstance(self.oversample_factor, int) and self.oversample_factor >= 1,
-            "oversample_factor",
-            f"got {self.oversample_factor!r}",
-            "use a whole number of prompts drawn per prompt kept, 2 or more",
-        )
-        require(
-            not self.dynamic_sampling or self.oversample_factor >= 2,
-            "oversample_factor",
-            "1 draws only the groups the update keeps, so dynamic sampling has none to choose from",
-            "use 2 or more",
-        )
-        require(
-            self.dynamic_sampling or self.oversample_factor == 2,
-            "oversample_factor",
-            f"got {self.oversample_factor}, but it is read only with dynamic_sampling=True",
-            "set dynamic_sampling=True, or drop oversample_factor",
-        )
-        require(
-            isinstance(self.warn_no_signal_updates, int) and self.warn_no_signal_updates >= 0,
-            "warn_no_signal_updates",
-            f"got {self.warn_no_signal_updates!r}",
-            "use a number of updates, or 0 for no warning",
         )
 
     @property
@@ -635,12 +637,14 @@ def selection_metrics(drawn_has_signal: Array, kept_has_signal: Array) -> dict[s
     }
 
 
-def no_signal_monitor(name: str, patience: int) -> Callable[[Any, Any], None]:
-    """A host function `monitor(step, zero_variance_fraction)`, called once per update from
-    inside the program, that prints one warning line when more than half the drawn groups had
-    all-equal rewards (no gradient from them) in `patience` consecutive updates, and again only
-    after an update with signal. Updates may report out of order (unordered callbacks): it
-    keeps each update's fraction by step."""
+def no_signal_monitor(
+    name: str, patience: int, metric: str = "zero_variance_fraction"
+) -> Callable[[Any, Any], None]:
+    """A host function `monitor(step, fraction)`, called once per update from inside the
+    program with the fraction of drawn groups whose rewards were all equal (no gradient from
+    them; the metric `metric`), that prints one warning line when it is above one half in
+    `patience` consecutive updates, and again only after an update with signal. Updates may
+    report out of order (unordered callbacks): it keeps each update's fraction by step."""
     fractions: dict[int, float] = {}
     warned_at: list[int] = []
 
@@ -661,7 +665,7 @@ def no_signal_monitor(name: str, patience: int) -> Callable[[Any, Any], None]:
         if jax.process_index() == 0:
             print(
                 f"warning: {name}: more than half the prompt groups got the same reward for "
-                f"every completion in {patience} consecutive updates (zero_variance_fraction "
+                f"every completion in {patience} consecutive updates ({metric} "
                 f"{fractions[current]:.2f} in update {current + 1}), so they give no gradient; "
                 "set --config.dynamic_sampling=True, raise group_size or temperature, or make "
                 "the rewards finer or the prompts easier",

@@ -189,3 +189,33 @@ def test_multiturn_keeps_the_games_whose_episodes_differ():
     np.testing.assert_allclose(
         metrics["zero_variance_fraction"], 1 - metrics["groups_varied"] / 8, atol=1e-6
     )
+
+
+def test_online_dpo_keeps_the_prompts_whose_samples_are_not_tied():
+    """Online DPO with dynamic sampling on the odd-prompt reward (about half the prompts tie
+    every sample): of 4 x 4 drawn prompts it keeps 4 pairs, untied ones first, and the config
+    errors are GRPO's."""
+    from algos import online_dpo
+
+    config = online_dpo.Config(
+        batch_size=4, num_samples=4, max_new_tokens=2, learning_rate=1e-3, dynamic_sampling=True,
+        oversample_factor=4,
+    )  # fmt: skip
+    task = TASK.text_task(TOKENIZER)._replace(
+        reward_terms=(RewardTerm("odd", 1.0, _odd_prompt_parity),)
+    )
+    params = init_params(TINY, jax.random.key(0))
+    algorithm = online_dpo.make(config, TINY, task, params)
+    hp = hparams.hparams(config)
+    state = algorithm.init(jax.random.key(1), hp)
+    chunk = jax.jit(loop.make_chunk(algorithm.update, 2, runs_axis=False))
+    _, metrics = jax.device_get(chunk(state, online_dpo.Inputs(params), hp))
+    np.testing.assert_array_equal(metrics["groups_drawn"], [16, 16])
+    np.testing.assert_array_equal(metrics["groups_kept_varied"], [4, 4])  # enough untied
+    assert np.all(metrics["groups_varied"] >= 4) and np.all(metrics["tied_fraction"] > 0.2)
+    np.testing.assert_allclose(
+        metrics["tied_fraction"], 1 - metrics["groups_varied"] / 16, atol=1e-6
+    )
+    assert np.all(metrics["grad_norm"] > 0)
+    with pytest.raises(ConfigError, match="^oversample_factor:"):
+        online_dpo.Config(dynamic_sampling=True, oversample_factor=1)
