@@ -23,6 +23,7 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
+from experiments.configs.lm import for_start, starting_point_defaults
 from jaxrl import hparams, runner, sharding
 from jaxrl.config import ConfigError
 from jaxrl.lm import ByteTokenizer, Tokenizer, load_tokenizer, training
@@ -107,7 +108,7 @@ def setup(flags: dict[str, Any], config_cls: type, name: str) -> Setup:
     flat = flags["config"].value
     # Every setting checked first (the ones left to the starting point at their random-model
     # values), then the checkpoint read, then those settings filled in for it and checked again.
-    config = runner.build_config(config_cls, with_defaults(flat, pretrained=False), SETTINGS)
+    config = runner.build_config(config_cls, for_start(flat, pretrained=False), SETTINGS)
     runner.check_run_settings(flat.run)
     mesh = make_mesh(config.mesh_shape)
     # A game's task section (experiments/_games.py) names a game, not a digit task.
@@ -142,28 +143,6 @@ PRETRAINED_RANGES = {
     "kl_beta": (0.0, 1.0),
 }
 PRETRAINED_LORA_RANGES = PRETRAINED_RANGES | {"learning_rate": (1e-7, 1e-3)}
-
-
-def with_defaults(flat: ml_collections.ConfigDict, pretrained: bool) -> ml_collections.ConfigDict:
-    """A copy of `flat` with every setting left to the starting point (None) filled with its
-    default for a random (`pretrained` False) or a pretrained model."""
-    filled = flat.copy_and_resolve_references()
-    for name, value in starting_point_defaults(flat, pretrained).items():
-        filled[name] = value
-    return filled
-
-
-def starting_point_defaults(flat: ml_collections.ConfigDict, pretrained: bool) -> dict[str, Any]:
-    """{setting: default} for the settings of `flat` left None: `defaults.random`'s values, or
-    `defaults.pretrained`'s (`defaults.pretrained_lora`'s first where lora_rank > 0)."""
-    if "defaults" not in flat:
-        return {}
-    chosen = dict(flat.defaults.random)
-    if pretrained:
-        chosen |= dict(flat.defaults.pretrained)
-        if flat.get("lora_rank", 0) > 0:
-            chosen |= dict(flat.defaults.pretrained_lora)
-    return {name: value for name, value in chosen.items() if name in flat and flat[name] is None}
 
 
 def resolve_defaults(flat: ml_collections.ConfigDict, source: Checkpoint) -> dict[str, Any]:

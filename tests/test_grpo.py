@@ -328,8 +328,9 @@ def test_grpo_learns_reverse_three_digits_from_random_init():
     of 7e-7 in the parameters after 3 updates."""
     seed = 1
     from experiments.configs.grpo import get_config
+    from experiments.configs.lm import for_start
 
-    flat = get_config("reverse_digits")
+    flat = for_start(get_config("reverse_digits"), pretrained=False)
     fields = {k: v for k, v in flat.items() if k in grpo.Config.__dataclass_fields__}
     config = grpo.Config(**fields)
     model = ModelConfig(**flat.model.to_dict())

@@ -141,3 +141,27 @@ def lm_config(
             dict(random=random, pretrained=pretrained, pretrained_lora=pretrained_lora)
         )
     return flat
+
+
+def starting_point_defaults(flat: ml_collections.ConfigDict, pretrained: bool) -> dict[str, Any]:
+    """{setting: default} for the settings of `flat` left None (by starting point):
+    `defaults.random`'s values, or `defaults.pretrained`'s (`defaults.pretrained_lora`'s first
+    where lora_rank > 0)."""
+    if "defaults" not in flat:
+        return {}
+    chosen = dict(flat.defaults.random)
+    if pretrained:
+        chosen |= dict(flat.defaults.pretrained)
+        if flat.get("lora_rank", 0) > 0:
+            chosen |= dict(flat.defaults.pretrained_lora)
+    return {name: value for name, value in chosen.items() if name in flat and flat[name] is None}
+
+
+def for_start(flat: ml_collections.ConfigDict, pretrained: bool) -> ml_collections.ConfigDict:
+    """A copy of a config file's config with every setting left to the starting point filled
+    with its default for a random (`pretrained` False) or a pretrained model, e.g. to build the
+    algorithm's Config in Python: `for_start(get_config("reverse_digits"), pretrained=False)`."""
+    filled = flat.copy_and_resolve_references()
+    for name, value in starting_point_defaults(flat, pretrained).items():
+        filled[name] = value
+    return filled
