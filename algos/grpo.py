@@ -554,8 +554,12 @@ def make_rollout(
         prompts = task.sample_prompts(prompt_key, drawn, task_data)
         grouped = jax.tree.map(lambda x: jnp.repeat(x, config.group_size, axis=0), prompts)
         grouped = sharding.constrain_batch(grouped, mesh)
-        completion = generate(
-            model, params, grouped.tokens, grouped.mask, sample_key, sampling, mesh
+        completion = generate_in_chunks(
+            lambda tokens, mask, key: generate(model, params, tokens, mask, key, sampling, mesh),
+            grouped.tokens,
+            grouped.mask,
+            sample_key,
+            drawn // config.batch_size,
         )
 
         rewards, metrics = penalised_rewards(grouped, completion, hp)
@@ -605,6 +609,25 @@ def make_rollout(
         return batch, metrics
 
     return rollout
+
+
+def generate_in_chunks(
+    generate_fn: Callable[[Array, Array, Array], Completion],
+    tokens: Array,
+    mask: Array,
+    key: Array,
+    chunks: int,
+) -> Completion:
+    """`generate_fn(tokens, mask, key)` over the rows in `chunks` consecutive parts, one after
+    the other (`lax.map`), so dynamic sampling's oversample_factor x more completions take one
+    part's memory at a time; part i samples with split i of `key`. One part: a plain call."""
+    if chunks == 1:
+        return generate_fn(tokens, mask, key)
+    parts = lambda x: x.reshape(chunks, x.shape[0] // chunks, *x.shape[1:])  # noqa: E731
+    out = jax.lax.map(
+        lambda args: generate_fn(*args), (parts(tokens), parts(mask), jax.random.split(key, chunks))
+    )
+    return jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), out)
 
 
 def keep_varied_groups(config: Config, drawn: tuple) -> tuple[tuple, dict[str, Array]]:
