@@ -661,13 +661,15 @@ def selection_metrics(drawn_has_signal: Array, kept_has_signal: Array) -> dict[s
 
 
 def no_signal_monitor(
-    name: str, patience: int, metric: str = "zero_variance_fraction"
+    name: str, patience: int, metric: str = "zero_variance_fraction", dynamic: bool = False
 ) -> Callable[[Any, Any], None]:
     """A host function `monitor(step, fraction)`, called once per update from inside the
     program with the fraction of drawn groups whose rewards were all equal (no gradient from
     them; the metric `metric`), that prints one warning line when it is above one half in
     `patience` consecutive updates, and again only after an update with signal. Updates may
-    report out of order (unordered callbacks): it keeps each update's fraction by step."""
+    report out of order (unordered callbacks): it keeps each update's fraction by step. With
+    `dynamic` (dynamic sampling already on) it suggests drawing more instead."""
+    remedy = "raise --config.oversample_factor" if dynamic else "set --config.dynamic_sampling=True"
     fractions: dict[int, float] = {}
     warned_at: list[int] = []
 
@@ -690,8 +692,8 @@ def no_signal_monitor(
                 f"warning: {name}: more than half the prompt groups got the same reward for "
                 f"every completion in {patience} consecutive updates ({metric} "
                 f"{fractions[current]:.2f} in update {current + 1}), so they give no gradient; "
-                "set --config.dynamic_sampling=True, raise group_size or temperature, or make "
-                "the rewards finer or the prompts easier",
+                f"{remedy}, raise group_size or temperature, or make the rewards finer or the "
+                "prompts easier",
                 file=sys.stderr,
             )
 
@@ -798,7 +800,11 @@ def make(
     rollout = make_rollout(config, model, task, mesh)
     monitor = None
     if config.warn_no_signal_updates > 0:
-        monitor = no_signal_monitor(f"GRPO ({config.variant})", config.warn_no_signal_updates)
+        monitor = no_signal_monitor(
+            f"GRPO ({config.variant})",
+            config.warn_no_signal_updates,
+            dynamic=config.dynamic_sampling,
+        )
     transformer = Transformer(model, mesh=mesh)
     loss_fn = make_loss(transformer, config)
     config = static(config)

@@ -226,7 +226,9 @@ def make(
     games, group = config.batch_size, config.group_size
     monitor = None
     if config.warn_no_signal_updates > 0:
-        monitor = grpo.no_signal_monitor("multi-turn GRPO", config.warn_no_signal_updates)
+        monitor = grpo.no_signal_monitor(
+            "multi-turn GRPO", config.warn_no_signal_updates, dynamic=config.dynamic_sampling
+        )
 
     def log_probs_of(params: Any, batch: dict[str, Array]) -> Array:
         logits = policy_logits_of(transformer, params, batch)

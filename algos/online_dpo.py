@@ -171,7 +171,7 @@ def make(
     monitor = None
     if config.warn_no_signal_updates > 0:
         monitor = grpo.no_signal_monitor(
-            "online DPO", config.warn_no_signal_updates, "tied_fraction"
+            "online DPO", config.warn_no_signal_updates, "tied_fraction", config.dynamic_sampling
         )
 
     def loss_fn(params: Any, batch: dict[str, Array], hp: HParams, reference_params: Any):
