@@ -188,12 +188,14 @@ def test_smollm2_sft_at_the_defaults_improves_the_held_out_loss(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.smollm2
-def test_smollm2_defaults_improve_sft_and_dpo_where_the_random_model_values_do_not(tmp_path):
-    """The direction, on SmolLM2 (four short runs, about 8 minutes on 2 cores, so marked slow).
-    SFT at the defaults then DPO at the defaults (lr 5e-6, beta 0.1) on chat pairs: DPO ranks
-    the right answer first on most held-out pairs and its loss falls below ln 2 (the SFT
-    model's). At the tiny model's values, given, SFT (lr 1e-3) ends with a higher held-out loss
-    and DPO (lr 5e-4, beta 0.5) ranks worse."""
+def test_smollm2_defaults_improve_sft_and_dpo_and_sft_beats_the_random_model_value(tmp_path):
+    """The direction, on SmolLM2 (three short runs, about 5 minutes on 2 cores, so marked
+    slow). SFT at the defaults then DPO at the defaults (lr 5e-6, beta 0.1) on chat pairs: DPO
+    ranks the right answer first on most held-out pairs and its loss falls below ln 2 (the SFT
+    model's). At the tiny model's learning rate, given, SFT (lr 1e-3) ends with a far higher
+    held-out loss (measured 4.20 against 0.12). DPO at the tiny model's values (lr 5e-4, beta
+    0.5) is not asserted worse: on these 48 easy pairs it ranked 0.875 of the held-out pairs
+    right against 0.81 at the defaults (README)."""
     from test_smollm2_training import script
 
     data, pairs, held_out = chat_files(tmp_path)
@@ -208,8 +210,4 @@ def test_smollm2_defaults_improve_sft_and_dpo_where_the_random_model_values_do_n
     random_sft = script(
         "sft.py", tmp_path / "sft_r", *sft_flags(data), "--config.learning_rate=1e-3"
     )
-    assert random_sft["eval_loss"] > sft["eval_loss"] + 0.1, (random_sft, sft)
-    random_dpo = script(
-        "dpo.py", tmp_path / "dpo_r", *dpo_flags, "--config.learning_rate=5e-4", "--config.beta=0.5"
-    )
-    assert random_dpo["eval_reward_accuracy"] < dpo["eval_reward_accuracy"], (random_dpo, dpo)
+    assert random_sft["eval_loss"] > sft["eval_loss"] + 1.0, (random_sft, sft)
