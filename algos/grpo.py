@@ -32,6 +32,15 @@ Variants (`Config.variant`):
   completion of the prompt, generated in the same program (one per prompt); token sums divided
   by max_new_tokens like RLOO. It needs no critic and works from group_size 1.
 
+Dynamic sampling (DAPO's, `Config.dynamic_sampling`, with any variant): a group whose rewards are
+all equal gives no gradient, so the rollout draws oversample_factor x batch_size prompts, samples
+and scores all their groups, and keeps batch_size groups, those with signal first
+(`select_groups`), filling up with uniform groups when too few vary (counted as
+`groups_filled_uniform`). Shapes stay fixed: the update trains on batch_size x group_size
+completions either way, and the selection happens inside the program. Every update logs
+`zero_variance_fraction` of the drawn groups; with `warn_no_signal_updates` > 0, more than half
+of them without signal for that many updates in a row prints one warning line.
+
 The file reads top to bottom: `Config`; the pure pieces (`group_advantages`, `overlong_penalty`,
 `policy_loss`) that tests compare with NumPy; host reward terms; the rollout; the loss; and `make`,
 GRPO as the learner contract's `init` and `update`:
@@ -48,6 +57,7 @@ A user's prompt file becomes a task with `envs.text.prompt_dataset`; its token t
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -90,6 +100,41 @@ VARIANTS = {
 }
 
 
+def validate_dynamic_sampling(config: Any) -> None:
+    """Check a Config's dynamic_sampling, oversample_factor and warn_no_signal_updates (GRPO's,
+    multi-turn's and online DPO's)."""
+    require(
+        isinstance(config.dynamic_sampling, bool),
+        "dynamic_sampling",
+        f"got {config.dynamic_sampling!r}",
+        "use True or False",
+    )
+    require(
+        isinstance(config.oversample_factor, int) and config.oversample_factor >= 1,
+        "oversample_factor",
+        f"got {config.oversample_factor!r}",
+        "use a whole number of prompts drawn per prompt kept, 2 or more",
+    )
+    require(
+        not config.dynamic_sampling or config.oversample_factor >= 2,
+        "oversample_factor",
+        "1 draws only the groups the update keeps, so dynamic sampling has none to choose from",
+        "use 2 or more",
+    )
+    require(
+        config.dynamic_sampling or config.oversample_factor == 2,
+        "oversample_factor",
+        f"got {config.oversample_factor}, but it is read only with dynamic_sampling=True",
+        "set dynamic_sampling=True, or drop oversample_factor",
+    )
+    require(
+        isinstance(config.warn_no_signal_updates, int) and config.warn_no_signal_updates >= 0,
+        "warn_no_signal_updates",
+        f"got {config.warn_no_signal_updates!r}",
+        "use a number of updates, or 0 for no warning",
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class Config(training.TrainConfig):
     """GRPO settings on top of the shared optimisation ones. `batch_size` counts prompts per
@@ -115,6 +160,14 @@ class Config(training.TrainConfig):
     overlong_buffer: int = 0  # DAPO's soft overlong penalty over the last N tokens; 0 is off
     overlong_penalty: float = swept(1.0)  # the penalty at max_new_tokens
     std_eps: float = 1e-4  # added to the group's standard deviation before dividing
+    # DAPO's dynamic sampling: draw oversample_factor x batch_size prompts (each with its group),
+    # keep batch_size groups whose rewards vary, filling up with uniform ones if too few vary
+    # (`select_groups`); the update trains on batch_size x group_size completions either way.
+    dynamic_sampling: bool = False
+    oversample_factor: int = 2  # prompts drawn per kept prompt, with dynamic_sampling
+    # A one-line warning when more than half the drawn groups carry no signal (all rewards
+    # equal) in this many consecutive updates; 0 never warns.
+    warn_no_signal_updates: int = 3
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mesh_shape", tuple(self.mesh_shape))
@@ -161,6 +214,7 @@ class Config(training.TrainConfig):
         )
         require(self.warmup_steps >= 0, "warmup_steps", f"got {self.warmup_steps}", "use 0 or more")
         require(self.weight_decay >= 0, "weight_decay", f"got {self.weight_decay}", "use 0 or more")
+        validate_dynamic_sampling(self)
         SamplingConfig(  # validates temperature / top_k / top_p
             self.max_new_tokens, 0, 0, self.temperature, self.top_k, self.top_p
         )
@@ -189,6 +243,12 @@ class Config(training.TrainConfig):
             f"{shards} batch shards",
             f"make it a multiple of {shards}",
         )
+
+    @property
+    def prompts_drawn(self) -> int:
+        """Prompts sampled per update: batch_size, times oversample_factor with dynamic
+        sampling."""
+        return self.batch_size * (self.oversample_factor if self.dynamic_sampling else 1)
 
     @property
     def spec(self) -> Variant:
@@ -266,6 +326,42 @@ def overlong_penalty(
         return jnp.zeros(lengths.shape, jnp.float32)
     excess = jnp.maximum(lengths - (max_new_tokens - buffer), 0)
     return -penalty * excess.astype(jnp.float32) / buffer
+
+
+def group_has_signal(rewards: Array, greedy_rewards: Array | None = None) -> Array:
+    """[num_prompts, group_size] rewards -> [num_prompts] whether the group carries a learning
+    signal: its rewards differ (or, with the greedy baseline, some sample scored unlike the
+    greedy completion)."""
+    if greedy_rewards is not None:
+        return jnp.any(rewards != greedy_rewards[:, None], axis=1)
+    return jnp.ptp(rewards, axis=1) > 0
+
+
+def select_groups(has_signal: Array, count: int) -> Array:
+    """DAPO's dynamic sampling at fixed shapes: the indices of `count` of the drawn groups, the
+    ones with signal first in the order drawn, then (if fewer than `count` have signal) uniform
+    ones in the order drawn to fill the batch. The drawn prompts are independent draws, so
+    taking the first ones biases nothing."""
+    return jnp.argsort(jnp.logical_not(has_signal).astype(jnp.int32), stable=True)[:count]
+
+
+def take_groups(tree: Any, groups: Array, num_groups: int, group_size: int) -> Any:
+    """The chosen `groups` (indices among `num_groups`) of every array in `tree`: an array with
+    a row per completion (leading dimension num_groups * group_size, a group's rows adjacent)
+    gives those groups' rows, one with a row per group (num_groups) those rows; a scalar (a
+    value shared by every row) stays as it is."""
+    rows = (groups[:, None] * group_size + jnp.arange(group_size)).reshape(-1)
+
+    def take(leaf: Array) -> Array:
+        if jnp.ndim(leaf) == 0:
+            return leaf
+        if leaf.shape[0] == num_groups * group_size:
+            return jnp.take(leaf, rows, axis=0)
+        if leaf.shape[0] == num_groups:
+            return jnp.take(leaf, groups, axis=0)
+        raise ValueError(f"take_groups: a leaf of {leaf.shape[0]} rows for {num_groups} groups")
+
+    return jax.tree.map(take, tree)
 
 
 def k3_kl(log_probs: Array, reference_log_probs: Array) -> Array:
@@ -452,19 +548,21 @@ def make_rollout(
 
     def rollout(params: Any, key: Array, hp: HParams, task_data: Any = None):
         prompt_key, sample_key = jax.random.split(key)
-        prompts = task.sample_prompts(prompt_key, config.batch_size, task_data)
+        # batch_size prompts, or with dynamic sampling oversample_factor times as many, of
+        # which `keep_varied_groups` keeps batch_size.
+        drawn = config.prompts_drawn
+        prompts = task.sample_prompts(prompt_key, drawn, task_data)
         grouped = jax.tree.map(lambda x: jnp.repeat(x, config.group_size, axis=0), prompts)
         grouped = sharding.constrain_batch(grouped, mesh)
         # Each prompt is prefilled once; its G samples share its KV cache.
-        completion = generate(
-            model,
-            params,
+        completion = generate_in_chunks(
+            lambda tokens, mask, key: generate(
+                model, params, tokens, mask, key, sampling, mesh, group_size=config.group_size
+            ),
             prompts.tokens,
             prompts.mask,
             sample_key,
-            sampling,
-            mesh,
-            group_size=config.group_size,
+            drawn // config.batch_size,
         )
 
         rewards, metrics = penalised_rewards(grouped, completion, hp)
@@ -478,14 +576,30 @@ def make_rollout(
             greedy_rewards, _ = penalised_rewards(prompts, baseline, hp)
             metrics["greedy_reward"] = greedy_rewards.mean()
 
-        by_group = rewards.reshape(config.batch_size, config.group_size)
+        by_group = rewards.reshape(drawn, config.group_size)
+        has_signal = group_has_signal(by_group, greedy_rewards)
+        # The drawn completions' statistics: what the policy does, before any selection.
+        ended_with_eos = jnp.any(completion.mask & (completion.tokens == task.eos_id), axis=1)
+        metrics.update(
+            reward=rewards.mean(),
+            reward_std=jnp.std(by_group, axis=1, ddof=1).mean() if config.group_size > 1 else 0.0,
+            zero_variance_fraction=1.0 - has_signal.mean(),
+            completion_length=completion.lengths.mean(),
+            ended_with_eos=ended_with_eos.mean(),
+            # Prompt tokens the prefill ran: each drawn prompt once, not once per sample.
+            prefilled_tokens=jnp.sum(completion.prefilled_tokens),
+        )
+        if config.dynamic_sampling:
+            kept, selection_metrics = keep_varied_groups(
+                config, (grouped, completion, by_group, greedy_rewards, has_signal)
+            )
+            grouped, completion, by_group, greedy_rewards, has_signal = kept
+            grouped = sharding.constrain_batch(grouped, mesh)
+            metrics.update(selection_metrics)
+
         advantages = group_advantages(
             by_group, spec.baseline, spec.scale_by_std, config.std_eps, greedy_rewards
         )
-        if spec.baseline == "greedy":  # a sample that scored unlike the greedy completion
-            has_signal = jnp.any(by_group != greedy_rewards[:, None], axis=1)
-        else:
-            has_signal = jnp.ptp(by_group, axis=1) > 0
         weights = jnp.ones_like(by_group)
         if spec.drop_zero_variance_groups:
             weights = jnp.broadcast_to(has_signal[:, None], by_group.shape).astype(jnp.float32)
@@ -497,18 +611,98 @@ def make_rollout(
             "advantages": advantages.reshape(-1),
             "weights": weights.reshape(-1),
         }
-        ended_with_eos = jnp.any(completion.mask & (completion.tokens == task.eos_id), axis=1)
-        metrics.update(
-            reward=rewards.mean(),
-            reward_std=jnp.std(by_group, axis=1, ddof=1).mean() if config.group_size > 1 else 0.0,
-            zero_variance_fraction=1.0 - has_signal.mean(),
-            completion_length=completion.lengths.mean(),
-            ended_with_eos=ended_with_eos.mean(),
-            prefilled_tokens=completion.prefilled_tokens,
-        )
         return batch, metrics
 
     return rollout
+
+
+def generate_in_chunks(
+    generate_fn: Callable[[Array, Array, Array], Completion],
+    tokens: Array,
+    mask: Array,
+    key: Array,
+    chunks: int,
+) -> Completion:
+    """`generate_fn(tokens, mask, key)` over the rows in `chunks` consecutive parts, one after
+    the other (`lax.map`), so dynamic sampling's oversample_factor x more completions take one
+    part's memory at a time; part i samples with split i of `key`. One part: a plain call."""
+    if chunks == 1:
+        return generate_fn(tokens, mask, key)
+    parts = lambda x: x.reshape(chunks, x.shape[0] // chunks, *x.shape[1:])  # noqa: E731
+    out = jax.lax.map(
+        lambda args: generate_fn(*args), (parts(tokens), parts(mask), jax.random.split(key, chunks))
+    )
+    return jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), out)
+
+
+def keep_varied_groups(config: Config, drawn: tuple) -> tuple[tuple, dict[str, Array]]:
+    """Dynamic sampling's selection inside the program: from the drawn (prompts, completions,
+    rewards [drawn, group_size], greedy rewards or None, has_signal [drawn]) keep batch_size
+    groups, those with signal first (`select_groups`). Metrics: groups_drawn, groups_varied
+    (of those drawn), groups_kept_varied and groups_filled_uniform (kept without signal,
+    because too few varied)."""
+    grouped, completion, by_group, greedy_rewards, has_signal = drawn
+    num_drawn = has_signal.shape[0]
+    keep = select_groups(has_signal, config.batch_size)
+    kept = take_groups(
+        (grouped, completion, by_group, greedy_rewards, has_signal),
+        keep,
+        num_drawn,
+        config.group_size,
+    )
+    return kept, selection_metrics(has_signal, kept[4])
+
+
+def selection_metrics(drawn_has_signal: Array, kept_has_signal: Array) -> dict[str, Array]:
+    """Dynamic sampling's per-update counts: groups_drawn, groups_varied (of those drawn),
+    groups_kept_varied and groups_filled_uniform (kept without signal: too few varied)."""
+    kept_varied = kept_has_signal.sum().astype(jnp.float32)
+    return {
+        "groups_drawn": jnp.float32(drawn_has_signal.shape[0]),
+        "groups_varied": drawn_has_signal.sum().astype(jnp.float32),
+        "groups_kept_varied": kept_varied,
+        "groups_filled_uniform": kept_has_signal.shape[0] - kept_varied,
+    }
+
+
+def no_signal_monitor(
+    name: str, patience: int, metric: str = "zero_variance_fraction", dynamic: bool = False
+) -> Callable[[Any, Any], None]:
+    """A host function `monitor(step, fraction)`, called once per update from inside the
+    program with the fraction of drawn groups whose rewards were all equal (no gradient from
+    them; the metric `metric`), that prints one warning line when it is above one half in
+    `patience` consecutive updates, and again only after an update with signal. Updates may
+    report out of order (unordered callbacks): it keeps each update's fraction by step. With
+    `dynamic` (dynamic sampling already on) it suggests drawing more instead."""
+    remedy = "raise --config.oversample_factor" if dynamic else "set --config.dynamic_sampling=True"
+    fractions: dict[int, float] = {}
+    warned_at: list[int] = []
+
+    def monitor(step: Any, fraction: Any) -> None:
+        steps = np.asarray(step).reshape(-1)
+        values = np.asarray(fraction, dtype=np.float64).reshape(-1)
+        # Several runs of one program (a sweep): the fraction over all of them.
+        current = int(steps.max())
+        fractions[current] = float(values.mean())
+        streak = [fractions.get(current - i) for i in range(patience)]
+        if any(value is None or value <= 0.5 for value in streak):
+            return
+        if warned_at and all(
+            fractions.get(s, 1.0) > 0.5 for s in range(warned_at[-1], current + 1)
+        ):
+            return  # the same streak as the last warning
+        warned_at.append(current)
+        if jax.process_index() == 0:
+            print(
+                f"warning: {name}: more than half the prompt groups got the same reward for "
+                f"every completion in {patience} consecutive updates ({metric} "
+                f"{fractions[current]:.2f} in update {current + 1}), so they give no gradient; "
+                f"{remedy}, raise group_size or temperature, or make the rewards finer or the "
+                "prompts easier",
+                file=sys.stderr,
+            )
+
+    return monitor
 
 
 # --- the loss ---------------------------------------------------------------------------------
@@ -629,6 +823,13 @@ def make(
     """
     check_memory(config, model, task)
     rollout = make_rollout(config, model, task, mesh)
+    monitor = None
+    if config.warn_no_signal_updates > 0:
+        monitor = no_signal_monitor(
+            f"GRPO ({config.variant})",
+            config.warn_no_signal_updates,
+            dynamic=config.dynamic_sampling,
+        )
     transformer = Transformer(model, mesh=mesh)
     loss_fn = make_loss(transformer, config)
     config = static(config)
@@ -668,6 +869,8 @@ def make(
             shuffle_key, config.num_epochs, config.num_minibatches, mesh, dropout_key,
         )  # fmt: skip
         metrics.update(jax.tree.map(jnp.mean, step_metrics))
+        if monitor is not None:
+            jax.debug.callback(monitor, state.step, metrics["zero_variance_fraction"])
         return state._replace(step=state.step + 1), metrics
 
     return Algorithm(training.make_init(params, config, mesh, model), update)

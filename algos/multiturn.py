@@ -176,6 +176,32 @@ class Inputs(NamedTuple):
     reference_params: Any = None
 
 
+def episode_metrics(episodes: dialogue.Episodes, group_size: int) -> dict[str, Array]:
+    """The played episodes' metrics (all of them, before dynamic sampling keeps some): return,
+    success (a positive return), turns, zero_variance_fraction (games whose group_size
+    episodes all returned the same) and slots_used."""
+    returns = episodes.rewards.sum(axis=1)
+    varied = grpo.group_has_signal(returns.reshape(-1, group_size))
+    return {
+        "return": returns.mean(),
+        "success": (returns > 0).mean(),
+        "turns": episodes.spoke.sum(axis=1).mean(),
+        "zero_variance_fraction": 1.0 - varied.mean(),
+        "slots_used": episodes.length.astype(jnp.float32),
+    }
+
+
+def keep_varied_games(config: Config, episodes: dialogue.Episodes) -> tuple[Any, dict]:
+    """Dynamic sampling over games: of the drawn games' episodes (group_size per game, a game's
+    adjacent), keep batch_size games, those whose episodes' returns differ first
+    (`grpo.select_groups`), and report the counts (`grpo.selection_metrics`)."""
+    returns = episodes.rewards.sum(axis=1).reshape(-1, config.group_size)
+    varied = grpo.group_has_signal(returns)
+    keep = grpo.select_groups(varied, config.batch_size)
+    kept = grpo.take_groups(episodes, keep, returns.shape[0], config.group_size)
+    return kept, grpo.selection_metrics(varied, varied[keep])
+
+
 def make(
     config: Config,
     model: ModelConfig,
@@ -198,6 +224,11 @@ def make(
     config = static(config)
     sampling = config.sampling(eos_id, pad_id)
     games, group = config.batch_size, config.group_size
+    monitor = None
+    if config.warn_no_signal_updates > 0:
+        monitor = grpo.no_signal_monitor(
+            "multi-turn GRPO", config.warn_no_signal_updates, dynamic=config.dynamic_sampling
+        )
 
     def log_probs_of(params: Any, batch: dict[str, Array]) -> Array:
         logits = policy_logits_of(transformer, params, batch)
@@ -206,9 +237,16 @@ def make(
 
     def rollout(policy: Any, key: Array, hp: HParams) -> tuple[dict[str, Array], dict]:
         game_key, sample_key = jax.random.split(key)
-        reset_keys = jnp.repeat(jax.random.split(game_key, games), group, axis=0)
-        sample_keys = jax.random.split(sample_key, games * group)
+        # batch_size games, or with dynamic sampling oversample_factor times as many, of which
+        # the episodes of batch_size games are kept (`keep_varied_games`).
+        drawn = config.prompts_drawn
+        reset_keys = jnp.repeat(jax.random.split(game_key, drawn), group, axis=0)
+        sample_keys = jax.random.split(sample_key, drawn * group)
         episodes, _ = dialogue.converse(model, policy, env, reset_keys, sample_keys, sampling, mesh)
+        drawn_metrics = episode_metrics(episodes, group)
+        if config.dynamic_sampling:
+            episodes, selected = keep_varied_games(config, episodes)
+            drawn_metrics.update(selected)
         gathered = dialogue.policy_tokens(episodes, capacity)
         returns = episodes.rewards.sum(axis=1)
         if config.credit == "episode":
@@ -234,14 +272,7 @@ def make(
             "valid": gathered.valid, "advantages": per_token,
             "weights": weights.astype(jnp.float32),
         }  # fmt: skip
-        metrics = {
-            "return": returns.mean(),
-            "success": (returns > 0).mean(),
-            "turns": episodes.spoke.sum(axis=1).mean(),
-            "policy_tokens": gathered.valid.sum(axis=1).mean(),
-            "zero_variance_fraction": 1.0 - varied.mean(),
-            "slots_used": episodes.length.astype(jnp.float32),
-        }
+        metrics = drawn_metrics | {"policy_tokens": gathered.valid.sum(axis=1).mean()}
         return batch, metrics
 
     def update(state: training.TrainState, inputs: Inputs | None, hp: HParams):
@@ -257,6 +288,8 @@ def make(
             shuffle_key, config.num_epochs, config.num_minibatches, mesh,
         )  # fmt: skip
         metrics.update(jax.tree.map(jnp.mean, step_metrics))
+        if monitor is not None:
+            jax.debug.callback(monitor, state.step, metrics["zero_variance_fraction"])
         return state._replace(step=state.step + 1), metrics
 
     return Algorithm(training.make_init(params, config, mesh, model), update)

@@ -64,10 +64,18 @@ class Config(dpo.Config):
     top_k: int = 0
     top_p: float = 1.0
     reference: str = "in_step"  # on-policy samples: the reference runs in the step
+    # DAPO-style dynamic sampling (as in grpo.py): draw oversample_factor x batch_size prompts
+    # and keep batch_size pairs, those with a preference (not every sample scored the same)
+    # first. A one-line warning when more than half the drawn pairs are tied in
+    # warn_no_signal_updates consecutive updates (0: never).
+    dynamic_sampling: bool = False
+    oversample_factor: int = 2
+    warn_no_signal_updates: int = 3
 
     def __post_init__(self) -> None:
         super().__post_init__()
         require_positive(self, "num_epochs", "num_minibatches", "max_new_tokens", "temperature")
+        grpo.validate_dynamic_sampling(self)
         SamplingConfig(self.max_new_tokens, 0, 0, self.temperature, self.top_k, self.top_p)
         require(
             self.num_samples >= 2,
@@ -160,6 +168,11 @@ def make(
     config = static(config)
     sampling = config.sampling(task.eos_id, task.pad_id)
     samples = config.num_samples
+    monitor = None
+    if config.warn_no_signal_updates > 0:
+        monitor = grpo.no_signal_monitor(
+            "online DPO", config.warn_no_signal_updates, "tied_fraction", config.dynamic_sampling
+        )
 
     def loss_fn(params: Any, batch: dict[str, Array], hp: HParams, reference_params: Any):
         """dpo.py's loss, averaged over the pairs that carry a preference (weight 1)."""
@@ -194,7 +207,8 @@ def make(
     def pairs(state: Any, inputs: Inputs, key: Array, hp: HParams):
         prompt_key, sample_key = jax.random.split(key)
         noise_key = jax.random.fold_in(key, LABEL_NOISE_STREAM)
-        prompts = task.sample_prompts(prompt_key, config.batch_size, inputs.task_data)
+        drawn = config.batch_size * (config.oversample_factor if config.dynamic_sampling else 1)
+        prompts = task.sample_prompts(prompt_key, drawn, inputs.task_data)
         grouped = jax.tree.map(lambda x: jnp.repeat(x, samples, axis=0), prompts)
         grouped = sharding.constrain_batch(grouped, mesh)
         # Each prompt is prefilled once; its samples share its KV cache.
@@ -221,10 +235,22 @@ def make(
         ended = jnp.any(completion.mask & (completion.tokens == task.eos_id), axis=1)
         scores = scores - hp.missing_eos_penalty * (1.0 - ended.astype(jnp.float32))
 
-        by_prompt = scores.reshape(config.batch_size, samples)
+        by_prompt = scores.reshape(drawn, samples)
         noise = jax.random.gumbel(noise_key, by_prompt.shape) * hp.label_noise
         chosen, rejected, weight = best_and_worst(by_prompt + noise)
-        rows = jnp.arange(config.batch_size) * samples
+        metrics["tied_fraction"] = 1.0 - weight.mean()  # of the drawn pairs
+        prompt_index = jnp.arange(config.batch_size)
+        if config.dynamic_sampling:
+            # Keep batch_size of the drawn prompts' pairs, those with a preference first.
+            prompt_index = grpo.select_groups(weight > 0, config.batch_size)
+            metrics.update(grpo.selection_metrics(weight > 0, weight[prompt_index] > 0))
+            chosen, rejected, weight = (
+                chosen[prompt_index],
+                rejected[prompt_index],
+                weight[prompt_index],
+            )
+            by_prompt = by_prompt[prompt_index]
+        rows = prompt_index * samples
         loss_mask = jnp.concatenate([jnp.zeros_like(grouped.mask), completion.mask], axis=1)
         batch = {"weight": weight}
         for side, index in (("chosen", rows + chosen), ("rejected", rows + rejected)):
@@ -238,7 +264,6 @@ def make(
         metrics.update(
             score=scores.mean(),
             pair_score_gap=jnp.sum(gap[:, 0] * weight) / jnp.maximum(weight.sum(), 1.0),
-            tied_fraction=1.0 - weight.mean(),
             completion_length=completion.lengths.mean(),
             ended_with_eos=ended.mean(),
         )
@@ -269,6 +294,8 @@ def make(
             config, shuffle_key, config.num_epochs, config.num_minibatches, mesh, dropout_key,
         )  # fmt: skip
         metrics.update(jax.tree.map(jnp.mean, step_metrics))
+        if monitor is not None:
+            jax.debug.callback(monitor, state.step, metrics["tied_fraction"])
         return state._replace(step=state.step + 1), metrics
 
     return Algorithm(training.make_init(params, config, mesh, model), update)

@@ -25,6 +25,7 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
+from experiments.configs.lm import for_start, starting_point_defaults
 from jaxrl import hparams, runner, sharding
 from jaxrl.config import ConfigError
 from jaxrl.lm import ByteTokenizer, Tokenizer, load_tokenizer, training
@@ -73,6 +74,10 @@ class Checkpoint:
     tokenizer: str  # "byte", a directory holding tokenizer.json, or "" (the checkpoint has none)
     description: str  # for summaries: "run runs/sft", "Hugging Face checkpoint ...", ...
     gguf: Any = None  # the read GGUFCheckpoint (its parameters are kept until loaded)
+    # Whether the weights descend from a pretrained checkpoint (a GGUF file, a Hugging Face
+    # directory, or a run that started from one) rather than from random initialisation: it
+    # picks the defaults of the settings that depend on the starting point.
+    pretrained: bool = False
 
     def with_runtime(self, section: Mapping[str, Any]) -> Checkpoint:
         """The same checkpoint run with `section`'s dtype, param_dtype and remat."""
@@ -104,12 +109,16 @@ def setup(flags: dict[str, Any], config_cls: type, name: str) -> Setup:
     model section's dtype, param_dtype and remat apply; the tokenizer comes from the checkpoint
     unless config.task.tokenizer names one, and must fit the model's vocabulary."""
     flat = flags["config"].value
-    config = runner.build_config(config_cls, flat, SETTINGS)
+    # Every setting checked first (the ones left to the starting point at their random-model
+    # values), then the checkpoint read, then those settings filled in for it and checked again.
+    config = runner.build_config(config_cls, for_start(flat, pretrained=False), SETTINGS)
     runner.check_run_settings(flat.run)
     mesh = make_mesh(config.mesh_shape)
     # A game's task section (experiments/_games.py) names a game, not a digit task.
     task = None if "game" in flat.task else make_text_task(flat.task)
     source = start_checkpoint(flat)
+    resolve_defaults(flat, source)
+    config = runner.build_config(config_cls, flat, SETTINGS)
     tokenizer, tokenizer_source = run_tokenizer(flat.task.tokenizer, source)
     check_vocabulary(tokenizer, source.model, source, "config.task.tokenizer")
     try:  # the settings against the model they will train (a LoRA target it lacks)
@@ -122,6 +131,56 @@ def setup(flags: dict[str, Any], config_cls: type, name: str) -> Setup:
     return Setup(
         name, flat, config, mesh, task, tokenizer, source.model, workdir, source, tokenizer_source
     )
+
+
+# --- defaults by starting point ---------------------------------------------------------------
+
+# Values of the starting-point settings that fine-tune a pretrained model without wrecking it,
+# as (low, high): a value given outside this range from a pretrained checkpoint (10x beyond
+# the values that have been seen to work) earns one warning line. LoRA adapters, initialised
+# at zero and scaled down, take learning rates about 10x larger than the full model's.
+PRETRAINED_RANGES = {
+    "learning_rate": (1e-8, 1e-4),
+    "beta": (0.01, 2.0),
+    "kl_coef": (0.0, 1.0),
+    "kl_beta": (0.0, 1.0),
+}
+PRETRAINED_LORA_RANGES = PRETRAINED_RANGES | {"learning_rate": (1e-7, 1e-3)}
+
+
+def resolve_defaults(flat: ml_collections.ConfigDict, source: Checkpoint) -> dict[str, Any]:
+    """Fill the settings left to the starting point with their defaults for `source` (once the
+    model is known; a value the user gave is kept), and warn, one line each, about a value
+    given for a pretrained model that lies far outside what fine-tunes one. Returns the
+    defaults filled in."""
+    given = {name: flat[name] for name in PRETRAINED_RANGES if name in flat}
+    filled = starting_point_defaults(flat, source.pretrained)
+    for name, value in filled.items():
+        flat[name] = value
+    if source.pretrained:
+        ranges = PRETRAINED_LORA_RANGES if flat.get("lora_rank", 0) > 0 else PRETRAINED_RANGES
+        for name, value in given.items():
+            low, high = ranges[name]
+            if value is None or low <= value <= high:
+                continue
+            default = starting_point_defaults_for(flat, name)
+            print(
+                f"warning: config.{name}={value:g} is far {'above' if value > high else 'below'} "
+                f"what fine-tunes a pretrained model ({source.description}: {low:g} to {high:g}"
+                f"{'' if default is None else f'; its default from one is {default:g}'}); "
+                f"drop --config.{name} to use the default, or keep it if you mean it",
+                file=sys.stderr,
+            )
+    return filled
+
+
+def starting_point_defaults_for(flat: ml_collections.ConfigDict, name: str) -> Any:
+    """The pretrained-model default of setting `name` in `flat`, or None if it has none."""
+    if "defaults" not in flat or name not in flat.defaults.pretrained:
+        return None
+    if flat.get("lora_rank", 0) > 0 and name in flat.defaults.pretrained_lora:
+        return flat.defaults.pretrained_lora[name]
+    return flat.defaults.pretrained[name]
 
 
 def job(
@@ -272,7 +331,28 @@ def _run_checkpoint(path: str) -> Checkpoint:
         raise ValueError(f"{record_path}: model: {error}") from None
     if tokenizer == TOKENIZER_DIR:
         tokenizer = os.path.join(path, TOKENIZER_DIR)
-    return Checkpoint("run", path, model, tokenizer or BYTE, f"run {path}")
+    pretrained = _descends_from_pretrained(path)
+    return Checkpoint("run", path, model, tokenizer or BYTE, f"run {path}", pretrained=pretrained)
+
+
+def _descends_from_pretrained(path: str, depth: int = 0) -> bool:
+    """Whether the run in `path` continues a pretrained checkpoint: model.json's `pretrained`,
+    or for a run recorded before that key existed, its `init_from` followed back to the start
+    (and where that run is gone, whether it trained a tokenizer of its own rather than the
+    byte tokenizer of the tiny random model)."""
+    record_path = os.path.join(path, MODEL_FILE)
+    record = read_json(record_path) if os.path.isfile(record_path) else {}
+    if "pretrained" in record:
+        return bool(record["pretrained"])
+    origin = record.get("init_from", "")
+    if origin == "random init":
+        return False
+    if origin.startswith(("GGUF file", "Hugging Face checkpoint")):
+        return True
+    earlier = origin.removeprefix("run ")
+    if origin.startswith("run ") and os.path.isdir(earlier) and depth < 16:
+        return _descends_from_pretrained(earlier, depth + 1)
+    return record.get("tokenizer", BYTE) != BYTE
 
 
 def _hf_checkpoint(path: str) -> Checkpoint:
@@ -281,7 +361,9 @@ def _hf_checkpoint(path: str) -> Checkpoint:
     config_path = os.path.join(path, "config.json")
     model = config_from_hf(read_json(config_path), source=config_path)
     tokenizer = path if os.path.isfile(os.path.join(path, "tokenizer.json")) else ""
-    return Checkpoint("hf", path, model, tokenizer, f"Hugging Face checkpoint {path}")
+    return Checkpoint(
+        "hf", path, model, tokenizer, f"Hugging Face checkpoint {path}", pretrained=True
+    )
 
 
 def _gguf_checkpoint(path: str) -> Checkpoint:
@@ -301,7 +383,13 @@ def _gguf_checkpoint(path: str) -> Checkpoint:
             with open(os.path.join(tokenizer, name), "w", encoding="utf-8") as f:
                 json.dump(contents, f, ensure_ascii=False)
     return Checkpoint(
-        "gguf", path, checkpoint.config, tokenizer, f"GGUF file {path}", gguf=checkpoint
+        "gguf",
+        path,
+        checkpoint.config,
+        tokenizer,
+        f"GGUF file {path}",
+        gguf=checkpoint,
+        pretrained=True,
     )
 
 
@@ -596,6 +684,7 @@ def open_run(run: Setup, head: str = LM_HEAD) -> RunDirectory:
             "tokenizer": tokenizer,
             "special_token_ids": special_token_ids(run.tokenizer),
             "init_from": run.source.description,
+            "pretrained": run.source.pretrained,
             "head": head,
         }
         write_json(run_dir.file(MODEL_FILE), record)

@@ -339,8 +339,9 @@ def test_grpo_learns_reverse_three_digits_from_random_init():
     inverts the CDF, seeds 0-3 end at 0.78, 0.65, 0.996 and 0.49 (2026-11-25); seed 2 it is."""
     seed = 2
     from experiments.configs.grpo import get_config
+    from experiments.configs.lm import for_start
 
-    flat = get_config("reverse_digits")
+    flat = for_start(get_config("reverse_digits"), pretrained=False)
     fields = {k: v for k, v in flat.items() if k in grpo.Config.__dataclass_fields__}
     config = grpo.Config(**fields)
     model = ModelConfig(**flat.model.to_dict())

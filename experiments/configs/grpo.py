@@ -39,7 +39,6 @@ PRESETS = {
         batch_size=8,
         group_size=8,
         grad_accum_steps=4,
-        learning_rate=2e-5,
         max_new_tokens=12,
         task=dict(train_jsonl="data/word_problems.jsonl", num_eval=200),
     ),

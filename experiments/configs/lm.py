@@ -65,20 +65,65 @@ def task_config(**overrides: Any) -> ml_collections.ConfigDict:
     )
 
 
+# Defaults by starting point. The settings below depend on the model: the Config's and the
+# presets' values suit the tiny random model (and runs continuing it), while a pretrained
+# checkpoint (GGUF, Hugging Face directory, "smollm2", or a run continuing one) is wrecked by
+# them (GRPO at lr 1e-3 turned SmolLM2's answers into one repeated phrase within 6 updates).
+# From a pretrained checkpoint these values apply instead, unless the setting is given; with
+# lora_rank > 0 (SFT, DPO, GRPO, online DPO) the PRETRAINED_LORA ones take precedence: adapters
+# start at zero and are scaled down, so they take about 10x the learning rate. Chosen by
+# measurement on SmolLM2-135M-Instruct (README, "Defaults by starting point"). Keyed by the
+# algos module.
+PRETRAINED = {
+    "sft": dict(learning_rate=2e-5),
+    "dpo": dict(learning_rate=5e-6, beta=0.1),
+    "grpo": dict(learning_rate=2e-5),
+    "multiturn": dict(learning_rate=1e-5),
+    "ppo_lm": dict(learning_rate=2e-6),
+    "online_dpo": dict(learning_rate=5e-6, beta=0.1),
+    "reward_model": dict(learning_rate=1e-5),
+}
+PRETRAINED_LORA = {
+    "sft": dict(learning_rate=2e-4),
+    "dpo": dict(learning_rate=5e-5),
+    "grpo": dict(learning_rate=2e-4),
+    "online_dpo": dict(learning_rate=5e-5),
+}
+
+
 def lm_config(
-    config: Any, preset: dict[str, Any], num_chunks: int, **sections: Any
+    config: Any,
+    preset: dict[str, Any],
+    num_chunks: int,
+    pretrained: dict[str, Any] | None = None,
+    pretrained_lora: dict[str, Any] | None = None,
+    **sections: Any,
 ) -> ml_collections.ConfigDict:
     """A config file's `get_config()`: the algorithm Config's fields with the preset's values,
     the tiny model, the task (a preset's `task` entries override the defaults), the run section
     (`num_chunks` compiled chunks with a checkpoint after each), `init_from` (an earlier run
     directory, a Hugging Face checkpoint directory or a GGUF file; "" is random
     initialisation), the `seed` of the initialisation and the batch order, and any further
-    `sections`."""
+    `sections`.
+
+    Defaults by starting point: each field named in `pretrained` (by default the algorithm's
+    entry of PRETRAINED) is left None, "by starting point", and a `defaults` section records
+    its values: `defaults.random` (the preset's, or the Config's, for the tiny random model and
+    runs that continue one) and `defaults.pretrained` (for a pretrained checkpoint and runs that
+    continue one), which `defaults.pretrained_lora` overrides when lora_rank > 0. The script
+    fills each field still None once it knows where the model starts
+    (`experiments/_lm.resolve_defaults`); a value given on the command line is never
+    replaced."""
     from jaxrl import runner
 
     preset = dict(preset)
     task = task_config(**preset.pop("task", {}))
-    return runner.config_dict(
+    algorithm = type(config).__module__.rsplit(".", 1)[-1]
+    if pretrained is None:
+        pretrained = PRETRAINED.get(algorithm, {})
+    if pretrained_lora is None:
+        pretrained_lora = PRETRAINED_LORA.get(algorithm, {})
+    flat = runner.config_dict(
         config,
         preset,
         model=ml_collections.ConfigDict(TINY_MODEL),
@@ -88,3 +133,35 @@ def lm_config(
         seed=0,
         **sections,
     )
+    if pretrained:
+        random = {name: flat[name] for name in pretrained}
+        for name, value in random.items():
+            flat[name] = ml_collections.FieldReference(None, field_type=type(value))
+        flat.defaults = ml_collections.ConfigDict(
+            dict(random=random, pretrained=pretrained, pretrained_lora=pretrained_lora)
+        )
+    return flat
+
+
+def starting_point_defaults(flat: ml_collections.ConfigDict, pretrained: bool) -> dict[str, Any]:
+    """{setting: default} for the settings of `flat` left None (by starting point):
+    `defaults.random`'s values, or `defaults.pretrained`'s (`defaults.pretrained_lora`'s first
+    where lora_rank > 0)."""
+    if "defaults" not in flat:
+        return {}
+    chosen = dict(flat.defaults.random)
+    if pretrained:
+        chosen |= dict(flat.defaults.pretrained)
+        if flat.get("lora_rank", 0) > 0:
+            chosen |= dict(flat.defaults.pretrained_lora)
+    return {name: value for name, value in chosen.items() if name in flat and flat[name] is None}
+
+
+def for_start(flat: ml_collections.ConfigDict, pretrained: bool) -> ml_collections.ConfigDict:
+    """A copy of a config file's config with every setting left to the starting point filled
+    with its default for a random (`pretrained` False) or a pretrained model, e.g. to build the
+    algorithm's Config in Python: `for_start(get_config("reverse_digits"), pretrained=False)`."""
+    filled = flat.copy_and_resolve_references()
+    for name, value in starting_point_defaults(flat, pretrained).items():
+        filled[name] = value
+    return filled

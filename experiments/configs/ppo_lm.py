@@ -31,7 +31,6 @@ PRESETS = {
         num_minibatches=2,
         grad_accum_steps=2,
         num_epochs=2,
-        learning_rate=2e-6,
         max_new_tokens=12,
         task=dict(train_jsonl="data/word_problems.jsonl", num_eval=200),
     ),
