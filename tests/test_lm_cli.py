@@ -140,7 +140,7 @@ def test_hf_checkpoint_sft_dpo_grpo_export_chain(tmp_path):
         "--config.max_new_tokens=8",
         "--config.task.num_eval=8",
         "--config.eval_batch_size=8",
-        "--config.model.remat=True",  # applies to the imported architecture
+        "--config.model.remat=full",  # applies to the imported architecture
         *ONE_CHUNK,
         f"--workdir={grpo}",
     )
@@ -162,7 +162,7 @@ def test_hf_checkpoint_sft_dpo_grpo_export_chain(tmp_path):
         original = os.path.join(tokenizer_dir, "tokenizer.json")
         with open(copied) as f, open(original) as g:
             assert f.read() == g.read()
-    assert read_json(grpo, "model.json")["model"]["remat"] is True
+    assert read_json(grpo, "model.json")["model"]["remat"] == "full"
     assert read_json(dpo, "summary.json")["init_from"] == f"run {sft}"
 
     tokenizer = load_tokenizer(out)

@@ -84,8 +84,12 @@ class ModelConfig:
     rope_attention_factor: float | None = None  # yarn: cos/sin scale; None: 0.1 ln(factor) + 1
 
     def __post_init__(self) -> None:
+        # The older boolean field, as Python or as a command-line string.
+        legacy = {"true": "full", "false": "none"}
         if isinstance(self.remat, bool):
             object.__setattr__(self, "remat", "full" if self.remat else "none")
+        elif isinstance(self.remat, str) and self.remat.lower() in legacy:
+            object.__setattr__(self, "remat", legacy[self.remat.lower()])
         require(
             self.remat in REMAT_POLICIES,
             "remat",
