@@ -32,39 +32,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from experiments.benchmarks.lm_shapes import MODEL_SHAPES
 from jaxrl.lm.model import ModelConfig, init_params
 from jaxrl.lm.sampler import SamplingConfig, generate
 
-SHAPES = {
-    "tiny": dict(
-        vocab_size=512,
-        hidden_size=256,
-        intermediate_size=688,
-        num_layers=4,
-        num_heads=4,
-        num_kv_heads=2,
-    ),
-    "smollm2": dict(
-        vocab_size=49_152,
-        hidden_size=576,
-        intermediate_size=1536,
-        num_layers=30,
-        num_heads=9,
-        num_kv_heads=3,
-        tie_embeddings=True,
-        rope_theta=100_000.0,
-    ),
-    "1.7b": dict(
-        vocab_size=49_152,
-        hidden_size=2048,
-        intermediate_size=8192,
-        num_layers=24,
-        num_heads=32,
-        num_kv_heads=32,
-        tie_embeddings=True,
-        rope_theta=130_000.0,
-    ),
-}
+SHAPES = {name: MODEL_SHAPES[name] for name in ("tiny", "smollm2", "1.7b")}
 
 
 def _best_time(fn: Any, *args: Any, repeats: int) -> float:

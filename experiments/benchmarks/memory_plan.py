@@ -32,50 +32,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from experiments.benchmarks.lm_shapes import MODEL_SHAPES  # noqa: E402
+
 GIB = 1 << 30
 
 SHAPES: dict[str, dict[str, Any]] = {
-    "smollm2": dict(
-        model=dict(
-            vocab_size=49_152,
-            hidden_size=576,
-            intermediate_size=1536,
-            num_layers=30,
-            num_heads=9,
-            num_kv_heads=3,
-            tie_embeddings=True,
-            rope_theta=100_000.0,
-        ),
-        prompts=4,
-        lora_rank=0,
-    ),
-    "1.7b": dict(
-        model=dict(
-            vocab_size=49_152,
-            hidden_size=2048,
-            intermediate_size=8192,
-            num_layers=24,
-            num_heads=32,
-            num_kv_heads=32,
-            tie_embeddings=True,
-            rope_theta=130_000.0,
-        ),
-        prompts=4,
-        lora_rank=0,
-    ),
-    "7b-lora": dict(
-        model=dict(
-            vocab_size=32_000,
-            hidden_size=4096,
-            intermediate_size=11_008,
-            num_layers=32,
-            num_heads=32,
-            num_kv_heads=32,
-            tie_embeddings=False,
-        ),
-        prompts=2,
-        lora_rank=16,
-    ),
+    "smollm2": dict(model=MODEL_SHAPES["smollm2"], prompts=4, lora_rank=0),
+    "1.7b": dict(model=MODEL_SHAPES["1.7b"], prompts=4, lora_rank=0),
+    "7b-lora": dict(model=MODEL_SHAPES["7b"], prompts=2, lora_rank=16),
 }
 
 

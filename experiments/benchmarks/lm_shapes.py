@@ -1,0 +1,48 @@
+"""The model shapes the language-model benchmarks build with random weights (the fields of
+`jaxrl.lm.model.ModelConfig`): the peers' tiny Llama, SmolLM2-135M-Instruct's shape, the
+SmolLM2-1.7B shape and a 7B Llama. Standard library only, so a driver can read them before it
+imports JAX."""
+
+from __future__ import annotations
+
+from typing import Any
+
+MODEL_SHAPES: dict[str, dict[str, Any]] = {
+    "tiny": dict(
+        vocab_size=512,
+        hidden_size=256,
+        intermediate_size=688,
+        num_layers=4,
+        num_heads=4,
+        num_kv_heads=2,
+    ),
+    "smollm2": dict(
+        vocab_size=49_152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_layers=30,
+        num_heads=9,
+        num_kv_heads=3,
+        tie_embeddings=True,
+        rope_theta=100_000.0,
+    ),
+    "1.7b": dict(
+        vocab_size=49_152,
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_layers=24,
+        num_heads=32,
+        num_kv_heads=32,
+        tie_embeddings=True,
+        rope_theta=130_000.0,
+    ),
+    "7b": dict(
+        vocab_size=32_000,
+        hidden_size=4096,
+        intermediate_size=11_008,
+        num_layers=32,
+        num_heads=32,
+        num_kv_heads=32,
+        tie_embeddings=False,
+    ),
+}
