@@ -564,6 +564,8 @@ def make_rollout(
             sample_key,
             drawn // config.batch_size,
         )
+        # One count over the parts (it is per call, not per row).
+        completion = completion._replace(prefilled_tokens=jnp.sum(completion.prefilled_tokens))
 
         rewards, metrics = penalised_rewards(grouped, completion, hp)
         greedy_rewards = None
@@ -587,7 +589,7 @@ def make_rollout(
             completion_length=completion.lengths.mean(),
             ended_with_eos=ended_with_eos.mean(),
             # Prompt tokens the prefill ran: each drawn prompt once, not once per sample.
-            prefilled_tokens=jnp.sum(completion.prefilled_tokens),
+            prefilled_tokens=completion.prefilled_tokens,
         )
         if config.dynamic_sampling:
             kept, selection_metrics = keep_varied_groups(
