@@ -128,8 +128,8 @@ def main(argv: list[str]) -> None:
         if flag.value is not None and not math.isfinite(flag.value):
             fail(f"--{flag.name}: must be a finite number, got {flag.value}; give a return")
     if (_REF_MIN.value is None) != (_REF_MAX.value is None):
-        fail("--ref_min_return and --ref_max_return: give both (a random and an expert return) "
-             "or neither")  # fmt: skip
+        fail("--ref_min_return and --ref_max_return: only one is given; give both (a random "
+             "and an expert return) or neither")  # fmt: skip
     if _REF_MIN.value is not None and _REF_MIN.value == _REF_MAX.value:
         fail("--ref_min_return and --ref_max_return are equal; scores would be undefined")
     random_policy = _POLICY.value == "random"

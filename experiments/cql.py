@@ -82,8 +82,8 @@ def reference_returns(flat: Any, metadata: dict[str, Any]) -> tuple[float | None
     expert_return = flat.reference.expert_return
     if (random_return is None) != (expert_return is None):
         runner.fail(
-            "config.reference: give both random_return and expert_return, or neither (the "
-            "dataset's metadata then gives them, if it has them)"
+            "config.reference: only one of random_return and expert_return is given; give "
+            "both, or neither (the dataset's metadata then gives them, if it has them)"
         )
     if random_return is None:
         random_return = metadata.get("reference_min_return")
@@ -113,8 +113,8 @@ def main(argv: list[str]) -> None:
             runner.fail(f"config.reference.{name}: must be a finite number, got {value}; give one")
     if (flat.reference.random_return is None) != (flat.reference.expert_return is None):
         runner.fail(
-            "config.reference: give both random_return and expert_return, or neither (the "
-            "dataset's metadata then gives them, if it has them)"
+            "config.reference: only one of random_return and expert_return is given; give "
+            "both, or neither (the dataset's metadata then gives them, if it has them)"
         )
     bc_config = None
     if flat.bc.enabled:

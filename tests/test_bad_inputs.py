@@ -364,7 +364,7 @@ CASES = [
     (
         "cql.py",
         "--config.reference.random_return=1 --config.dataset.path=x",
-        "config.reference: give both random_return and expert_return, or neither",
+        "config.reference: only one of random_return and expert_return is given; give both",
     ),
     (
         "collect.py",
@@ -379,7 +379,7 @@ CASES = [
     (
         "collect.py",
         "--env=Pendulum-v1 --policy=random --ref_min_return=-1200",
-        "--ref_min_return and --ref_max_return: give both",
+        "--ref_min_return and --ref_max_return: only one is given; give both",
     ),
     ("compare.py", "tests --out_dir=README.md", "--out_dir=README.md: is a file, not a directory"),
     ("generate.py", "--prompt=hi", "--model: missing"),
