@@ -80,9 +80,9 @@ def sample_token(logits: Array, key: Array, config: SamplingConfig) -> tuple[Arr
     Sampling inverts the cumulative distribution with one uniform draw per row: the token is
     the first whose running mass reaches u * total. That is the same distribution as the
     Gumbel-max trick (`jax.random.categorical`), which draws a number per row *and vocabulary
-    entry*: on CPU those draws cost more than the whole model at batch 32. Greedy decoding takes
-    the first index of the maximum with two plain reductions (XLA:CPU's fused argmax reduction
-    is several times slower over a vocabulary)."""
+    entry*: on this 2-core CPU those draws took 32-57 ms per step at batch 32 over SmolLM2's
+    vocabulary (the CDF inversion 4.3 ms), on a machine under load. Greedy decoding takes the
+    first index of the maximum with two plain reductions rather than XLA's fused argmax."""
     scaled = logits if config.temperature == 0 else logits / config.temperature
     vocab = scaled.shape[-1]
     peak = jnp.max(scaled, axis=-1, keepdims=True)
