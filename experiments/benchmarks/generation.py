@@ -10,8 +10,11 @@ extra steps is the time of one decode step. The roofline of a step is the larger
 - the time of the step's matrix products at the matmul peak measured here (a large `jnp.dot` in
   the compute dtype),
 
-so `ratio = step / roofline` says how far decoding is from what this machine allows. EOS is an id
-outside the vocabulary, so every row decodes every step.
+so `ratio = step / roofline` says how far decoding is from what this machine allows. Beside it,
+the step's weight products alone (every projection, MLP and head product at the step's shapes,
+nothing else) through XLA: how close this machine's compiled kernels get to that roofline, the
+floor a decode step built from them cannot go below. EOS is an id outside the vocabulary, so every
+row decodes every step.
 
     python experiments/benchmarks/generation.py --model smollm2 --batches 1,4,32,128
     python experiments/benchmarks/generation.py --model 1.7b --dtype bfloat16 --batches 1,32,128
@@ -69,6 +72,41 @@ def step_matmul_flops(model: ModelConfig, batch: int, context: float) -> float:
     return batch * model.flops_per_token(int(context))
 
 
+def time_weight_products(model: ModelConfig, params: Any, batch: int, repeats: int) -> float:
+    """Seconds per step of a decode step's weight products alone: every layer's projections and
+    MLP and the head, on [batch, hidden] activations through XLA at the sampler's shapes and
+    layout (stacked layers, scanned), without attention, cache, norms or sampling. What this
+    machine's XLA kernels allow a step at best, beside the roofline."""
+    d, steps = model.hidden_size, 16
+    layers = params["layers"]
+    weights = (
+        layers["attention"]["q_kernel"].reshape(model.num_layers, d, -1),
+        layers["attention"]["k_kernel"].reshape(model.num_layers, d, -1),
+        layers["attention"]["v_kernel"].reshape(model.num_layers, d, -1),
+        layers["attention"]["o_kernel"].reshape(model.num_layers, -1, d),
+        layers["mlp"]["gate_kernel"],
+        layers["mlp"]["up_kernel"],
+        layers["mlp"]["down_kernel"],
+    )
+    head = params["embedding"] if model.tie_embeddings else params["lm_head"]
+    tiny = 1e-30  # keeps every product live without changing x
+
+    def layer(x: jax.Array, w: tuple) -> tuple[jax.Array, None]:
+        q, k, v, o, gate, up, down = w
+        unused = (x @ k).sum(-1, keepdims=True) + (x @ v).sum(-1, keepdims=True)
+        x = x + (x @ q) @ o + tiny * unused
+        return x + ((x @ gate) * (x @ up)) @ down, None
+
+    def step(_: int, x: jax.Array) -> jax.Array:
+        x, _ = jax.lax.scan(layer, x, weights)
+        logits = x @ head.T if model.tie_embeddings else x @ head
+        return x + tiny * logits[:, :d]
+
+    run = jax.jit(lambda x: jax.lax.fori_loop(0, steps, step, x))
+    x = jnp.full((batch, d), 0.01, model.dtype)
+    return _best_time(run, x, repeats=repeats) / steps
+
+
 def time_decoding(
     model: ModelConfig, params: Any, batch: int, prompt_length: int, new_tokens: int, repeats: int
 ) -> dict[str, float]:
@@ -121,7 +159,10 @@ def main() -> None:
         f"bandwidth {bandwidth / 1e9:.1f} GB/s (weights read in {read_ms:.1f} ms), "
         f"matmul peak {peak / 1e9:.0f} GFLOP/s; {jax.devices()[0].device_kind}"
     )
-    print("batch  step ms  roofline ms  ratio  tokens/s  (weights+KV ms, matmul ms)  compile s")
+    print(
+        "batch  step ms  roofline ms  ratio  tokens/s  (weights+KV ms, matmul ms)  "
+        "weight products alone ms (ratio)  compile s"
+    )
     rows = []
     for batch in (int(b) for b in args.batches.split(",")):
         timing = time_decoding(
@@ -134,6 +175,7 @@ def main() -> None:
         read_ms = 1e3 * (weight_bytes + kv_bytes) / bandwidth
         matmul_ms = 1e3 * step_matmul_flops(model, batch, context) / peak
         roofline = max(read_ms, matmul_ms)
+        products_ms = 1e3 * time_weight_products(model, params, batch, args.repeats)
         row = dict(
             batch=batch,
             **timing,
@@ -142,12 +184,14 @@ def main() -> None:
             roofline_ms=roofline,
             ratio=timing["step_ms"] / roofline,
             tokens_per_s=1e3 * batch / timing["step_ms"],
+            weight_products_ms=products_ms,
+            weight_products_ratio=products_ms / roofline,
         )
         rows.append(row)
         print(
             f"{batch:5d}  {row['step_ms']:7.2f}  {roofline:11.2f}  {row['ratio']:5.2f}  "
             f"{row['tokens_per_s']:8.0f}  ({read_ms:.2f}, {matmul_ms:.2f})  "
-            f"{timing['compile_s']:.1f}",
+            f"{products_ms:.2f} ({row['weight_products_ratio']:.2f})  {timing['compile_s']:.1f}",
             flush=True,
         )
     if args.json:

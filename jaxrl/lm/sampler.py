@@ -141,7 +141,7 @@ def generate(
         {"params": params}, prompt_tokens, positions, prompt_mask, cache, logits_for_last=1
     )
     if group_size > 1:
-        # The cache's batch axis is 1 for keys and values ([layers, B, S, ...]), 0 otherwise.
+        # The cache's batch axis is 1 for keys and values ([layers, B, ...]), 0 otherwise.
         def share(x: Array, axis: int = 0) -> Array:
             return jnp.repeat(x, group_size, axis=axis, total_repeat_length=batch)
 
