@@ -299,6 +299,32 @@ def test_host_reward_runs_through_io_callback_on_a_mesh():
     assert seen["answers"] == [TASK.answer(p) for p in problems]
 
 
+def test_host_reward_callback_works_on_numpy_rows():
+    """The host reward's callback turns its arguments into NumPy before decoding them. Iterating
+    the jax.Arrays it receives dispatched a JAX computation from inside the running program,
+    which hung the SmolLM2 word_problems run for good in a process pinned to one core (the
+    callback held the CPU runtime's only thread)."""
+    seen = []
+
+    class Recording:
+        def __getattr__(self, name):
+            return getattr(TOKENIZER, name)
+
+        def decode(self, ids):
+            seen.append(type(ids))
+            return TOKENIZER.decode(ids)
+
+    def ones(prompts, completions, answer):
+        return [1.0] * len(completions)
+
+    terms = [grpo.host_reward(ones, Recording(), "ones")]
+    config = grpo.Config(batch_size=2, group_size=2, max_new_tokens=2)
+    _, metrics = _run_update(config, None, init_params(TINY, jax.random.key(0)), terms)
+    assert metrics["reward_ones"][-1] == 1.0
+    # every decoded row (prompts, completions, answers) a NumPy array
+    assert seen and set(seen) == {np.ndarray}, set(seen)
+
+
 @pytest.mark.parametrize(
     "rewards, problem",
     [
