@@ -489,7 +489,14 @@ def host_reward(
         columns = {name: [row.columns[name] for row in picked] for name in table.column_names()}
         return score([row.prompt for row in picked], completions, **columns)
 
-    on_host = on_host_digits if table is None else on_host_rows
+    on_rows = on_host_digits if table is None else on_host_rows
+
+    def on_host(*arrays: Any) -> np.ndarray:
+        # NumPy before anything iterates or slices them: the callback gets jax.Arrays, and a
+        # loop over one dispatches a JAX computation (unstack) from inside the running program.
+        # On a CPU whose thread pool has one thread (a process pinned to one core) the callback
+        # holds that thread, the computation waits for it, and the update hangs for good.
+        return on_rows(*(np.asarray(a) for a in arrays))
 
     def call_back(*arrays: Array) -> Array:
         shape = jax.ShapeDtypeStruct(arrays[0].shape[:1], jnp.float32)

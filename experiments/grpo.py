@@ -76,6 +76,8 @@ def main(argv: list[str]) -> None:
         summary["steps_per_second"],
     )  # fmt: skip
     run_dir.write_summary(summary)
+    if run_dir.writes:  # per-problem results beside initial_eval.json's: paired comparisons
+        _lm.write_json(run_dir.file("final_eval.json"), {"correct": final.correct.tolist()})
     title = f"GRPO ({config.variant}) {prompts.name}"
     _prompts.write_plots_and_report(run, prompts, run_dir, initial, final, summary, title)
 

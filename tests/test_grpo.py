@@ -299,6 +299,32 @@ def test_host_reward_runs_through_io_callback_on_a_mesh():
     assert seen["answers"] == [TASK.answer(p) for p in problems]
 
 
+def test_host_reward_callback_works_on_numpy_rows():
+    """The host reward's callback turns its arguments into NumPy before decoding them. Iterating
+    the jax.Arrays it receives dispatched a JAX computation from inside the running program,
+    which hung the SmolLM2 word_problems run for good in a process pinned to one core (the
+    callback held the CPU runtime's only thread)."""
+    seen = []
+
+    class Recording:
+        def __getattr__(self, name):
+            return getattr(TOKENIZER, name)
+
+        def decode(self, ids):
+            seen.append(type(ids))
+            return TOKENIZER.decode(ids)
+
+    def ones(prompts, completions, answer):
+        return [1.0] * len(completions)
+
+    terms = [grpo.host_reward(ones, Recording(), "ones")]
+    config = grpo.Config(batch_size=2, group_size=2, max_new_tokens=2)
+    _, metrics = _run_update(config, None, init_params(TINY, jax.random.key(0)), terms)
+    assert metrics["reward_ones"][-1] == 1.0
+    # every decoded row (prompts, completions, answers) a NumPy array
+    assert seen and set(seen) == {np.ndarray}, set(seen)
+
+
 @pytest.mark.parametrize(
     "rewards, problem",
     [
@@ -331,16 +357,18 @@ def test_unusable_host_rewards_are_recorded_as_one_line_failures(rewards, proble
 
 def test_grpo_learns_reverse_three_digits_from_random_init():
     """The experiments/configs/grpo.py preset, one seed: mean answer reward of the sampled
-    completions over the last 10 of 300 updates must reach 0.8 from under 0.05 (a seed that
-    learns, so the test shows the algorithm can learn, not that every seed does).
+    completions over the last 10 of 300 updates must reach 0.9 from under 0.05.
 
-    The threshold was 0.9 until the language-model engine changed (2026-11-25: the layers a scan
-    with per-layer initialisation, sampling by inverting the CDF, remat "none" keeping only named
-    activations). Before it, 3 of 5 seeds reached 0.99 and 2 stalled near 0.5-0.65; after it, in
-    this test's setting (8 simulated devices), seeds 0-4 end at 0.58, 0.76, 0.84, 0.47 and 0.82:
-    more seeds climb but none past 0.9 in 300 updates. Which of the three moved the outcome is
-    not known yet; the README and the closing note of that change say so."""
-    seed = 2
+    The outcome at 300 updates is seed-sensitive under both the old and the new engine: most
+    seeds are still climbing (about 0.8-0.88), some have finished (0.99), some stall near 0.45.
+    Any change of the random streams or of float rounding (the layer scan and the inverse-CDF
+    sampler of 2026-11-25, even the number of simulated devices) redraws which seed lands
+    where. Measured in the test's own path: before the engine change (1898f4e, one device)
+    seeds 0-5 ended at 0.83, 0.997, 0.47, 0.79, 0.88, 0.41; after it (8 simulated devices, this
+    test's setting) seeds 0-5 at 0.58, 0.76, 0.84, 0.47, 0.82, 0.996. Seed 5 is one that
+    finishes; if a change of the engine's numerics moves it, pick another that does and say
+    so, rather than lowering the threshold."""
+    seed = 5
     from experiments.configs.grpo import get_config
     from experiments.configs.lm import for_start
 
@@ -357,4 +385,4 @@ def test_grpo_learns_reverse_three_digits_from_random_init():
         state, metrics = run(state, None, hp)
         rewards.extend(np.asarray(metrics["reward_task"]).tolist())
     assert rewards[0] < 0.05
-    assert np.mean(rewards[-10:]) >= 0.8, rewards[::25]
+    assert np.mean(rewards[-10:]) >= 0.9, rewards[::25]
