@@ -135,6 +135,35 @@ def validate_dynamic_sampling(config: Any) -> None:
     )
 
 
+def validate_rollout_mode(config: Any) -> None:
+    """Check rollout_mode, rollout_budget and max_staleness (and what partial mode cannot do
+    yet); the partial-mode checks live with it in `algos.partial`."""
+    require(
+        config.rollout_mode != "async",
+        "rollout_mode",
+        "async (generation and training on disjoint parts of the mesh) is not built yet",
+        "use sync or partial",
+    )
+    require(
+        config.rollout_mode in ("sync", "partial"),
+        "rollout_mode",
+        f"unknown mode {config.rollout_mode!r}",
+        "choose sync or partial",
+    )
+    if config.rollout_mode == "partial":
+        from algos import partial  # it builds on this module
+
+        partial.validate(config)
+        return
+    for name in ("rollout_budget", "max_staleness"):
+        require(
+            getattr(config, name) == 0,
+            name,
+            f"got {getattr(config, name)!r}, but it is read only with rollout_mode=partial",
+            "set rollout_mode=partial, or drop it",
+        )
+
+
 @dataclasses.dataclass(frozen=True)
 class Config(training.TrainConfig):
     """GRPO settings on top of the shared optimisation ones. `batch_size` counts prompts per
@@ -168,6 +197,14 @@ class Config(training.TrainConfig):
     # A one-line warning when more than half the drawn groups carry no signal (all rewards
     # equal) in this many consecutive updates; 0 never warns.
     warn_no_signal_updates: int = 3
+    # How generation meets training (issue 39). "sync": every update samples its completions to
+    # the end. "partial" (APRIL's partial rollouts, `algos.partial`): every update decodes at
+    # most rollout_budget steps; groups whose completions all ended train, unfinished ones keep
+    # their KV-cache slot and continue in the next update, freed slots take new prompts.
+    rollout_mode: str = "sync"
+    rollout_budget: int = 0  # decode steps per update in partial mode; 0 means max_new_tokens
+    # The oldest policy a trained token may come from, in updates (AReaL's max offpolicyness).
+    max_staleness: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mesh_shape", tuple(self.mesh_shape))
@@ -215,6 +252,7 @@ class Config(training.TrainConfig):
         require(self.warmup_steps >= 0, "warmup_steps", f"got {self.warmup_steps}", "use 0 or more")
         require(self.weight_decay >= 0, "weight_decay", f"got {self.weight_decay}", "use 0 or more")
         validate_dynamic_sampling(self)
+        validate_rollout_mode(self)
         SamplingConfig(  # validates temperature / top_k / top_p
             self.max_new_tokens, 0, 0, self.temperature, self.top_k, self.top_p
         )
@@ -857,6 +895,10 @@ def make(
     means (`loss`, `clip_fraction`, `entropy`, `kl`, `grad_norm`). With config.lora_rank > 0
     only LoRA adapters train and sampling uses the merged parameters (the state's `params`).
     """
+    if config.rollout_mode == "partial":
+        from algos import partial  # it builds on this module
+
+        return partial.make(config, model, task, params, mesh)
     check_memory(config, model, task)
     rollout = make_rollout(config, model, task, mesh)
     monitor = None

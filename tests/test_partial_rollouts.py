@@ -87,3 +87,119 @@ def test_log_prob_mismatch_is_over_the_marked_tokens():
     got = grpo.log_prob_mismatch(sampler, trainer, mask)
     np.testing.assert_allclose(float(got["logprob_mismatch_mean"]), (0.1 + 0.5 + 0.2) / 5, 1e-6)
     np.testing.assert_allclose(float(got["logprob_mismatch_max"]), 0.5, 1e-6)
+
+
+# --- partial rollouts --------------------------------------------------------------------------
+
+import dataclasses  # noqa: E402
+
+from envs.text import make_task  # noqa: E402
+from envs.text.task import RewardTerm  # noqa: E402
+from jaxrl import hparams  # noqa: E402
+from jaxrl.config import ConfigError  # noqa: E402
+from jaxrl.lm.model import ModelConfig, init_params  # noqa: E402
+from jaxrl.lm.tokenizer import ByteTokenizer  # noqa: E402
+
+TINY = ModelConfig(
+    vocab_size=260, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
+    num_kv_heads=2, max_position_embeddings=64,
+)  # fmt: skip
+# A dense reward (the fraction of even token ids), so that every update's gradient is signal
+# and the parameters move (the untrained model scores 0 on the answer everywhere).
+EVEN = RewardTerm("even", 1.0, lambda prompts, c: jnp.mean((c.tokens % 2 == 0) & c.mask, axis=1))
+TEXT_TASK = (
+    make_task("reverse_digits", num_digits=3)
+    .text_task(ByteTokenizer())
+    ._replace(reward_terms=(EVEN,))
+)
+
+
+def _updates(config, count, params=None, seed=3):
+    """`count` updates one by one; the states after each."""
+    params = init_params(TINY, jax.random.key(0)) if params is None else params
+    algorithm = grpo.make(config, TINY, TEXT_TASK, params)
+    hp = hparams.hparams(config)
+    state = algorithm.init(jax.random.PRNGKey(seed), hp)
+    update = jax.jit(algorithm.update)
+    states, metrics = [], []
+    for _ in range(count):
+        state, m = update(state, None, hp)
+        states.append(state)
+        metrics.append(jax.device_get(m))
+    return states, metrics
+
+
+def test_partial_with_bound_zero_equals_synchronous_grpo():
+    """Staleness 0 (so the budget covers max_new_tokens): the same samples in every update and
+    the same parameters after it, bit for bit, as synchronous GRPO."""
+    sync = grpo.Config(batch_size=4, group_size=4, max_new_tokens=6, learning_rate=3e-3)
+    partial = dataclasses.replace(sync, rollout_mode="partial", rollout_budget=8)
+    sync_states, sync_metrics = _updates(sync, 3)
+    partial_states, partial_metrics = _updates(partial, 3)
+    rollout = jax.jit(grpo.make_rollout(sync, TINY, TEXT_TASK), static_argnums=())
+    hp = hparams.hparams(sync)
+    params = init_params(TINY, jax.random.key(0))
+    for i, (want, got) in enumerate(zip(sync_states, partial_states, strict=True)):
+        key = jax.random.split(jax.random.fold_in(want.key, i))[0]
+        batch, _ = rollout(params, key, hp)
+        np.testing.assert_array_equal(got.slots.tokens, batch["tokens"][:, -6:])
+        np.testing.assert_array_equal(got.slots.mask, batch["completion_mask"])
+        for a, b in zip(jax.tree.leaves(want.params), jax.tree.leaves(got.params), strict=True):
+            np.testing.assert_array_equal(a, b)
+        before, after = jax.tree.leaves(params), jax.tree.leaves(want.params)
+        moved = max(np.abs(a - b).max() for a, b in zip(before, after, strict=True))
+        assert moved > 1e-4  # the update did change the parameters
+        params = want.params
+        assert partial_metrics[i]["trained_groups"] == 4
+        assert partial_metrics[i]["staleness_max"] == 0
+        np.testing.assert_allclose(partial_metrics[i]["reward"], sync_metrics[i]["reward"], 1e-6)
+        np.testing.assert_allclose(partial_metrics[i]["loss"], sync_metrics[i]["loss"], 1e-6)
+        # The sampler's and the trainer's log-probs of the same tokens under the same
+        # parameters: float rounding in fp32, the same figure in both modes.
+        for name in ("logprob_mismatch_mean", "logprob_mismatch_max"):
+            assert partial_metrics[i][name] == sync_metrics[i][name]
+        assert partial_metrics[i]["logprob_mismatch_max"] < 1e-5
+
+
+def test_staleness_never_exceeds_the_bound_and_groups_carry_over():
+    config = grpo.Config(
+        batch_size=4, group_size=4, max_new_tokens=12, learning_rate=3e-3,
+        rollout_mode="partial", rollout_budget=4, max_staleness=2, temperature=1.5,
+    )  # fmt: skip
+    states, metrics = _updates(config, 8)
+    ages = [m["staleness_max"] for m in metrics]
+    assert max(ages) <= 2, ages
+    assert max(ages) >= 1, ages  # some groups did carry over
+    assert all(m["dropped_groups"] == 0 for m in metrics)
+    trained = sum(m["trained_groups"] for m in metrics)
+    assert trained >= 4, trained
+    for m in metrics:
+        assert m["decode_steps"] <= 4
+        assert 0 <= m["offpolicy_token_fraction"] <= 1
+        histogram = sum(m[f"staleness_{age}"] for age in range(3))
+        assert m["trained_tokens"] == 0 or abs(histogram - 1) < 1e-6
+        # The sampler's and the trainer's log-probs of the same token under the same
+        # parameters agree to float rounding (fp32).
+        assert m["logprob_mismatch_max"] < 1e-4, m["logprob_mismatch_max"]
+    # Every version a carried token records is one of the updates so far.
+    last = states[-1].slots
+    assert np.all(np.asarray(last.versions)[np.asarray(last.mask)] < len(states))
+
+
+@pytest.mark.parametrize(
+    "settings, field",
+    [
+        (dict(rollout_mode="async"), "rollout_mode"),
+        (dict(rollout_mode="later"), "rollout_mode"),
+        (dict(rollout_budget=4), "rollout_budget"),
+        (dict(max_staleness=1), "max_staleness"),
+        (dict(rollout_mode="partial", rollout_budget=-1), "rollout_budget"),
+        (dict(rollout_mode="partial", rollout_budget=2, max_new_tokens=8), "max_staleness"),
+        (dict(rollout_mode="partial", dynamic_sampling=True), "rollout_mode"),
+        (dict(rollout_mode="partial", variant="remax"), "rollout_mode"),
+        (dict(rollout_mode="partial", lora_rank=4), "rollout_mode"),
+    ],
+)
+def test_rollout_config_errors_name_the_field(settings, field):
+    with pytest.raises(ConfigError, match=f"^{field}:"):
+        grpo.Config(**settings)
