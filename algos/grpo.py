@@ -155,7 +155,7 @@ def validate_rollout_mode(config: Any) -> None:
 
         partial.validate(config)
         return
-    for name in ("rollout_budget", "max_staleness"):
+    for name in ("rollout_budget", "rollout_groups", "max_staleness"):
         require(
             getattr(config, name) == 0,
             name,
@@ -203,6 +203,9 @@ class Config(training.TrainConfig):
     # their KV-cache slot and continue in the next update, freed slots take new prompts.
     rollout_mode: str = "sync"
     rollout_budget: int = 0  # decode steps per update in partial mode; 0 means max_new_tokens
+    # Prompt groups decoded at once in partial mode (APRIL's over-provisioning): decoding stops
+    # once batch_size of them have ended, which train; 0 means batch_size.
+    rollout_groups: int = 0
     # The oldest policy a trained token may come from, in updates (AReaL's max offpolicyness).
     max_staleness: int = 0
 

@@ -68,7 +68,7 @@ def budget(config: Any) -> int:
 
 def validate(config: Any) -> None:
     """Partial mode's checks on a GRPO Config (called from its __post_init__)."""
-    for name in ("rollout_budget", "max_staleness"):
+    for name in ("rollout_budget", "rollout_groups", "max_staleness"):
         value = getattr(config, name)
         require(
             isinstance(value, int) and not isinstance(value, bool) and value >= 0,
@@ -76,6 +76,13 @@ def validate(config: Any) -> None:
             f"got {value!r}",
             "use a whole number, 0 or more",
         )
+    require(
+        config.rollout_groups == 0 or config.rollout_groups >= config.batch_size,
+        "rollout_groups",
+        f"got {config.rollout_groups}, fewer than the batch_size={config.batch_size} groups an "
+        "update trains",
+        f"use 0 (batch_size) or {config.batch_size} or more",
+    )
     require(
         config.lora_rank == 0,
         "rollout_mode",
@@ -180,9 +187,10 @@ def make(
     spec = config.spec
     sampling = config.sampling(task.eos_id, task.pad_id)
     groups, group_size = config.batch_size, config.group_size
-    rows, new_tokens, steps = groups * group_size, config.max_new_tokens, budget(config)
+    slot_groups = config.rollout_groups or groups  # groups decoded at once; batch_size train
+    rows, new_tokens, steps = slot_groups * group_size, config.max_new_tokens, budget(config)
     prompt_shape = jax.eval_shape(
-        lambda key: task.sample_prompts(key, groups, task.data), jax.random.key(0)
+        lambda key: task.sample_prompts(key, slot_groups, task.data), jax.random.key(0)
     )
     prompt_length = prompt_shape.tokens.shape[1]
     where = geometry(prompt_length, new_tokens, steps)
@@ -225,7 +233,7 @@ def make(
             slots.cache,
         )
         cache = dict(cache, index=jnp.asarray(where.start, jnp.int32))
-        fresh = dict(init_cache(model, groups, where.length))
+        fresh = dict(init_cache(model, slot_groups, where.length))
         fresh["index"] = jnp.asarray(where.start - prompt_length, jnp.int32)
         positions = positions_from_mask(prompts.mask.astype(bool))
         logits, fresh = transformer.apply(
@@ -274,7 +282,9 @@ def make(
 
         def unfinished(carry: tuple) -> Array:
             step, _, s = carry
-            return (step < steps) & jnp.any(s.live & ~s.done)
+            # APRIL: stop once batch_size groups have ended, or at the budget.
+            ended = jnp.all((s.live & s.done).reshape(slot_groups, group_size), axis=1)
+            return (step < steps) & jnp.any(s.live & ~s.done) & (ended.sum() < groups)
 
         def one_step(carry: tuple) -> tuple:
             step, key, s = carry
@@ -330,17 +340,27 @@ def make(
         # versions is dropped (see the module docstring; a valid config never has one).
         too_old = slots.live & (version - slots.started > config.max_staleness)
         slots = slots._replace(live=slots.live & ~too_old)
-        prompts = task.sample_prompts(prompt_key, groups, task_data)
+        prompts = task.sample_prompts(prompt_key, slot_groups, task_data)
         refilled = ~slots.live
         slots = refill(slots, generation_params, prompts, version)
         slots = decode(slots, generation_params, sample_key, version)
 
-        # Groups whose rows all ended train now; the rest go on next update.
-        complete = jnp.all((slots.live & slots.done).reshape(groups, group_size), axis=1)
-        trained_rows = jnp.repeat(complete, group_size, total_repeat_length=rows)
-        completion = Completion(slots.tokens, slots.log_probs, slots.mask, slots.length)
-        grouped = sharding.constrain_batch(slots.prompts, mesh)
-        rewards = jnp.zeros((rows,), jnp.float32)
+        # Groups whose rows all ended train now (up to batch_size of them, the oldest first);
+        # the rest go on, or wait, in their slots until the next update.
+        complete = jnp.all((slots.live & slots.done).reshape(slot_groups, group_size), axis=1)
+        order = jnp.where(complete, slots.started[::group_size], jnp.iinfo(jnp.int32).max)
+        chosen = jnp.argsort(order, stable=True)[:groups]
+        chosen_rows = (chosen[:, None] * group_size + jnp.arange(group_size)).reshape(-1)
+        trains = complete[chosen]  # [batch_size] each chosen group ended (else weight 0)
+        freed = jnp.zeros((slot_groups,), bool).at[chosen].set(trains)
+        take = lambda x: jnp.take(x, chosen_rows, axis=0)  # noqa: E731
+        picked = jax.tree.map(take, (slots.prompts, slots.tokens, slots.log_probs, slots.mask))
+        grouped, tokens, log_probs, mask = picked
+        lengths, versions, started = take(slots.length), take(slots.versions), take(slots.started)
+        grouped = sharding.constrain_batch(grouped, mesh)
+        completion = Completion(tokens, log_probs, mask, lengths)
+        trained_rows = jnp.repeat(trains, group_size, total_repeat_length=groups * group_size)
+        rewards = jnp.zeros(lengths.shape, jnp.float32)
         weight = trained_rows.astype(jnp.float32)
         count = jnp.maximum(weight.sum(), 1.0)
         metrics = {}
@@ -349,31 +369,31 @@ def make(
             metrics[f"reward_{term.name}"] = jnp.sum(value * weight) / count
             rewards = rewards + term.weight * value
         rewards = rewards + grpo.overlong_penalty(
-            slots.length, new_tokens, config.overlong_buffer, hp.overlong_penalty
+            lengths, new_tokens, config.overlong_buffer, hp.overlong_penalty
         )
         by_group = rewards.reshape(groups, group_size)
         has_signal = grpo.group_has_signal(by_group)
         advantages = grpo.group_advantages(
             by_group, spec.baseline, spec.scale_by_std, config.std_eps
         )
-        weights = jnp.broadcast_to(complete[:, None], by_group.shape).astype(jnp.float32)
+        weights = jnp.broadcast_to(trains[:, None], by_group.shape).astype(jnp.float32)
         if spec.drop_zero_variance_groups:
             weights = weights * has_signal[:, None]
-        trained_mask = slots.mask & trained_rows[:, None]
+        trained_mask = mask & trained_rows[:, None]
         batch = {
-            "tokens": jnp.concatenate([grouped.tokens, slots.tokens], axis=1),
-            "attention_mask": jnp.concatenate([grouped.mask, slots.mask], axis=1),
-            "completion_mask": slots.mask,
+            "tokens": jnp.concatenate([grouped.tokens, tokens], axis=1),
+            "attention_mask": jnp.concatenate([grouped.mask, mask], axis=1),
+            "completion_mask": mask,
             "advantages": advantages.reshape(-1),
             "weights": weights.reshape(-1),
-            "sampler_log_probs": slots.log_probs,
+            "sampler_log_probs": log_probs,
             # The same parameters sampled these rows' every token and cache entry.
-            "fresh_mask": trained_mask & (slots.started == version)[:, None],
+            "fresh_mask": trained_mask & (started == version)[:, None],
         }
         if config.max_staleness > 0:
             # Older samples: AReaL's decoupled objective. With the bound at 0 every token is
             # the proximal policy's and the loss stays GRPO's, bit for bit.
-            batch["behaviour_log_probs"] = slots.log_probs
+            batch["behaviour_log_probs"] = log_probs
         dropout_key = jax.random.fold_in(
             jax.random.fold_in(state.key, state.step), training.DROPOUT_STREAM
         )
@@ -398,32 +418,34 @@ def make(
             shapes = jax.eval_shape(train, train_state)[1]
             return train_state, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
-        train_state, step_metrics = jax.lax.cond(jnp.any(complete), train, skip, train_state)
+        train_state, step_metrics = jax.lax.cond(jnp.any(trains), train, skip, train_state)
         metrics.update(step_metrics)
 
-        staleness = version - slots.versions
+        staleness = version - versions
         trained_tokens = trained_mask.sum()
-        tokens = jnp.maximum(trained_tokens, 1).astype(jnp.float32)
-        ended_with_eos = jnp.any(slots.mask & (slots.tokens == task.eos_id), axis=1)
+        tokens_count = jnp.maximum(trained_tokens, 1).astype(jnp.float32)
+        trained_groups = jnp.maximum(trains.sum(), 1)
+        ended_with_eos = jnp.any(mask & (tokens == task.eos_id), axis=1)
         metrics.update(
             reward=jnp.sum(rewards * weight) / count,
-            reward_std=jnp.sum(jnp.std(by_group, axis=1, ddof=1) * complete)
-            / jnp.maximum(complete.sum(), 1),
-            zero_variance_fraction=jnp.sum(~has_signal & complete) / jnp.maximum(complete.sum(), 1),
-            completion_length=jnp.sum(slots.length * weight) / count,
+            reward_std=jnp.sum(jnp.std(by_group, axis=1, ddof=1) * trains) / trained_groups,
+            zero_variance_fraction=jnp.sum(~has_signal & trains) / trained_groups,
+            completion_length=jnp.sum(lengths * weight) / count,
             ended_with_eos=jnp.sum(ended_with_eos * weight) / count,
             prefilled_tokens=jnp.sum(refilled) // group_size * prompt_length,
-            trained_groups=complete.sum().astype(jnp.float32),
+            trained_groups=trains.sum().astype(jnp.float32),
+            waiting_groups=(complete.sum() - trains.sum()).astype(jnp.float32),
             trained_tokens=trained_tokens.astype(jnp.float32),
             decode_steps=slots.shift.astype(jnp.float32),
             dropped_groups=too_old.sum().astype(jnp.float32) / group_size,
-            staleness_mean=jnp.sum(staleness * trained_mask) / tokens,
+            staleness_mean=jnp.sum(staleness * trained_mask) / tokens_count,
             staleness_max=jnp.max(jnp.where(trained_mask, staleness, 0)).astype(jnp.float32),
-            offpolicy_token_fraction=jnp.sum((staleness > 0) & trained_mask) / tokens,
+            offpolicy_token_fraction=jnp.sum((staleness > 0) & trained_mask) / tokens_count,
         )
         for age in range(config.max_staleness + 1):
-            metrics[f"staleness_{age}"] = jnp.sum((staleness == age) & trained_mask) / tokens
-        slots = slots._replace(live=slots.live & ~trained_rows)
+            metrics[f"staleness_{age}"] = jnp.sum((staleness == age) & trained_mask) / tokens_count
+        freed_rows = jnp.repeat(freed, group_size, total_repeat_length=rows)
+        slots = slots._replace(live=slots.live & ~freed_rows)
         state = State(train_state.params, train_state.opt_state, state.key, state.step + 1, slots)
         return state, metrics
 

@@ -161,20 +161,27 @@ def test_partial_with_bound_zero_equals_synchronous_grpo():
         assert partial_metrics[i]["logprob_mismatch_max"] < 1e-5
 
 
-def test_staleness_never_exceeds_the_bound_and_groups_carry_over():
+@pytest.mark.parametrize("rollout_groups", [0, 8])
+def test_staleness_never_exceeds_the_bound_and_groups_carry_over(rollout_groups):
+    """Over 8 updates: no trained token older than the bound, some carried over. With as many
+    slots as the batch (0) no group waits, so none is dropped; over-provisioned (8 groups of
+    slots for 4 trained) decoding stops once 4 have ended and at most 4 train."""
     config = grpo.Config(
         batch_size=4, group_size=4, max_new_tokens=12, learning_rate=3e-3,
         rollout_mode="partial", rollout_budget=4, max_staleness=2, temperature=1.5,
+        rollout_groups=rollout_groups,
     )  # fmt: skip
     states, metrics = _updates(config, 8)
     ages = [m["staleness_max"] for m in metrics]
     assert max(ages) <= 2, ages
     assert max(ages) >= 1, ages  # some groups did carry over
-    assert all(m["dropped_groups"] == 0 for m in metrics)
+    if rollout_groups == 0:
+        assert all(m["dropped_groups"] == 0 for m in metrics)
     trained = sum(m["trained_groups"] for m in metrics)
     assert trained >= 4, trained
     for m in metrics:
         assert m["decode_steps"] <= 4
+        assert m["trained_groups"] <= 4
         assert 0 <= m["offpolicy_token_fraction"] <= 1
         histogram = sum(m[f"staleness_{age}"] for age in range(3))
         assert m["trained_tokens"] == 0 or abs(histogram - 1) < 1e-6
@@ -194,6 +201,8 @@ def test_staleness_never_exceeds_the_bound_and_groups_carry_over():
         (dict(rollout_budget=4), "rollout_budget"),
         (dict(max_staleness=1), "max_staleness"),
         (dict(rollout_mode="partial", rollout_budget=-1), "rollout_budget"),
+        (dict(rollout_groups=32), "rollout_groups"),
+        (dict(rollout_mode="partial", batch_size=8, rollout_groups=4), "rollout_groups"),
         (dict(rollout_mode="partial", rollout_budget=2, max_new_tokens=8), "max_staleness"),
         (dict(rollout_mode="partial", dynamic_sampling=True), "rollout_mode"),
         (dict(rollout_mode="partial", variant="remax"), "rollout_mode"),
@@ -262,3 +271,20 @@ def test_checkpoint_mid_rollout_resumes_equal_to_an_uninterrupted_run(tmp_path):
         resumed, _ = update(resumed, None, hp)
     for a, b in zip(jax.tree.leaves(uninterrupted), jax.tree.leaves(resumed), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_repeat_digit_answers_have_long_tailed_lengths():
+    """The long-tailed task: JAX answers equal the host's for every problem; lengths 1 to 32,
+    most of them short."""
+    task = make_task("repeat_digit", num_digits=5)
+    assert task.lengths() == (1, 1, 2, 3, 5, 7, 10, 15, 22, 32)
+    problems = [f"{d}{c}" for d in range(10) for c in range(10)]
+    digits = jnp.asarray(task.problem_digits(problems))
+    answer, length = task.answer_digits(digits)
+    for row, problem in enumerate(problems):
+        want = task.answer(problem)
+        assert int(length[row]) == len(want)
+        assert "".join(map(str, np.asarray(answer[row])[: len(want)])) == want
+    lengths = np.asarray(length)
+    assert np.median(lengths) <= 7 and lengths.max() == 32
+    assert task.prompt("78") == "rep 7x8="
