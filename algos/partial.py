@@ -1,42 +1,44 @@
 """Partial rollouts (APRIL; issue 39): GRPO whose updates never wait for the longest completion.
 
 In synchronous GRPO every update decodes until its longest completion ends, and rows that ended
-early compute padding meanwhile. Here the sampler's state lives in the algorithm's state: B =
-batch_size x group_size slots, each with its KV cache, next-token logits, the tokens generated so
-far and the policy version that sampled each of them. One update, still one compiled program:
+early compute padding meanwhile. Here the sampler's state lives in the algorithm's state:
+rollout_groups x group_size slots (rollout_groups defaults to batch_size; more is APRIL's
+over-provisioning), each with its KV cache, next-token logits, the tokens generated so far and
+the policy version that sampled each of them. One update, still one compiled program:
 
-    free groups  <- groups whose slots hold nothing (at the start, or trained last update) get
-                    new prompts, prefilled once per group into their slots (continuous batching
-                    at fixed shapes: every update prefills batch_size prompts and keeps those
-                    that land in free groups)
-    decode       <- at most `rollout_budget` steps for every unfinished row, or fewer when all
-                    of them end
-    complete     <- a group whose completions have all ended (EOS or max_new_tokens) is scored
-                    and trained on; the others keep their slots and go on next update
-    update       <- GRPO's loss on the complete groups (weights 0 elsewhere); with
-                    max_staleness > 0, AReaL's decoupled objective: the behaviour policy is the
-                    sampler's recorded log-prob, the proximal one the parameters the update
-                    starts from (`grpo.policy_loss`)
+    refill       <- groups whose slots hold nothing (at the start, or trained or dropped last
+                    update) get new prompts, prefilled once per group and shared by its rows
+                    (continuous batching at fixed shapes: every update prefills rollout_groups
+                    prompts and keeps those that land in free groups)
+    decode       <- every unfinished row decodes until the budget (`rollout_budget` steps), or
+                    until batch_size groups have ended and no row risks its staleness bound
+    train        <- the batch_size ended groups that started first (fewer, at weight 0, when
+                    fewer ended) are scored and trained on at GRPO's fixed shapes; ended groups
+                    beyond them wait in their slots; unfinished ones go on next update
+    update       <- GRPO's loss; with max_staleness > 0, AReaL's decoupled objective: the
+                    behaviour policy is the sampler's recorded log-prob, the proximal one the
+                    parameters the update starts from (`grpo.policy_loss`)
 
 The policy version of a token is the update (`state.step`) that sampled it; a trained token's
-staleness is the training update's version minus its own. Refills happen only at an update's
-start and every live row decodes every step, so a group ends at most ceil(max_new_tokens /
-budget) updates after it started: `validate` requires that to be within max_staleness + 1,
-so the bound holds by construction. The update still drops (frees without training) any group
-that would break it -- none can under a valid config, and `dropped_groups` counts them -- since
-training on it would exceed the bound and cutting it short would train on an unfinished
-answer that synchronous GRPO would never score at that length.
+staleness is the training update's version minus its own. `validate` requires a completion of
+max_new_tokens to fit in max_staleness + 1 budgets, and decoding never stops before the budget
+while some row could otherwise miss its bound, so every completion ends in time. A group that
+would still break the bound (an ended group that waited too long for a training slot, with
+over-provisioning) is dropped -- its slot freed without training, counted in `dropped_groups`
+-- rather than trained: training on it would exceed the bound, and cutting a completion short
+would train on an unfinished answer that synchronous GRPO would never score at that length.
 
 The KV cache is used through `init_cache`, the model's apply and its `index` (the column the
 next tokens are written at), never its layout: which axis of each cache array is the batch and
 which the sequence is read off `init_cache`'s shapes. Column order is time order in the cache,
 so the write column cannot wrap around: each update starts by moving the cache left by the
 previous update's decode steps, which puts every carried row's history just before a fixed
-column W and leaves room for budget more steps after it.
+column and leaves room for a budget of steps after it.
 
-With max_staleness 0 (then the budget must cover max_new_tokens) every group starts and ends in
-one update, the samples and the parameters are those of synchronous GRPO, and the loss is GRPO's
-(behaviour == proximal, so no importance weight is applied).
+With max_staleness 0 (then the budget must cover max_new_tokens) and rollout_groups =
+batch_size, every group starts and ends in one update and the samples and the parameters are
+those of synchronous GRPO, bit for bit (behaviour == proximal, so no importance weight is
+applied).
 """
 
 from __future__ import annotations
@@ -282,9 +284,16 @@ def make(
 
         def unfinished(carry: tuple) -> Array:
             step, _, s = carry
-            # APRIL: stop once batch_size groups have ended, or at the budget.
+            # APRIL: stop once batch_size groups have ended, or at the budget -- but not while
+            # a row could still need more steps than the budget gives it in the updates its
+            # staleness bound leaves (max_new_tokens - length > budget x (bound - age)):
+            # stopping then would drop the longest completions and bias training to short ones.
+            alive = s.live & ~s.done
             ended = jnp.all((s.live & s.done).reshape(slot_groups, group_size), axis=1)
-            return (step < steps) & jnp.any(s.live & ~s.done) & (ended.sum() < groups)
+            age = version - s.started
+            at_risk = alive & (new_tokens - s.length > steps * (config.max_staleness - age))
+            enough = (ended.sum() >= groups) & ~jnp.any(at_risk)
+            return (step < steps) & jnp.any(alive) & ~enough
 
         def one_step(carry: tuple) -> tuple:
             step, key, s = carry
