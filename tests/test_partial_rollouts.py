@@ -95,9 +95,9 @@ import dataclasses  # noqa: E402
 
 from envs.text import make_task  # noqa: E402
 from envs.text.task import RewardTerm  # noqa: E402
-from jaxrl import hparams  # noqa: E402
+from jaxrl import hparams, sharding  # noqa: E402
 from jaxrl.config import ConfigError  # noqa: E402
-from jaxrl.lm.model import ModelConfig, Transformer, init_params  # noqa: E402
+from jaxrl.lm.model import ModelConfig, Transformer, init_params, param_shardings  # noqa: E402
 from jaxrl.lm.tokenizer import ByteTokenizer  # noqa: E402
 
 TINY = ModelConfig(
@@ -114,10 +114,12 @@ TEXT_TASK = (
 )
 
 
-def _updates(config, count, params=None, seed=3):
-    """`count` updates one by one; the states after each."""
+def _updates(config, count, params=None, seed=3, mesh=None):
+    """`count` updates one by one (on `mesh`, if given); the states after each."""
     params = init_params(TINY, jax.random.key(0)) if params is None else params
-    algorithm = grpo.make(config, TINY, TEXT_TASK, params)
+    if mesh is not None:
+        params = jax.device_put(params, param_shardings(TINY, mesh))
+    algorithm = grpo.make(config, TINY, TEXT_TASK, params, mesh)
     hp = hparams.hparams(config)
     state = algorithm.init(jax.random.PRNGKey(seed), hp)
     update = jax.jit(algorithm.update)
@@ -159,6 +161,23 @@ def test_partial_with_bound_zero_equals_synchronous_grpo():
         for name in ("logprob_mismatch_mean", "logprob_mismatch_max"):
             assert partial_metrics[i][name] == sync_metrics[i][name]
         assert partial_metrics[i]["logprob_mismatch_max"] < 1e-5
+
+
+def test_partial_with_bound_zero_equals_synchronous_grpo_on_8_devices():
+    """The same on a (2, 2, 2) mesh of 8 simulated devices: partial mode's program against
+    synchronous GRPO's, both sharded the same way."""
+    mesh_shape = (2, 2, 2)
+    sync = grpo.Config(
+        batch_size=4, group_size=4, max_new_tokens=6, learning_rate=3e-3, mesh_shape=mesh_shape
+    )
+    partial = dataclasses.replace(sync, rollout_mode="partial")
+    mesh = sharding.make_mesh(*mesh_shape)
+    sync_states, _ = _updates(sync, 2, mesh=mesh)
+    partial_states, _ = _updates(partial, 2, mesh=mesh)
+    for want, got in zip(sync_states, partial_states, strict=True):
+        wanted, gotten = jax.device_get(want.params), jax.device_get(got.params)
+        for a, b in zip(jax.tree.leaves(wanted), jax.tree.leaves(gotten), strict=True):
+            np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.parametrize("rollout_groups", [0, 8])
