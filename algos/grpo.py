@@ -135,6 +135,35 @@ def validate_dynamic_sampling(config: Any) -> None:
     )
 
 
+def validate_rollout_mode(config: Any) -> None:
+    """Check rollout_mode, rollout_budget and max_staleness (and what partial mode cannot do
+    yet); the partial-mode checks live with it in `algos.partial`."""
+    require(
+        config.rollout_mode != "async",
+        "rollout_mode",
+        "async (generation and training on disjoint parts of the mesh) is not built yet",
+        "use sync or partial",
+    )
+    require(
+        config.rollout_mode in ("sync", "partial"),
+        "rollout_mode",
+        f"unknown mode {config.rollout_mode!r}",
+        "choose sync or partial",
+    )
+    if config.rollout_mode == "partial":
+        from algos import partial  # it builds on this module
+
+        partial.validate(config)
+        return
+    for name in ("rollout_budget", "rollout_groups", "max_staleness"):
+        require(
+            getattr(config, name) == 0,
+            name,
+            f"got {getattr(config, name)!r}, but it is read only with rollout_mode=partial",
+            "set rollout_mode=partial, or drop it",
+        )
+
+
 @dataclasses.dataclass(frozen=True)
 class Config(training.TrainConfig):
     """GRPO settings on top of the shared optimisation ones. `batch_size` counts prompts per
@@ -168,6 +197,17 @@ class Config(training.TrainConfig):
     # A one-line warning when more than half the drawn groups carry no signal (all rewards
     # equal) in this many consecutive updates; 0 never warns.
     warn_no_signal_updates: int = 3
+    # How generation meets training (issue 39). "sync": every update samples its completions to
+    # the end. "partial" (APRIL's partial rollouts, `algos.partial`): every update decodes at
+    # most rollout_budget steps; groups whose completions all ended train, unfinished ones keep
+    # their KV-cache slot and continue in the next update, freed slots take new prompts.
+    rollout_mode: str = "sync"
+    rollout_budget: int = 0  # decode steps per update in partial mode; 0 means max_new_tokens
+    # Prompt groups decoded at once in partial mode (APRIL's over-provisioning): decoding stops
+    # once batch_size of them have ended, which train; 0 means batch_size.
+    rollout_groups: int = 0
+    # The oldest policy a trained token may come from, in updates (AReaL's max offpolicyness).
+    max_staleness: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mesh_shape", tuple(self.mesh_shape))
@@ -215,6 +255,7 @@ class Config(training.TrainConfig):
         require(self.warmup_steps >= 0, "warmup_steps", f"got {self.warmup_steps}", "use 0 or more")
         require(self.weight_decay >= 0, "weight_decay", f"got {self.weight_decay}", "use 0 or more")
         validate_dynamic_sampling(self)
+        validate_rollout_mode(self)
         SamplingConfig(  # validates temperature / top_k / top_p
             self.max_new_tokens, 0, 0, self.temperature, self.top_k, self.top_p
         )
@@ -409,17 +450,33 @@ def policy_loss(
     max_new_tokens: int,
     kl_beta: float | Array = 0.0,
     reference_log_probs: Array | None = None,
+    behaviour_log_probs: Array | None = None,
+    behaviour_weight_cap: float | None = None,
 ) -> tuple[Array, dict[str, Array]]:
     """The clipped surrogate (plus kl_beta x the k3 KL to the reference, when its log-probs are
     given) over [B, N] completion tokens, aggregated as `aggregation` says. advantages: [B] (one
     per sequence) or [B, N] (one per token: a multi-turn episode's turns differ); weights [B];
-    weights 0 leave a sequence out. The ratio is clipped to [1 - clip_low, 1 + clip_high]."""
+    weights 0 leave a sequence out. The ratio is clipped to [1 - clip_low, 1 + clip_high].
+
+    With `behaviour_log_probs` (the log-probs the sampler recorded, possibly from older
+    parameters) this is AReaL's decoupled objective (Fu et al., 2025): `old_log_probs` are then
+    the proximal policy's, the one the clip is taken around, and each token's surrogate is
+    weighted by pi_prox / pi_behav, held constant:
+        -(pi_prox / pi_behav) * min(r * A, clip(r, 1 - lo, 1 + hi) * A),  r = pi / pi_prox.
+    With behaviour == proximal the weight is exactly 1 and this is the loss above. With
+    `behaviour_weight_cap`, tokens whose weight exceeds it leave the loss (AReaL's cap on
+    the behaviour importance weight)."""
     ratio = jnp.exp(log_probs - old_log_probs)
     low, high = 1.0 - clip_low, 1.0 + clip_high
     advantage = advantages if advantages.ndim == 2 else advantages[:, None]
     unclipped = ratio * advantage
     clipped = jnp.clip(ratio, low, high) * advantage
     per_token = -jnp.minimum(unclipped, clipped)
+    if behaviour_log_probs is not None:
+        behaviour_weight = jax.lax.stop_gradient(jnp.exp(old_log_probs - behaviour_log_probs))
+        per_token = per_token * behaviour_weight
+        if behaviour_weight_cap is not None:
+            mask = mask & (behaviour_weight <= behaviour_weight_cap)
     # The clip is active where it changed the minimum: the ratio left the trust region in the
     # direction the advantage rewards.
     was_clipped = ((ratio < low) & (advantage < 0)) | ((ratio > high) & (advantage > 0))
@@ -619,6 +676,10 @@ def make_rollout(
             "completion_mask": completion.mask,
             "advantages": advantages.reshape(-1),
             "weights": weights.reshape(-1),
+            # The sampler's log-probs, for the loss's logprob_mismatch metrics (every token was
+            # sampled by the parameters the update starts from).
+            "sampler_log_probs": completion.log_probs,
+            "fresh_mask": completion.mask,
         }
         return batch, metrics
 
@@ -752,6 +813,15 @@ def log_probs_and_entropy(logits: Array, tokens: Array, temperature: float) -> t
     return log_probs, entropy
 
 
+def log_prob_mismatch(sampler: Array, trainer: Array, mask: Array) -> dict[str, Array]:
+    """The gap between the sampler's log-prob of a token and the trainer's for the same token
+    and parameters, over the [B, N] tokens `mask` marks: logprob_mismatch_mean and _max of
+    |sampler - trainer| (0 where no token is marked)."""
+    gap = jnp.where(mask, jnp.abs(sampler - trainer), 0.0)
+    count = jnp.maximum(mask.sum(), 1)
+    return {"logprob_mismatch_mean": gap.sum() / count, "logprob_mismatch_max": gap.max()}
+
+
 def make_loss(model: Transformer, config: Config) -> Callable[..., tuple[Array, dict]]:
     """`loss_fn(params, batch, hparams) -> (loss, metrics)` on a rollout batch of B completions.
 
@@ -780,7 +850,12 @@ def make_loss(model: Transformer, config: Config) -> Callable[..., tuple[Array, 
             max_new_tokens=config.max_new_tokens,
             kl_beta=hp.kl_beta,
             reference_log_probs=batch.get("reference_log_probs"),
+            # Present when the samples may be older than the proximal policy (partial
+            # rollouts): AReaL's decoupled objective.
+            behaviour_log_probs=batch.get("behaviour_log_probs"),
         )
+        if "sampler_log_probs" in batch:
+            metrics.update(log_prob_mismatch(batch["sampler_log_probs"], old, batch["fresh_mask"]))
         metrics["entropy"] = aggregate(
             entropy, batch["completion_mask"], jnp.ones_like(batch["weights"]), "token_mean", 1
         )
@@ -830,6 +905,10 @@ def make(
     means (`loss`, `clip_fraction`, `entropy`, `kl`, `grad_norm`). With config.lora_rank > 0
     only LoRA adapters train and sampling uses the merged parameters (the state's `params`).
     """
+    if config.rollout_mode == "partial":
+        from algos import partial  # it builds on this module
+
+        return partial.make(config, model, task, params, mesh)
     check_memory(config, model, task)
     rollout = make_rollout(config, model, task, mesh)
     monitor = None

@@ -444,6 +444,42 @@ class Addition(DigitTask):
         return _number_digits(total, self.answer_width)
 
 
+@dataclasses.dataclass(frozen=True)
+class RepeatDigit(DigitTask):
+    """Long-tailed answer lengths (the partial-rollout task of issue 39): `rep 7x8=` -> the
+    digit 7 written `length(8)` times, where code c in 0..9 asks for round(2 ** (num_digits *
+    c / 9)) digits: from 1 to 2 ** num_digits, most answers short and a few long (num_digits=5:
+    1, 1, 2, 3, 5, 7, 10, 15, 22, 32 digits; mean 9.8)."""
+
+    num_digits: int = 5
+    name: ClassVar[str] = "repeat_digit"
+    max_digits: ClassVar[int] = 8
+
+    @property
+    def template(self):
+        return ("rep ", slice(0, 1), "x", slice(1, 2), "=")
+
+    @property
+    def num_inputs(self) -> int:
+        return 2
+
+    @property
+    def answer_width(self) -> int:
+        return 2**self.num_digits
+
+    def lengths(self) -> tuple[int, ...]:
+        """The answer length each code 0..9 asks for."""
+        return tuple(round(2 ** (self.num_digits * code / 9)) for code in range(10))
+
+    def answer(self, problem: str) -> str:
+        return problem[0] * self.lengths()[int(problem[1])]
+
+    def answer_digits(self, digits):
+        length = jnp.asarray(self.lengths(), jnp.int32)[digits[:, 1]]
+        columns = jnp.arange(self.answer_width)
+        return jnp.where(columns < length[:, None], digits[:, :1], 0), length
+
+
 # --- rewards over token arrays -------------------------------------------------------------
 
 
@@ -487,4 +523,7 @@ def format_reward(
     return 0.5 * digit_fraction + 0.5 * stops
 
 
-TASKS = {cls.name: cls for cls in (ReverseDigits, SortDigits, CopyDigits, CountDigit, Addition)}
+TASKS = {
+    cls.name: cls
+    for cls in (ReverseDigits, SortDigits, CopyDigits, CountDigit, Addition, RepeatDigit)
+}

@@ -42,6 +42,18 @@ PRESETS = {
         max_new_tokens=12,
         task=dict(train_jsonl="data/word_problems.jsonl", num_eval=200),
     ),
+    # Long-tailed completion lengths (1 to 32 digits, mean 9.8), the task of partial rollouts
+    # (--config.rollout_mode=partial --config.rollout_budget=12 --config.max_staleness=2), from
+    # an SFT model (`experiments/sft.py --config=experiments/configs/sft.py:repeat_digit`). Its
+    # 100 problems hold out 6 by hash.
+    "repeat_digit": dict(
+        num_steps=200,
+        batch_size=16,
+        group_size=4,
+        learning_rate=1e-4,
+        max_new_tokens=34,
+        task=dict(name="repeat_digit", num_digits=5, held_out="hash", num_train=94, num_eval=6),
+    ),
 }
 # Settings of a preset outside the algorithm's Config: where it starts and how it is rewarded.
 PRESET_SETTINGS = {

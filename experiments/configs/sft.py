@@ -15,6 +15,14 @@ PRESETS = {
         learning_rate=3e-3,
         task=dict(name="addition", num_digits=2, held_out="hash"),
     ),
+    # The starting point of GRPO's repeat_digit preset (long-tailed lengths, partial rollouts).
+    "repeat_digit": dict(
+        num_steps=300,
+        batch_size=64,
+        learning_rate=3e-3,
+        task=dict(name="repeat_digit", num_digits=5, held_out="hash", num_train=94, num_eval=6)
+        | dict(max_length=44),
+    ),
 }
 # SFT on a game's demonstrations (experiments/_games.py), the start of experiments/multiturn.py:
 # a teacher that never contradicts an answer but picks at random among what is still possible,

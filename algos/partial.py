@@ -1,0 +1,461 @@
+"""Partial rollouts (APRIL; issue 39): GRPO whose updates never wait for the longest completion.
+
+In synchronous GRPO every update decodes until its longest completion ends, and rows that ended
+early compute padding meanwhile. Here the sampler's state lives in the algorithm's state:
+rollout_groups x group_size slots (rollout_groups defaults to batch_size; more is APRIL's
+over-provisioning), each with its KV cache, next-token logits, the tokens generated so far and
+the policy version that sampled each of them. One update, still one compiled program:
+
+    refill       <- groups whose slots hold nothing (at the start, or trained or dropped last
+                    update) get new prompts, prefilled once per group and shared by its rows
+                    (continuous batching at fixed shapes: every update prefills rollout_groups
+                    prompts and keeps those that land in free groups)
+    decode       <- every unfinished row decodes until the budget (`rollout_budget` steps), or
+                    until batch_size groups have ended and no row risks its staleness bound
+    train        <- the batch_size ended groups that started first (fewer, at weight 0, when
+                    fewer ended) are scored and trained on at GRPO's fixed shapes; ended groups
+                    beyond them wait in their slots; unfinished ones go on next update
+    update       <- GRPO's loss; with max_staleness > 0, AReaL's decoupled objective: the
+                    behaviour policy is the sampler's recorded log-prob, the proximal one the
+                    parameters the update starts from (`grpo.policy_loss`)
+
+The policy version of a token is the update (`state.step`) that sampled it; a trained token's
+staleness is the training update's version minus its own. `validate` requires a completion of
+max_new_tokens to fit in max_staleness + 1 budgets, and decoding never stops before the budget
+while some row could otherwise miss its bound, so every completion ends in time. A group that
+would still break the bound (an ended group that waited too long for a training slot, with
+over-provisioning) is dropped -- its slot freed without training, counted in `dropped_groups`
+-- rather than trained: training on it would exceed the bound, and cutting a completion short
+would train on an unfinished answer that synchronous GRPO would never score at that length.
+
+The KV cache is used through `init_cache`, the model's apply and its `index` (the column the
+next tokens are written at), never its layout: which axis of each cache array is the batch and
+which the sequence is read off `init_cache`'s shapes. Column order is time order in the cache,
+so the write column cannot wrap around: each update starts by moving the cache left by the
+previous update's decode steps, which puts every carried row's history just before a fixed
+column and leaves room for a budget of steps after it.
+
+With max_staleness 0 (then the budget must cover max_new_tokens) and rollout_groups =
+batch_size, every group starts and ends in one update and the samples and the parameters are
+those of synchronous GRPO, bit for bit (behaviour == proximal, so no importance weight is
+applied).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from algos import grpo
+from envs.text import PromptBatch, TextTask
+from jaxrl import sharding
+from jaxrl.config import require
+from jaxrl.hparams import HParams, static
+from jaxrl.lm import training
+from jaxrl.lm.model import ModelConfig, Transformer, init_cache, positions_from_mask
+from jaxrl.lm.sampler import Completion, generation_copy, sample_token
+from jaxrl.loop import Algorithm
+
+Array = jax.Array
+
+
+def budget(config: Any) -> int:
+    """Decode steps per update: rollout_budget, or max_new_tokens when it is 0 or more."""
+    steps = config.rollout_budget or config.max_new_tokens
+    return min(steps, config.max_new_tokens)
+
+
+def validate(config: Any) -> None:
+    """Partial mode's checks on a GRPO Config (called from its __post_init__)."""
+    for name in ("rollout_budget", "rollout_groups", "max_staleness"):
+        value = getattr(config, name)
+        require(
+            isinstance(value, int) and not isinstance(value, bool) and value >= 0,
+            name,
+            f"got {value!r}",
+            "use a whole number, 0 or more",
+        )
+    require(
+        config.rollout_groups == 0 or config.rollout_groups >= config.batch_size,
+        "rollout_groups",
+        f"got {config.rollout_groups}, fewer than the batch_size={config.batch_size} groups an "
+        "update trains",
+        f"use 0 (batch_size) or {config.batch_size} or more",
+    )
+    require(
+        config.lora_rank == 0,
+        "rollout_mode",
+        "partial rollouts train every parameter for now, not LoRA adapters",
+        "use rollout_mode=sync with LoRA, or lora_rank=0",
+    )
+    require(
+        not config.dynamic_sampling,
+        "rollout_mode",
+        "partial rollouts do not combine with dynamic_sampling yet",
+        "use rollout_mode=sync with dynamic sampling",
+    )
+    require(
+        config.spec.baseline != "greedy",
+        "rollout_mode",
+        "partial rollouts do not generate ReMax's greedy baseline",
+        "use rollout_mode=sync with variant=remax",
+    )
+    updates = math.ceil(config.max_new_tokens / budget(config))
+    require(
+        updates - 1 <= config.max_staleness,
+        "max_staleness",
+        f"a completion of max_new_tokens={config.max_new_tokens} takes {updates} updates of "
+        f"{budget(config)} decode steps, so its first tokens are {updates - 1} versions old when "
+        f"it trains, beyond the bound {config.max_staleness}",
+        f"raise max_staleness to {updates - 1}, or rollout_budget to "
+        f"{math.ceil(config.max_new_tokens / (config.max_staleness + 1))}",
+    )
+
+
+class Slots(NamedTuple):
+    """The carried generation state: B = batch_size x group_size rows, a group's rows adjacent."""
+
+    prompts: PromptBatch  # [B] each row's prompt (and answer, for the rewards)
+    cache: Any  # the model's KV cache for the B rows (`init_cache`)
+    logits: Array  # [B, V] each row's next-token logits
+    position: Array  # [B] the position id of each row's next token
+    length: Array  # [B] tokens generated so far
+    done: Array  # [B] the completion ended (EOS or max_new_tokens)
+    live: Array  # [B] the slot holds a completion not trained on yet (the same for a group)
+    tokens: Array  # [B, N] generated ids, pad after the end
+    log_probs: Array  # [B, N] the sampler's log-prob of each token (the behaviour policy's)
+    mask: Array  # [B, N] generated tokens
+    versions: Array  # [B, N] the policy version (update) that sampled each token
+    started: Array  # [B] the version that prefilled the row's prompt
+    shift: Array  # decode steps of the last update: how far the cache moves left before the next
+
+
+class State(NamedTuple):
+    """GRPO's `TrainState` fields plus the carried rollouts, so checkpoints hold them."""
+
+    params: Any
+    opt_state: Any
+    key: Array
+    step: Array
+    slots: Slots
+
+
+class Geometry(NamedTuple):
+    """Where rows sit in the cache: prompts end (and carried rows' histories end) at column
+    `start`; an update decodes into columns start ... start + budget - 1 < length."""
+
+    start: int
+    length: int
+
+
+def geometry(prompt_length: int, max_new_tokens: int, steps: int) -> Geometry:
+    """A carried row holds a whole number of updates' tokens, fewer than max_new_tokens: at
+    most steps x floor((max_new_tokens - 1) / steps). With steps >= max_new_tokens nothing is
+    carried and the cache is synchronous GRPO's (prompt + max_new_tokens columns)."""
+    carried = steps * ((max_new_tokens - 1) // steps)
+    start = prompt_length + carried
+    return Geometry(start, start + steps)
+
+
+def cache_axes(model: ModelConfig) -> tuple[list, list, Any]:
+    """For each leaf of the model's cache (flattened): its batch axis and its sequence axis
+    (None for a leaf without one), read off `init_cache`'s shapes; and the tree structure."""
+    shape = lambda rows, length: jax.eval_shape(lambda: init_cache(model, rows, length))  # noqa: E731
+    base, treedef = jax.tree.flatten(shape(3, 5))
+    more_rows, longer = jax.tree.leaves(shape(7, 5)), jax.tree.leaves(shape(3, 11))
+
+    def differing(a: Any, b: Any) -> int | None:
+        axes = [i for i, (x, y) in enumerate(zip(a.shape, b.shape, strict=True)) if x != y]
+        return axes[0] if axes else None
+
+    batch = [differing(a, b) for a, b in zip(base, more_rows, strict=True)]
+    sequence = [differing(a, b) for a, b in zip(base, longer, strict=True)]
+    return batch, sequence, treedef
+
+
+def make(
+    config: grpo.Config, model: ModelConfig, task: TextTask, params: Any, mesh: Any = None
+) -> Algorithm:
+    """GRPO with partial rollouts as `init(key, hparams)` and `update(state, inputs, hparams)`
+    (the contract of `grpo.make`, which calls this for rollout_mode=partial). The state is a
+    `State`; update i draws its prompts and samples from fold_in(state.key, i) as GRPO does."""
+    grpo.check_memory(config, model, task)
+    transformer = Transformer(model, mesh=mesh)
+    loss_fn = grpo.make_loss(transformer, config)
+    config = static(config)
+    spec = config.spec
+    sampling = config.sampling(task.eos_id, task.pad_id)
+    groups, group_size = config.batch_size, config.group_size
+    slot_groups = config.rollout_groups or groups  # groups decoded at once; batch_size train
+    rows, new_tokens, steps = slot_groups * group_size, config.max_new_tokens, budget(config)
+    prompt_shape = jax.eval_shape(
+        lambda key: task.sample_prompts(key, slot_groups, task.data), jax.random.key(0)
+    )
+    prompt_length = prompt_shape.tokens.shape[1]
+    where = geometry(prompt_length, new_tokens, steps)
+    batch_axes, sequence_axes, cache_tree = cache_axes(model)
+    base_init = training.make_init(params, config, mesh, model)
+
+    def map_cache(fn: Any, *caches: Any) -> Any:
+        """fn(batch_axis, sequence_axis, *leaves) over the caches' leaves."""
+        leaves = [jax.tree.leaves(c) for c in caches]
+        out = [fn(b, s, *ls) for b, s, *ls in zip(batch_axes, sequence_axes, *leaves, strict=True)]
+        return jax.tree.unflatten(cache_tree, out)
+
+    def empty_slots() -> Slots:
+        per_row = lambda s: jnp.zeros((rows, *s.shape[1:]), s.dtype)  # noqa: E731
+        return Slots(
+            prompts=jax.tree.map(per_row, prompt_shape),
+            cache=init_cache(model, rows, where.length),
+            logits=jnp.zeros((rows, model.vocab_size), jnp.float32),
+            position=jnp.zeros((rows,), jnp.int32),
+            length=jnp.zeros((rows,), jnp.int32),
+            done=jnp.zeros((rows,), bool),
+            live=jnp.zeros((rows,), bool),
+            tokens=jnp.full((rows, new_tokens), task.pad_id, jnp.int32),
+            log_probs=jnp.zeros((rows, new_tokens), jnp.float32),
+            mask=jnp.zeros((rows, new_tokens), bool),
+            versions=jnp.zeros((rows, new_tokens), jnp.int32),
+            started=jnp.zeros((rows,), jnp.int32),
+            shift=jnp.zeros((), jnp.int32),
+        )
+
+    def init(key: Array, hp: HParams) -> State:
+        state = base_init(key, hp)
+        return State(state.params, state.opt_state, state.key, state.step, empty_slots())
+
+    def refill(slots: Slots, generation_params: Any, prompts: PromptBatch, version: Array):
+        """Move the cache left by the last update's steps, then give every free group one of
+        `prompts` (group g the g-th), prefilled once and shared by its rows."""
+        cache = map_cache(
+            lambda b, s, leaf: leaf if s is None else jnp.roll(leaf, -slots.shift, axis=s),
+            slots.cache,
+        )
+        cache = dict(cache, index=jnp.asarray(where.start, jnp.int32))
+        fresh = dict(init_cache(model, slot_groups, where.length))
+        fresh["index"] = jnp.asarray(where.start - prompt_length, jnp.int32)
+        positions = positions_from_mask(prompts.mask.astype(bool))
+        logits, fresh = transformer.apply(
+            {"params": generation_params},
+            prompts.tokens,
+            positions,
+            prompts.mask.astype(bool),
+            fresh,
+            logits_for_last=1,
+        )
+        share = lambda x, axis=0: jnp.repeat(x, group_size, axis, total_repeat_length=rows)  # noqa: E731
+        free = ~slots.live
+
+        def pick(new: Array, old: Array, axis: int = 0) -> Array:
+            shape = [1] * old.ndim
+            shape[axis] = rows
+            return jnp.where(free.reshape(shape), new, old)
+
+        cache = map_cache(
+            lambda b, s, new, old: old if b is None else pick(share(new, b), old, b),
+            fresh,
+            cache,
+        )
+        grouped = jax.tree.map(lambda new, old: pick(share(new), old), prompts, slots.prompts)
+        blank = empty_slots()
+        return Slots(
+            prompts=grouped,
+            cache=cache,
+            logits=pick(share(logits[:, -1]), slots.logits),
+            position=pick(share(positions[:, -1] + 1), slots.position),
+            length=pick(blank.length, slots.length),
+            done=pick(blank.done, slots.done),
+            live=jnp.ones_like(slots.live),
+            tokens=pick(blank.tokens, slots.tokens),
+            log_probs=pick(blank.log_probs, slots.log_probs),
+            mask=pick(blank.mask, slots.mask),
+            versions=pick(blank.versions, slots.versions),
+            started=jnp.where(free, version, slots.started),
+            shift=slots.shift,
+        )
+
+    def decode(slots: Slots, generation_params: Any, key: Array, version: Array) -> Slots:
+        """At most `steps` decode steps for every live, unfinished row; stops early once none
+        is left. Step i samples with the i-th split of `key`, as the synchronous sampler does."""
+        columns = jnp.arange(new_tokens)
+
+        def unfinished(carry: tuple) -> Array:
+            step, _, s = carry
+            # APRIL: stop once batch_size groups have ended, or at the budget -- but not while
+            # a row could still need more steps than the budget gives it in the updates its
+            # staleness bound leaves (max_new_tokens - length > budget x (bound - age)):
+            # stopping then would drop the longest completions and bias training to short ones.
+            alive = s.live & ~s.done
+            ended = jnp.all((s.live & s.done).reshape(slot_groups, group_size), axis=1)
+            age = version - s.started
+            at_risk = alive & (new_tokens - s.length > steps * (config.max_staleness - age))
+            enough = (ended.sum() >= groups) & ~jnp.any(at_risk)
+            return (step < steps) & jnp.any(alive) & ~enough
+
+        def one_step(carry: tuple) -> tuple:
+            step, key, s = carry
+            key, sample_key = jax.random.split(key)
+            token, log_prob = sample_token(s.logits, sample_key, sampling)
+            alive = s.live & ~s.done
+            token = jnp.where(alive, token, sampling.pad_id)
+            here = (columns[None] == s.length[:, None]) & alive[:, None]
+            length = s.length + alive
+            ended = (token == sampling.eos_id) | (length >= new_tokens)
+            logits, cache = transformer.apply(
+                {"params": generation_params},
+                token[:, None],
+                s.position[:, None],
+                alive[:, None],
+                s.cache,
+            )
+            s = s._replace(
+                cache=cache,
+                logits=logits[:, -1],
+                position=s.position + 1,
+                length=length,
+                done=s.done | (alive & ended),
+                tokens=jnp.where(here, token[:, None], s.tokens),
+                log_probs=jnp.where(here, log_prob[:, None], s.log_probs),
+                mask=s.mask | here,
+                versions=jnp.where(here, version, s.versions),
+            )
+            return step + 1, key, s
+
+        taken, _, slots = jax.lax.while_loop(unfinished, one_step, (jnp.int32(0), key, slots))
+        return slots._replace(shift=taken)
+
+    def no_grad_log_probs(params: Any, batch: dict[str, Array]) -> Array:
+        log_probs, _ = grpo.completion_log_probs(transformer, params, batch, config.temperature)
+        return jax.lax.stop_gradient(log_probs)
+
+    def update(state: State, inputs: grpo.Inputs | None, hp: HParams):
+        if inputs is not None and not isinstance(inputs, grpo.Inputs):
+            raise TypeError(
+                f"grpo update: inputs are a {type(inputs).__name__}; pass "
+                "grpo.Inputs(reference_params, task_data), or None"
+            )
+        reference_params, task_data = inputs if inputs is not None else grpo.Inputs()
+        version = state.step
+        # GRPO's key schedule, so that with nothing carried the samples are synchronous GRPO's.
+        rollout_key, shuffle_key = jax.random.split(jax.random.fold_in(state.key, state.step))
+        prompt_key, sample_key = jax.random.split(rollout_key)
+        generation_params = generation_copy(state.params, model)
+
+        slots = state.slots
+        # The staleness bound: a group that would train on tokens older than max_staleness
+        # versions is dropped (see the module docstring; a valid config never has one).
+        too_old = slots.live & (version - slots.started > config.max_staleness)
+        slots = slots._replace(live=slots.live & ~too_old)
+        prompts = task.sample_prompts(prompt_key, slot_groups, task_data)
+        refilled = ~slots.live
+        slots = refill(slots, generation_params, prompts, version)
+        slots = decode(slots, generation_params, sample_key, version)
+
+        # Groups whose rows all ended train now (up to batch_size of them, the oldest first);
+        # the rest go on, or wait, in their slots until the next update.
+        complete = jnp.all((slots.live & slots.done).reshape(slot_groups, group_size), axis=1)
+        order = jnp.where(complete, slots.started[::group_size], jnp.iinfo(jnp.int32).max)
+        chosen = jnp.argsort(order, stable=True)[:groups]
+        chosen_rows = (chosen[:, None] * group_size + jnp.arange(group_size)).reshape(-1)
+        trains = complete[chosen]  # [batch_size] each chosen group ended (else weight 0)
+        freed = jnp.zeros((slot_groups,), bool).at[chosen].set(trains)
+        take = lambda x: jnp.take(x, chosen_rows, axis=0)  # noqa: E731
+        picked = jax.tree.map(take, (slots.prompts, slots.tokens, slots.log_probs, slots.mask))
+        grouped, tokens, log_probs, mask = picked
+        lengths, versions, started = take(slots.length), take(slots.versions), take(slots.started)
+        grouped = sharding.constrain_batch(grouped, mesh)
+        completion = Completion(tokens, log_probs, mask, lengths)
+        trained_rows = jnp.repeat(trains, group_size, total_repeat_length=groups * group_size)
+        rewards = jnp.zeros(lengths.shape, jnp.float32)
+        weight = trained_rows.astype(jnp.float32)
+        count = jnp.maximum(weight.sum(), 1.0)
+        metrics = {}
+        for term in task.reward_terms:
+            value = term.fn(grouped, completion).astype(jnp.float32)
+            metrics[f"reward_{term.name}"] = jnp.sum(value * weight) / count
+            rewards = rewards + term.weight * value
+        rewards = rewards + grpo.overlong_penalty(
+            lengths, new_tokens, config.overlong_buffer, hp.overlong_penalty
+        )
+        by_group = rewards.reshape(groups, group_size)
+        has_signal = grpo.group_has_signal(by_group)
+        advantages = grpo.group_advantages(
+            by_group, spec.baseline, spec.scale_by_std, config.std_eps
+        )
+        weights = jnp.broadcast_to(trains[:, None], by_group.shape).astype(jnp.float32)
+        if spec.drop_zero_variance_groups:
+            weights = weights * has_signal[:, None]
+        trained_mask = mask & trained_rows[:, None]
+        batch = {
+            "tokens": jnp.concatenate([grouped.tokens, tokens], axis=1),
+            "attention_mask": jnp.concatenate([grouped.mask, mask], axis=1),
+            "completion_mask": mask,
+            "advantages": advantages.reshape(-1),
+            "weights": weights.reshape(-1),
+            "sampler_log_probs": log_probs,
+            # The same parameters sampled these rows' every token and cache entry.
+            "fresh_mask": trained_mask & (started == version)[:, None],
+        }
+        if config.max_staleness > 0:
+            # Older samples: AReaL's decoupled objective. With the bound at 0 every token is
+            # the proximal policy's and the loss stays GRPO's, bit for bit.
+            batch["behaviour_log_probs"] = log_probs
+        dropout_key = jax.random.fold_in(
+            jax.random.fold_in(state.key, state.step), training.DROPOUT_STREAM
+        )
+        train_state = training.TrainState(state.params, state.opt_state, state.key, state.step)
+
+        def train(train_state: training.TrainState):
+            trained = dict(batch)
+            if config.reuses_samples:
+                trained["old_log_probs"] = no_grad_log_probs(train_state.params, trained)
+            if reference_params is not None:
+                trained["reference_log_probs"] = no_grad_log_probs(reference_params, trained)
+            train_state, step_metrics = training.minibatch_epochs(
+                lambda p, micro_batch: loss_fn(p, micro_batch, hp), train_state, trained, hp,
+                config, shuffle_key, config.num_epochs, config.num_minibatches, mesh,
+                dropout_key,
+            )  # fmt: skip
+            return train_state, jax.tree.map(jnp.mean, step_metrics)
+
+        def skip(train_state: training.TrainState):
+            # No group ended: no optimizer step (Adam would move the parameters on zero
+            # gradients), and zeros for the step metrics.
+            shapes = jax.eval_shape(train, train_state)[1]
+            return train_state, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+        train_state, step_metrics = jax.lax.cond(jnp.any(trains), train, skip, train_state)
+        metrics.update(step_metrics)
+
+        staleness = version - versions
+        trained_tokens = trained_mask.sum()
+        tokens_count = jnp.maximum(trained_tokens, 1).astype(jnp.float32)
+        trained_groups = jnp.maximum(trains.sum(), 1)
+        ended_with_eos = jnp.any(mask & (tokens == task.eos_id), axis=1)
+        metrics.update(
+            reward=jnp.sum(rewards * weight) / count,
+            reward_std=jnp.sum(jnp.std(by_group, axis=1, ddof=1) * trains) / trained_groups,
+            zero_variance_fraction=jnp.sum(~has_signal & trains) / trained_groups,
+            completion_length=jnp.sum(lengths * weight) / count,
+            ended_with_eos=jnp.sum(ended_with_eos * weight) / count,
+            prefilled_tokens=jnp.sum(refilled) // group_size * prompt_length,
+            trained_groups=trains.sum().astype(jnp.float32),
+            waiting_groups=(complete.sum() - trains.sum()).astype(jnp.float32),
+            trained_tokens=trained_tokens.astype(jnp.float32),
+            decode_steps=slots.shift.astype(jnp.float32),
+            dropped_groups=too_old.sum().astype(jnp.float32) / group_size,
+            staleness_mean=jnp.sum(staleness * trained_mask) / tokens_count,
+            staleness_max=jnp.max(jnp.where(trained_mask, staleness, 0)).astype(jnp.float32),
+            offpolicy_token_fraction=jnp.sum((staleness > 0) & trained_mask) / tokens_count,
+        )
+        for age in range(config.max_staleness + 1):
+            metrics[f"staleness_{age}"] = jnp.sum((staleness == age) & trained_mask) / tokens_count
+        freed_rows = jnp.repeat(freed, group_size, total_repeat_length=rows)
+        slots = slots._replace(live=slots.live & ~freed_rows)
+        state = State(train_state.params, train_state.opt_state, state.key, state.step + 1, slots)
+        return state, metrics
+
+    return Algorithm(init, update)

@@ -1,0 +1,309 @@
+"""Rollouts that never wait (issue 39): AReaL's decoupled PPO objective against a NumPy
+reference written from the paper's formula, and partial rollouts carried across updates."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from algos import grpo
+
+# --- the decoupled objective -----------------------------------------------------------------
+
+
+def np_decoupled_loss(logp, prox, behav, adv, mask, weights, variant, lo, hi, n_max, cap=None):
+    """AReaL (Fu et al., 2025, eq. 5): per token
+    -(pi_prox / pi_behav) * min(r A, clip(r, 1 - lo, 1 + hi) A), r = pi_theta / pi_prox,
+    aggregated like GRPO's loss; tokens whose weight exceeds `cap` are left out."""
+    rows = []
+    for b in range(logp.shape[0]):
+        tokens = []
+        for t in range(logp.shape[1]):
+            weight = np.exp(prox[b, t] - behav[b, t])
+            if not mask[b, t] or (cap is not None and weight > cap):
+                continue
+            r = np.exp(logp[b, t] - prox[b, t])
+            tokens.append(-weight * min(r * adv[b], np.clip(r, 1 - lo, 1 + hi) * adv[b]))
+        rows.append(tokens)
+    kept = [b for b in range(len(rows)) if weights[b] > 0]
+    if variant == "grpo":
+        return np.mean([np.mean(rows[b]) if rows[b] else 0.0 for b in kept])
+    if variant == "dapo":
+        return np.sum([np.sum(rows[b]) for b in kept]) / np.sum([len(rows[b]) for b in kept])
+    return np.sum([np.sum(rows[b]) for b in kept]) / (len(kept) * n_max)
+
+
+def _loss_inputs(seed=1, b=8, n=5):
+    rng = np.random.default_rng(seed)
+    logp = rng.normal(-1.5, 0.5, (b, n)).astype(np.float32)
+    prox = (logp + rng.normal(0, 0.3, (b, n))).astype(np.float32)
+    behav = (prox + rng.normal(0, 0.4, (b, n))).astype(np.float32)  # an older sampler
+    adv = rng.normal(size=b).astype(np.float32)
+    lengths = np.array([5, 3, 1, 4, 5, 2, 5, 3])
+    mask = np.arange(n)[None] < lengths[:, None]
+    weights = np.array([1, 1, 0, 0, 1, 1, 1, 1], np.float32)
+    return logp, prox, behav, adv, mask, weights
+
+
+def _loss(logp, prox, behav, adv, mask, weights, variant, cap=None):
+    return grpo.policy_loss(
+        jnp.asarray(logp), jnp.asarray(prox), jnp.asarray(adv), jnp.asarray(mask),
+        jnp.asarray(weights), clip_low=0.2, clip_high=0.3,
+        aggregation=grpo.VARIANTS[variant].aggregation, max_new_tokens=logp.shape[1],
+        behaviour_log_probs=None if behav is None else jnp.asarray(behav),
+        behaviour_weight_cap=cap,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("variant", ["grpo", "dapo", "dr_grpo"])
+@pytest.mark.parametrize("cap", [None, 2.0])
+def test_decoupled_loss_matches_numpy(variant, cap):
+    logp, prox, behav, adv, mask, weights = _loss_inputs()
+    loss, _ = _loss(logp, prox, behav, adv, mask, weights, variant, cap)
+    want = np_decoupled_loss(logp, prox, behav, adv, mask, weights, variant, 0.2, 0.3, 5, cap)
+    np.testing.assert_allclose(float(loss), want, rtol=1e-5)
+    # The weights matter: the same tokens without them give another loss.
+    plain, _ = _loss(logp, prox, None, adv, mask, weights, variant)
+    assert abs(float(plain) - want) > 1e-3
+
+
+@pytest.mark.parametrize("variant", ["grpo", "dapo", "rloo"])
+def test_decoupled_loss_with_behaviour_equal_to_proximal_is_the_grpo_loss(variant):
+    logp, prox, _, adv, mask, weights = _loss_inputs(seed=2)
+    loss, _ = _loss(logp, prox, prox, adv, mask, weights, variant)
+    plain, _ = _loss(logp, prox, None, adv, mask, weights, variant)
+    assert float(loss) == float(plain)
+    # The gradient with respect to the trained log-probs too.
+    grad = lambda behav: jax.grad(  # noqa: E731
+        lambda lp: _loss(lp, prox, behav, adv, mask, weights, variant)[0]
+    )(jnp.asarray(logp))
+    np.testing.assert_array_equal(np.asarray(grad(prox)), np.asarray(grad(None)))
+
+
+def test_log_prob_mismatch_is_over_the_marked_tokens():
+    sampler = jnp.array([[-1.0, -2.0, -3.0], [-0.5, -0.5, -9.0]])
+    trainer = jnp.array([[-1.1, -2.0, -3.5], [-0.5, -0.7, 0.0]])
+    mask = jnp.array([[True, True, True], [True, True, False]])
+    got = grpo.log_prob_mismatch(sampler, trainer, mask)
+    np.testing.assert_allclose(float(got["logprob_mismatch_mean"]), (0.1 + 0.5 + 0.2) / 5, 1e-6)
+    np.testing.assert_allclose(float(got["logprob_mismatch_max"]), 0.5, 1e-6)
+
+
+# --- partial rollouts --------------------------------------------------------------------------
+
+import dataclasses  # noqa: E402
+
+from envs.text import make_task  # noqa: E402
+from envs.text.task import RewardTerm  # noqa: E402
+from jaxrl import hparams, sharding  # noqa: E402
+from jaxrl.config import ConfigError  # noqa: E402
+from jaxrl.lm.model import ModelConfig, Transformer, init_params, param_shardings  # noqa: E402
+from jaxrl.lm.tokenizer import ByteTokenizer  # noqa: E402
+
+TINY = ModelConfig(
+    vocab_size=260, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
+    num_kv_heads=2, max_position_embeddings=64,
+)  # fmt: skip
+# A dense reward (the fraction of even token ids), so that every update's gradient is signal
+# and the parameters move (the untrained model scores 0 on the answer everywhere).
+EVEN = RewardTerm("even", 1.0, lambda prompts, c: jnp.mean((c.tokens % 2 == 0) & c.mask, axis=1))
+TEXT_TASK = (
+    make_task("reverse_digits", num_digits=3)
+    .text_task(ByteTokenizer())
+    ._replace(reward_terms=(EVEN,))
+)
+
+
+def _updates(config, count, params=None, seed=3, mesh=None):
+    """`count` updates one by one (on `mesh`, if given); the states after each."""
+    params = init_params(TINY, jax.random.key(0)) if params is None else params
+    if mesh is not None:
+        params = jax.device_put(params, param_shardings(TINY, mesh))
+    algorithm = grpo.make(config, TINY, TEXT_TASK, params, mesh)
+    hp = hparams.hparams(config)
+    state = algorithm.init(jax.random.PRNGKey(seed), hp)
+    update = jax.jit(algorithm.update)
+    states, metrics = [], []
+    for _ in range(count):
+        state, m = update(state, None, hp)
+        states.append(state)
+        metrics.append(jax.device_get(m))
+    return states, metrics
+
+
+def test_partial_with_bound_zero_equals_synchronous_grpo():
+    """Staleness 0 (so the budget covers max_new_tokens): the same samples in every update and
+    the same parameters after it, bit for bit, as synchronous GRPO."""
+    sync = grpo.Config(batch_size=4, group_size=4, max_new_tokens=6, learning_rate=3e-3)
+    partial = dataclasses.replace(sync, rollout_mode="partial", rollout_budget=8)
+    sync_states, sync_metrics = _updates(sync, 3)
+    partial_states, partial_metrics = _updates(partial, 3)
+    rollout = jax.jit(grpo.make_rollout(sync, TINY, TEXT_TASK), static_argnums=())
+    hp = hparams.hparams(sync)
+    params = init_params(TINY, jax.random.key(0))
+    for i, (want, got) in enumerate(zip(sync_states, partial_states, strict=True)):
+        key = jax.random.split(jax.random.fold_in(want.key, i))[0]
+        batch, _ = rollout(params, key, hp)
+        np.testing.assert_array_equal(got.slots.tokens, batch["tokens"][:, -6:])
+        np.testing.assert_array_equal(got.slots.mask, batch["completion_mask"])
+        for a, b in zip(jax.tree.leaves(want.params), jax.tree.leaves(got.params), strict=True):
+            np.testing.assert_array_equal(a, b)
+        before, after = jax.tree.leaves(params), jax.tree.leaves(want.params)
+        moved = max(np.abs(a - b).max() for a, b in zip(before, after, strict=True))
+        assert moved > 1e-4  # the update did change the parameters
+        params = want.params
+        assert partial_metrics[i]["trained_groups"] == 4
+        assert partial_metrics[i]["staleness_max"] == 0
+        np.testing.assert_allclose(partial_metrics[i]["reward"], sync_metrics[i]["reward"], 1e-6)
+        np.testing.assert_allclose(partial_metrics[i]["loss"], sync_metrics[i]["loss"], 1e-6)
+        # The sampler's and the trainer's log-probs of the same tokens under the same
+        # parameters: float rounding in fp32, the same figure in both modes.
+        for name in ("logprob_mismatch_mean", "logprob_mismatch_max"):
+            assert partial_metrics[i][name] == sync_metrics[i][name]
+        assert partial_metrics[i]["logprob_mismatch_max"] < 1e-5
+
+
+def test_partial_with_bound_zero_equals_synchronous_grpo_on_8_devices():
+    """The same on a (2, 2, 2) mesh of 8 simulated devices: partial mode's program against
+    synchronous GRPO's, both sharded the same way."""
+    mesh_shape = (2, 2, 2)
+    sync = grpo.Config(
+        batch_size=4, group_size=4, max_new_tokens=6, learning_rate=3e-3, mesh_shape=mesh_shape
+    )
+    partial = dataclasses.replace(sync, rollout_mode="partial")
+    mesh = sharding.make_mesh(*mesh_shape)
+    sync_states, _ = _updates(sync, 2, mesh=mesh)
+    partial_states, _ = _updates(partial, 2, mesh=mesh)
+    for want, got in zip(sync_states, partial_states, strict=True):
+        wanted, gotten = jax.device_get(want.params), jax.device_get(got.params)
+        for a, b in zip(jax.tree.leaves(wanted), jax.tree.leaves(gotten), strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("rollout_groups", [0, 8])
+def test_staleness_never_exceeds_the_bound_and_groups_carry_over(rollout_groups):
+    """Over 8 updates: no trained token older than the bound, some carried over. With as many
+    slots as the batch (0) no group waits, so none is dropped; over-provisioned (8 groups of
+    slots for 4 trained) decoding stops once 4 have ended and at most 4 train."""
+    config = grpo.Config(
+        batch_size=4, group_size=4, max_new_tokens=12, learning_rate=3e-3,
+        rollout_mode="partial", rollout_budget=4, max_staleness=2, temperature=1.5,
+        rollout_groups=rollout_groups,
+    )  # fmt: skip
+    states, metrics = _updates(config, 8)
+    ages = [m["staleness_max"] for m in metrics]
+    assert max(ages) <= 2, ages
+    assert max(ages) >= 1, ages  # some groups did carry over
+    if rollout_groups == 0:
+        assert all(m["dropped_groups"] == 0 for m in metrics)
+    trained = sum(m["trained_groups"] for m in metrics)
+    assert trained >= 4, trained
+    for m in metrics:
+        assert m["decode_steps"] <= 4
+        assert m["trained_groups"] <= 4
+        assert 0 <= m["offpolicy_token_fraction"] <= 1
+        histogram = sum(m[f"staleness_{age}"] for age in range(3))
+        assert m["trained_tokens"] == 0 or abs(histogram - 1) < 1e-6
+        # The sampler's and the trainer's log-probs of the same token under the same
+        # parameters agree to float rounding (fp32).
+        assert m["logprob_mismatch_max"] < 1e-4, m["logprob_mismatch_max"]
+    # Every version a carried token records is one of the updates so far.
+    last = states[-1].slots
+    assert np.all(np.asarray(last.versions)[np.asarray(last.mask)] < len(states))
+
+
+@pytest.mark.parametrize(
+    "settings, field",
+    [
+        (dict(rollout_mode="async"), "rollout_mode"),
+        (dict(rollout_mode="later"), "rollout_mode"),
+        (dict(rollout_budget=4), "rollout_budget"),
+        (dict(max_staleness=1), "max_staleness"),
+        (dict(rollout_mode="partial", rollout_budget=-1), "rollout_budget"),
+        (dict(rollout_groups=32), "rollout_groups"),
+        (dict(rollout_mode="partial", batch_size=8, rollout_groups=4), "rollout_groups"),
+        (dict(rollout_mode="partial", rollout_budget=2, max_new_tokens=8), "max_staleness"),
+        (dict(rollout_mode="partial", dynamic_sampling=True), "rollout_mode"),
+        (dict(rollout_mode="partial", variant="remax"), "rollout_mode"),
+        (dict(rollout_mode="partial", lora_rank=4), "rollout_mode"),
+    ],
+)
+def test_rollout_config_errors_name_the_field(settings, field):
+    with pytest.raises(ConfigError, match=f"^{field}:"):
+        grpo.Config(**settings)
+
+
+def test_carried_rows_continue_where_they_stopped():
+    """With the parameters held (a learning rate too small to move fp32 weights), every
+    token's recorded log-prob, carried across updates or not, equals the trainer's log-prob of
+    it recomputed from the whole prompt and completion: the cache moved left between updates
+    and the refilled slots lost nothing of a carried row's history."""
+    config = grpo.Config(
+        batch_size=4, group_size=4, max_new_tokens=12, learning_rate=1e-30,
+        rollout_mode="partial", rollout_budget=5, max_staleness=2, temperature=1.5,
+    )  # fmt: skip
+    params = init_params(TINY, jax.random.key(0))
+    # 12 tokens take 3 updates of 5 steps: after 8 updates the slots hold rows started in
+    # update 7 and carried into update 8.
+    states, _ = _updates(config, 8, params)
+    slots = states[-1].slots
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(states[-1].params), strict=True):
+        np.testing.assert_array_equal(a, b)
+    batch = {
+        "tokens": jnp.concatenate([slots.prompts.tokens, slots.tokens], axis=1),
+        "attention_mask": jnp.concatenate([slots.prompts.mask, slots.mask], axis=1),
+        "completion_mask": slots.mask,
+    }
+    trainer, _ = grpo.completion_log_probs(Transformer(TINY), params, batch, config.temperature)
+    mask = np.asarray(slots.mask)
+    versions = np.asarray(slots.versions)
+    spans = [len(set(versions[row][mask[row]])) for row in range(mask.shape[0])]
+    assert max(spans) >= 2, spans  # some row's tokens come from more than one update
+    gap = np.abs(np.asarray(trainer) - np.asarray(slots.log_probs))[mask]
+    assert gap.max() < 1e-5, gap.max()
+
+
+def test_checkpoint_mid_rollout_resumes_equal_to_an_uninterrupted_run(tmp_path):
+    """The carried rollouts are part of the state: saved after update 2 (rows half decoded),
+    restored into a fresh state and run on, the run ends where an uninterrupted one does."""
+    from jaxrl.checkpoint import Checkpointer
+
+    config = grpo.Config(
+        batch_size=4, group_size=4, max_new_tokens=12, learning_rate=3e-3,
+        rollout_mode="partial", rollout_budget=5, max_staleness=2,
+    )  # fmt: skip
+    params = init_params(TINY, jax.random.key(0))
+    algorithm = grpo.make(config, TINY, TEXT_TASK, params)
+    hp = hparams.hparams(config)
+    update = jax.jit(algorithm.update)
+    state = algorithm.init(jax.random.PRNGKey(5), hp)
+    for _ in range(2):
+        state, _ = update(state, None, hp)
+    assert np.asarray(state.slots.live).any() and not np.asarray(state.slots.done).all()
+    checkpoints = Checkpointer(str(tmp_path / "checkpoints"))
+    checkpoints.save(2, state, {})
+    uninterrupted = state
+    for _ in range(3):
+        uninterrupted, _ = update(uninterrupted, None, hp)
+    resumed, _ = checkpoints.restore(algorithm.init(jax.random.PRNGKey(5), hp))
+    for _ in range(3):
+        resumed, _ = update(resumed, None, hp)
+    for a, b in zip(jax.tree.leaves(uninterrupted), jax.tree.leaves(resumed), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_repeat_digit_answers_have_long_tailed_lengths():
+    """The long-tailed task: JAX answers equal the host's for every problem; lengths 1 to 32,
+    most of them short."""
+    task = make_task("repeat_digit", num_digits=5)
+    assert task.lengths() == (1, 1, 2, 3, 5, 7, 10, 15, 22, 32)
+    problems = [f"{d}{c}" for d in range(10) for c in range(10)]
+    digits = jnp.asarray(task.problem_digits(problems))
+    answer, length = task.answer_digits(digits)
+    for row, problem in enumerate(problems):
+        want = task.answer(problem)
+        assert int(length[row]) == len(want)
+        assert "".join(map(str, np.asarray(answer[row])[: len(want)])) == want
+    lengths = np.asarray(length)
+    assert np.median(lengths) <= 7 and lengths.max() == 32
+    assert task.prompt("78") == "rep 7x8="
