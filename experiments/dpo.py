@@ -32,16 +32,16 @@ import jax  # noqa: E402
 
 import envs.text  # noqa: E402, F401  (the tasks: imported at start, as a run needs them)
 from algos import dpo  # noqa: E402
-from experiments import _lm  # noqa: E402
-from experiments._pairs import (  # noqa: E402
+from jaxrl import extras, runner, sharding  # noqa: E402
+from jaxrl.data.step_batches import dataset_batches  # noqa: E402
+from jaxrl.lm import training  # noqa: E402
+from jaxrl.trainers import lm_runs  # noqa: E402
+from jaxrl.trainers.preference_data import (  # noqa: E402
     checked_pairs,
     data_name,
     pair_summary_fields,
     record_dataset,
 )
-from jaxrl import extras, runner, sharding  # noqa: E402
-from jaxrl.data.step_batches import dataset_batches  # noqa: E402
-from jaxrl.lm import training  # noqa: E402
 
 # A missing optional extra is one error line, before flags are parsed or anything compiles.
 extras.require("lm", "experiments/dpo.py")
@@ -50,7 +50,7 @@ FLAGS = runner.define_flags("dpo.py", seeds=False)
 
 
 def main(argv: list[str]) -> None:
-    run = _lm.setup(FLAGS, dpo.Config, "dpo")
+    run = lm_runs.setup(FLAGS, dpo.Config, "dpo")
     flat, config, mesh, task = run.flat, run.config, run.mesh, run.task
     if not flat.init_from:
         runner.fail(
@@ -61,8 +61,8 @@ def main(argv: list[str]) -> None:
     arrays, eval_problems = data.arrays, pairs.eval_problems
     name = data_name(run)
     # The SFT model: where DPO starts, and its reference.
-    params, model, source = _lm.initial_params(run)
-    run_dir = _lm.open_run(run)
+    params, model, source = lm_runs.initial_params(run)
+    run_dir = lm_runs.open_run(run)
     built = record_dataset(pairs, flat, run_dir)
 
     # The head runs on each row's answer window only: the widest one in the data.
@@ -84,7 +84,7 @@ def main(argv: list[str]) -> None:
     if config.uses_reference and config.reference == "precomputed":
         scored.append(arrays["train"])
     largest = max(len(split["chosen_tokens"]) for split in scored)
-    eval_batch = _lm.batch_for_mesh(min(flat.eval_batch_size, largest), mesh)
+    eval_batch = lm_runs.batch_for_mesh(min(flat.eval_batch_size, largest), mesh)
     place = lambda batch: sharding.shard_batch(batch, mesh)  # noqa: E731
     t0 = time.time()
     eval_reference = dpo.reference_log_probs(score, params, arrays["eval"], eval_batch, place)
@@ -99,7 +99,7 @@ def main(argv: list[str]) -> None:
     def task_accuracy(params):
         if not eval_problems:  # the user's own pairs: no task to score generations
             return None, None, []
-        return _lm.task_accuracy(
+        return lm_runs.task_accuracy(
             model, params, task, run.tokenizer, eval_problems, *held_out_prompts,
             max_new_tokens, mesh,
         )  # fmt: skip
@@ -114,7 +114,7 @@ def main(argv: list[str]) -> None:
     algorithm = dpo.make(config, model, params, mesh, answer_window)
     batches_for = dataset_batches(train, config, flat.seed, mesh)
     in_step_reference = params if config.reference == "in_step" else None
-    job = _lm.job(
+    job = lm_runs.job(
         run,
         algorithm,
         f"DPO ({config.loss_type}) {name}",
@@ -125,7 +125,7 @@ def main(argv: list[str]) -> None:
     )
     result = runner.train(job, flat.run, run_dir, FLAGS["kill_after_chunk"].value)
     params = result.states.params
-    _lm.save_params(run_dir, params)
+    lm_runs.save_params(run_dir, params)
 
     t0 = time.time()
     pair_metrics = dpo.evaluate_pairs(
@@ -146,7 +146,7 @@ def main(argv: list[str]) -> None:
         "eval_task_score": mean_score,
         "sft_eval_task_accuracy": sft_accuracy,
         **{f"initial_{name}": value for name, value in initial_pairs.items()},
-        "eval_examples": _lm.eval_examples(task, eval_problems, completions),
+        "eval_examples": lm_runs.eval_examples(task, eval_problems, completions),
     }
     run_dir.write_summary(summary)
     title = f"DPO ({config.loss_type}) {name}"

@@ -14,7 +14,7 @@ with discounted returns (credit=turn), and takes the clipped policy-gradient ste
 own tokens (`algos/multiturn.py`). Updates run in compiled chunks on `jaxrl.runner`, with a
 checkpoint after each; a restarted run resumes from the newest.
 
-The game, its turns and its rendering come from config.task (`experiments/_games.game_task`);
+The game, its turns and its rendering come from config.task (`jaxrl/trainers/game_play.game_task`);
 with a chat template (init_from a chat model such as "smollm2") the game speaks in user turns.
 Evaluation plays task.num_eval episodes, the same games and sampling keys before and after
 training (paired), sampled as trained and greedily. `summary.json` reports `eval_success` and
@@ -36,8 +36,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
 from algos import multiturn  # noqa: E402
-from experiments import _games, _lm, _prompts  # noqa: E402
 from jaxrl import evaluation, extras, runner  # noqa: E402
+from jaxrl.trainers import game_play, lm_runs, prompt_rl  # noqa: E402
 
 # A missing optional extra is one error line, before flags are parsed or anything compiles.
 extras.require("lm", "experiments/multiturn.py")
@@ -46,10 +46,10 @@ FLAGS = runner.define_flags("multiturn.py", seeds=False)
 FINAL_WINDOW = 10  # updates whose training success is averaged for final_success
 
 
-def evaluation_row(played: _games.Played, prefix: str, tools: bool) -> dict[str, float]:
+def evaluation_row(played: game_play.Played, prefix: str, tools: bool) -> dict[str, float]:
     """Success rate and mean turns of evaluation episodes, with the success's 95% interval; with
     `tools`, the fraction of episodes that called one."""
-    low, high = _prompts.interval(played.success)
+    low, high = prompt_rl.interval(played.success)
     row = {
         prefix: float(played.success.mean()),
         f"{prefix}_low": low,
@@ -88,28 +88,28 @@ def plot_evaluations(run_dir, initial: dict, final: dict, num_steps: int, title:
 
 
 def main(argv: list[str]) -> None:
-    run = _lm.setup(FLAGS, multiturn.Config, "multiturn")
+    run = lm_runs.setup(FLAGS, multiturn.Config, "multiturn")
     config, mesh, section = run.config, run.mesh, run.flat.task
-    game = _games.make_game(section, run.tokenizer)
-    params, model, source = _lm.initial_params(run)
+    game = game_play.make_game(section, run.tokenizer)
+    params, model, source = lm_runs.initial_params(run)
     turn_tokens = config.max_new_tokens
-    evaluate = _games.evaluator(section, game, model, run.tokenizer, turn_tokens, mesh)
-    num_samples = _prompts.eval_samples(run)
+    evaluate = game_play.evaluator(section, game, model, run.tokenizer, turn_tokens, mesh)
+    num_samples = prompt_rl.eval_samples(run)
 
     def evaluate_both(params) -> tuple[dict, list[str]]:
         sampled = evaluate(params, config.temperature)
         greedy = evaluate(params, 0.0)
-        tools = section.game == _games.TOOL_GAME
+        tools = section.game == game_play.TOOL_GAME
         row = evaluation_row(sampled, "eval_success", tools)
         row |= evaluation_row(greedy, "eval_success_greedy", tools)
         if num_samples:  # pass@k: each evaluation game played eval_samples times, sampled
             games = evaluate.successes(params, config.temperature, num_samples)
-            row |= _prompts.pass_at_k_fields(games)
+            row |= prompt_rl.pass_at_k_fields(games)
         return row | {"_success": sampled.success}, sampled.transcripts
 
     # The starting policy's evaluation (recomputed on a resume: the same episodes).
     initial, before = evaluate_both(params)
-    run_dir = _lm.open_run(run)
+    run_dir = lm_runs.open_run(run)
     if run_dir.writes:
         with open(run_dir.file("transcripts_before.txt"), "w") as f:
             f.write("\n".join(before))
@@ -132,7 +132,7 @@ def main(argv: list[str]) -> None:
         return row
 
     title = f"Multi-turn GRPO ({config.credit} credit) on {section.game}"
-    job = _lm.job(
+    job = lm_runs.job(
         run,
         algorithm,
         title,
@@ -143,7 +143,7 @@ def main(argv: list[str]) -> None:
     )
     result = runner.train(job, run.flat.run, run_dir, FLAGS["kill_after_chunk"].value)
     params = result.states.params
-    _lm.save_params(run_dir, params)
+    lm_runs.save_params(run_dir, params)
 
     t0 = time.time()
     final, after = evaluate_both(params)
@@ -151,7 +151,7 @@ def main(argv: list[str]) -> None:
         with open(run_dir.file("transcripts_after.txt"), "w") as f:
             f.write("\n".join(after))
     summary = runner.summary_fields(job, result, time.time() - t0)
-    rows = _prompts.last_rows(run_dir, FINAL_WINDOW, config.num_steps, run.flat.run.log_every)
+    rows = prompt_rl.last_rows(run_dir, FINAL_WINDOW, config.num_steps, run.flat.run.log_every)
     public = lambda row: {k: v for k, v in row.items() if not k.startswith("_")}  # noqa: E731
     change = final["_success"] - initial["_success"]  # paired: the same games and keys
     summary |= {
@@ -166,7 +166,7 @@ def main(argv: list[str]) -> None:
         **public(final),
         **{f"initial_{key}": value for key, value in public(initial).items()},
         "eval_success_change": float(change.mean()),
-        "eval_success_change_ci95": _prompts.interval(change),
+        "eval_success_change_ci95": prompt_rl.interval(change),
         "num_eval": section.num_eval,
         "eval_samples": num_samples,  # episodes per evaluation game behind eval_pass_at_K
         "mesh_shape": list(config.mesh_shape),

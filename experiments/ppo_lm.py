@@ -39,8 +39,8 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from algos import ppo_lm  # noqa: E402
-from experiments import _lm, _prompts  # noqa: E402
 from jaxrl import extras, runner, sharding  # noqa: E402
+from jaxrl.trainers import lm_runs, prompt_rl  # noqa: E402
 
 # A missing optional extra is one error line, before flags are parsed or anything compiles.
 extras.require("lm", "experiments/ppo_lm.py")
@@ -49,14 +49,14 @@ FLAGS = runner.define_flags("ppo_lm.py", seeds=False)
 
 
 def main(argv: list[str]) -> None:
-    run = _lm.setup(FLAGS, ppo_lm.Config, "ppo_lm")
+    run = lm_runs.setup(FLAGS, ppo_lm.Config, "ppo_lm")
     flat, config, mesh = run.flat, run.config, run.mesh
-    _prompts.reward_model_paths(run, ppo_lm.Config())  # its flags, before anything is read
-    prompts = _prompts.read_task(run)
-    reward_params, reward_config, reward_paths = _prompts.reward_models(
+    prompt_rl.reward_model_paths(run, ppo_lm.Config())  # its flags, before anything is read
+    prompts = prompt_rl.read_task(run)
+    reward_params, reward_config, reward_paths = prompt_rl.reward_models(
         run, prompts.prompt_length, ppo_lm.Config()
     )
-    lm_params, model, source = _lm.initial_params(run)
+    lm_params, model, source = lm_runs.initial_params(run)
 
     critic_params, critic_model = None, None
     if config.critic == "separate" and reward_params is not None:
@@ -75,32 +75,34 @@ def main(argv: list[str]) -> None:
         params,
     )  # fmt: skip
 
-    evaluate = _prompts.evaluator(run, model, prompts)
-    run_dir, initial = _prompts.open_run_with_initial_evaluation(run, evaluate, lm_params)
+    evaluate = prompt_rl.evaluator(run, model, prompts)
+    run_dir, initial = prompt_rl.open_run_with_initial_evaluation(run, evaluate, lm_params)
     algorithm = ppo_lm.make(config, model, prompts.task, params, mesh, reward_config, critic_model)
     task_data = jax.device_put(prompts.task.data, sharding.replicated(mesh))
     inputs = ppo_lm.Inputs(lm_params, reward_params, task_data)
-    job = _lm.job(
+    job = lm_runs.job(
         run,
         algorithm,
         f"PPO {prompts.name}",
         inputs_for=lambda first, count: inputs,
         units_name="completions",
         units_per_step=config.batch_size,
-        after_chunk=_prompts.evaluate_every(run, evaluate, lambda state: state.params["policy"]),
+        after_chunk=prompt_rl.evaluate_every(run, evaluate, lambda state: state.params["policy"]),
     )
     result = runner.train(job, flat.run, run_dir, FLAGS["kill_after_chunk"].value)
     policy = result.states.params["policy"]
-    _lm.save_params(run_dir, policy)  # the policy alone: a language model's run
+    lm_runs.save_params(run_dir, policy)  # the policy alone: a language model's run
 
     t0 = time.time()
     final = evaluate(policy)
     summary = runner.summary_fields(job, result, time.time() - t0)
-    summary |= _prompts.summary_fields(
+    summary |= prompt_rl.summary_fields(
         run, prompts, run_dir, initial, final, config.batch_size, source,
         summary["steps_per_second"],
     )  # fmt: skip
-    rows = _prompts.last_rows(run_dir, _prompts.FINAL_WINDOW, config.num_steps, flat.run.log_every)
+    rows = prompt_rl.last_rows(
+        run_dir, prompt_rl.FINAL_WINDOW, config.num_steps, flat.run.log_every
+    )
     summary |= {
         "reward_model": reward_paths,
         "critic": config.critic,
@@ -114,7 +116,7 @@ def main(argv: list[str]) -> None:
         run_dir.write_learning_curve(
             x="step", y="score", title=f"{title}: reward-model score", file_name="score_curve.png"
         )
-    _prompts.write_plots_and_report(run, prompts, run_dir, initial, final, summary, title)
+    prompt_rl.write_plots_and_report(run, prompts, run_dir, initial, final, summary, title)
 
 
 if __name__ == "__main__":

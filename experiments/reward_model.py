@@ -28,15 +28,15 @@ import jax  # noqa: E402
 
 import envs.text  # noqa: E402, F401  (the tasks: imported at start, as a run needs them)
 from algos import reward_model  # noqa: E402
-from experiments import _lm  # noqa: E402
-from experiments._pairs import (  # noqa: E402
+from jaxrl import extras, runner, sharding  # noqa: E402
+from jaxrl.data.step_batches import dataset_batches  # noqa: E402
+from jaxrl.trainers import lm_runs  # noqa: E402
+from jaxrl.trainers.preference_data import (  # noqa: E402
     checked_pairs,
     data_name,
     pair_summary_fields,
     record_dataset,
 )
-from jaxrl import extras, runner, sharding  # noqa: E402
-from jaxrl.data.step_batches import dataset_batches  # noqa: E402
 
 # A missing optional extra is one error line, before flags are parsed or anything compiles.
 extras.require("lm", "experiments/reward_model.py")
@@ -48,11 +48,11 @@ PAIR_KEYS = tuple(
 
 
 def main(argv: list[str]) -> None:
-    run = _lm.setup(FLAGS, reward_model.Config, "reward_model")
+    run = lm_runs.setup(FLAGS, reward_model.Config, "reward_model")
     flat, config, mesh = run.flat, run.config, run.mesh
     pairs, data = checked_pairs(run, "Reward-model")
     arrays, name = data.arrays, data_name(run)
-    lm_params, model, source = _lm.initial_params(run)
+    lm_params, model, source = lm_runs.initial_params(run)
     # The new head is replicated over the mesh; the transformer keeps its placement.
     head_key = jax.random.fold_in(jax.random.PRNGKey(flat.seed), 1)
     params = reward_model.init_params(lm_params, model, head_key)
@@ -60,12 +60,12 @@ def main(argv: list[str]) -> None:
         key: value if key == "backbone" else jax.device_put(value, sharding.replicated(mesh))
         for key, value in params.items()
     }
-    run_dir = _lm.open_run(run, head=_lm.REWARD_HEAD)
+    run_dir = lm_runs.open_run(run, head=lm_runs.REWARD_HEAD)
     built = record_dataset(pairs, flat, run_dir)
 
     # Replicated outputs: every process of a multi-host run reads all the rewards.
     score = jax.jit(reward_model.make_score(model, mesh), out_shardings=sharding.replicated(mesh))
-    eval_batch = _lm.batch_for_mesh(
+    eval_batch = lm_runs.batch_for_mesh(
         min(flat.eval_batch_size, len(arrays["eval"]["chosen_tokens"])), mesh
     )
     place = lambda batch: sharding.shard_batch(batch, mesh)  # noqa: E731
@@ -73,7 +73,7 @@ def main(argv: list[str]) -> None:
 
     algorithm = reward_model.make(config, model, params, mesh)
     train = {key: arrays["train"][key] for key in PAIR_KEYS}
-    job = _lm.job(
+    job = lm_runs.job(
         run,
         algorithm,
         f"reward model {name}",
@@ -84,7 +84,7 @@ def main(argv: list[str]) -> None:
     )
     result = runner.train(job, flat.run, run_dir, FLAGS["kill_after_chunk"].value)
     params = result.states.params
-    _lm.save_params(run_dir, params)
+    lm_runs.save_params(run_dir, params)
 
     t0 = time.time()
     metrics = reward_model.evaluate_pairs(score, params, arrays["eval"], eval_batch, place)

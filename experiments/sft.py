@@ -10,11 +10,11 @@ Trains on (prompt, answer) pairs of the task, or on the rows of --config.task.tr
 formats TRL takes (`jaxrl.data.chat`): "prompt"/"completion" strings or chat messages, or a whole
 "messages" conversation rendered with the checkpoint's chat template, the loss on every assistant
 turn or (--config.task.assistant_turns=last) the last. On a game's preset (config.task.game,
-`experiments/_games.py`) it trains on a teacher's episodes laid out as the multi-turn sampler
+`jaxrl/trainers/game_play.py`) it trains on a teacher's episodes laid out as the multi-turn sampler
 lays out a conversation, the start of `experiments/multiturn.py`. Held-out rows come from
 --config.task.eval_jsonl, or are config.task.num_eval rows of the training file. Sequence lengths
 are the config's, or with 0 taken from the rows (config.task.length_percentile; a task's are then
-_lm.TASK_LENGTHS); rows they cut are counted, printed and reported as `cut_rows`.
+lm_runs.TASK_LENGTHS); rows they cut are counted, printed and reported as `cut_rows`.
 
 Training runs in compiled chunks of optimizer steps on `jaxrl.runner`, with a checkpoint after
 each; restarted on an existing --workdir it resumes and ends exactly where an uninterrupted run
@@ -40,7 +40,6 @@ import numpy as np  # noqa: E402
 
 import envs.text  # noqa: E402, F401  (the tasks: imported at start, as a run needs them)
 from algos import sft  # noqa: E402
-from experiments import _games, _lm  # noqa: E402
 from jaxrl import extras, runner, sharding  # noqa: E402
 from jaxrl.config import ConfigError  # noqa: E402
 from jaxrl.data import tokenize_sft  # noqa: E402
@@ -58,6 +57,7 @@ from jaxrl.data.chat import (  # noqa: E402
 )
 from jaxrl.data.step_batches import dataset_batches  # noqa: E402
 from jaxrl.lm.model import ModelConfig, Transformer  # noqa: E402
+from jaxrl.trainers import game_play, lm_runs  # noqa: E402
 
 # A missing optional extra is one error line, before flags are parsed or anything compiles.
 extras.require("lm", "experiments/sft.py")
@@ -82,7 +82,7 @@ class SftData(NamedTuple):
 
 def check_task_settings(section: Any) -> None:
     """The task section's data settings on their own, each problem one error line."""
-    _lm.check_length_section(section)
+    lm_runs.check_length_section(section)
     if section.assistant_turns not in ASSISTANT_TURNS:
         runner.fail(
             f"config.task.assistant_turns: got {section.assistant_turns!r}; use one of "
@@ -95,15 +95,15 @@ def check_task_settings(section: Any) -> None:
         )
 
 
-def task_data(run: _lm.Setup) -> SftData:
+def task_data(run: lm_runs.Setup) -> SftData:
     """The task's (prompt, answer) pairs, drawn by config.task.data_seed."""
     task, section = run.task, run.flat.task
-    train_problems, eval_problems = _lm.split_problems(task, section)
+    train_problems, eval_problems = lm_runs.split_problems(task, section)
     pairs = {
         split: ([task.prompt(p) for p in problems], [task.answer(p) for p in problems])
         for split, problems in (("train", train_problems), ("eval", eval_problems))
     }
-    lengths = _lm.task_lengths(section)
+    lengths = lm_runs.task_lengths(section)
     try:
         # A cut prompt is another question (e.g. "rev 123=" cut to "23="): too short a length is
         # an error, not a silent cut.
@@ -118,7 +118,7 @@ def task_data(run: _lm.Setup) -> SftData:
     )
 
 
-def read_rows(run: _lm.Setup, field: str) -> list:
+def read_rows(run: lm_runs.Setup, field: str) -> list:
     """The checked rows of config.task.<field> (one error line for any problem)."""
     path = run.flat.task[field]
     if not os.path.isfile(path):
@@ -134,7 +134,7 @@ def read_rows(run: _lm.Setup, field: str) -> list:
     return rows
 
 
-def file_data(run: _lm.Setup) -> SftData:
+def file_data(run: lm_runs.Setup) -> SftData:
     """The rows of config.task.train_jsonl, and held-out rows (eval_jsonl, or num_eval rows of
     the training file drawn by data_seed), tokenised to lengths that are the config's or the
     rows' (length_percentile), with the rows they cut counted and checked."""
@@ -184,7 +184,7 @@ def held_out_loss(
         sft.make_loss(Transformer(model, mesh=mesh)), out_shardings=sharding.replicated(mesh)
     )
     n = len(arrays["tokens"])
-    batch_size = _lm.batch_for_mesh(min(EVAL_BATCH_SIZE, n), mesh)
+    batch_size = lm_runs.batch_for_mesh(min(EVAL_BATCH_SIZE, n), mesh)
     nll = correct = targets = 0.0
     for start in range(0, n, batch_size):
         index = np.arange(start, start + batch_size) % n
@@ -199,16 +199,18 @@ def held_out_loss(
     return {"eval_loss": nll / targets, "eval_token_accuracy": correct / targets}
 
 
-def game_data(run: _lm.Setup) -> SftData:
-    """A game's teacher episodes (config.task: `experiments/_games.game_task`), num_train to
+def game_data(run: lm_runs.Setup) -> SftData:
+    """A game's teacher episodes (config.task: `jaxrl/trainers/game_play.game_task`), num_train to
     train on and num_eval held out (other draws), in the layout the multi-turn sampler uses."""
     section = run.flat.task
-    game = _games.make_game(section, run.tokenizer)
+    game = game_play.make_game(section, run.tokenizer)
     seed = section.data_seed
-    train, success, longest = _games.demonstrations(
+    train, success, longest = game_play.demonstrations(
         section, game, run.tokenizer, section.num_train, seed
     )
-    held_out, _, _ = _games.demonstrations(section, game, run.tokenizer, section.num_eval, seed + 1)
+    held_out, _, _ = game_play.demonstrations(
+        section, game, run.tokenizer, section.num_eval, seed + 1
+    )
     width = max(train["tokens"].shape[1], held_out["tokens"].shape[1])
     train, held_out = (
         {key: np.pad(value, ((0, 0), (0, width - value.shape[1]))) for key, value in rows.items()}
@@ -223,7 +225,7 @@ def game_data(run: _lm.Setup) -> SftData:
 
 
 def main(argv: list[str]) -> None:
-    run = _lm.setup(FLAGS, sft.Config, "sft")
+    run = lm_runs.setup(FLAGS, sft.Config, "sft")
     flat, config, mesh, task = run.flat, run.config, run.mesh, run.task
     on_game = "game" in flat.task
     if on_game:
@@ -247,14 +249,14 @@ def main(argv: list[str]) -> None:
         f"{data.max_length} tokens; rows cut: {data.cut_rows['train']} training, "
         f"{data.cut_rows['eval']} held-out"
     )
-    params, model, source = _lm.initial_params(run)
+    params, model, source = lm_runs.initial_params(run)
     # The starting point of the held-out loss (a forward pass; recomputed on a resume, from the
     # same starting parameters).
     initial_loss = held_out_loss(model, params, data.held_out, mesh) if from_file else None
-    run_dir = _lm.open_run(run)
+    run_dir = lm_runs.open_run(run)
 
     algorithm = sft.make(config, model, params, mesh)
-    job = _lm.job(
+    job = lm_runs.job(
         run,
         algorithm,
         f"SFT {data.name}",
@@ -265,14 +267,14 @@ def main(argv: list[str]) -> None:
     )
     result = runner.train(job, flat.run, run_dir, FLAGS["kill_after_chunk"].value)
     params = result.states.params
-    _lm.save_params(run_dir, params)
+    lm_runs.save_params(run_dir, params)
 
     t0 = time.time()
     accuracy = mean_score = None
     completions: list[str] = []
     losses: dict[str, float | None] = {"eval_loss": None, "eval_token_accuracy": None}
     if not from_file:  # a task: score greedy generations
-        accuracy, mean_score, completions = _lm.task_accuracy(
+        accuracy, mean_score, completions = lm_runs.task_accuracy(
             model, params, task, run.tokenizer, data.eval_problems,
             data.held_out["prompt_tokens"], data.held_out["prompt_mask"],
             data.max_length - data.max_prompt_length, mesh,
@@ -291,7 +293,7 @@ def main(argv: list[str]) -> None:
         "eval_task_score": mean_score,
         **losses,
         "initial_eval_loss": initial_loss and initial_loss["eval_loss"],
-        "eval_examples": _lm.eval_examples(task, data.eval_problems, completions),
+        "eval_examples": lm_runs.eval_examples(task, data.eval_problems, completions),
         "max_prompt_length": data.max_prompt_length,
         "max_length": data.max_length,
         "cut_rows": data.cut_rows,

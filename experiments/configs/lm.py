@@ -112,7 +112,7 @@ def lm_config(
     runs that continue one) and `defaults.pretrained` (for a pretrained checkpoint and runs that
     continue one), which `defaults.pretrained_lora` overrides when lora_rank > 0. The script
     fills each field still None once it knows where the model starts
-    (`experiments/_lm.resolve_defaults`); a value given on the command line is never
+    (`jaxrl/trainers/lm_runs.resolve_defaults`); a value given on the command line is never
     replaced."""
     from jaxrl import runner
 

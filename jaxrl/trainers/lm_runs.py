@@ -95,7 +95,7 @@ class Setup(NamedTuple):
     flat: ml_collections.ConfigDict  # the whole config, sections included
     config: Any  # the algorithm's frozen Config
     mesh: Any
-    task: DigitTask | None  # None on a game (experiments/_games.py)
+    task: DigitTask | None  # None on a game (jaxrl/trainers/game_play.py)
     tokenizer: Tokenizer
     model: ModelConfig  # the model trained: the config's, or init_from's architecture
     workdir: str
@@ -114,7 +114,7 @@ def setup(flags: dict[str, Any], config_cls: type, name: str) -> Setup:
     config = runner.build_config(config_cls, for_start(flat, pretrained=False), SETTINGS)
     runner.check_run_settings(flat.run)
     mesh = make_mesh(config.mesh_shape)
-    # A game's task section (experiments/_games.py) names a game, not a digit task.
+    # A game's task section (jaxrl/trainers/game_play.py) names a game, not a digit task.
     task = None if "game" in flat.task else make_text_task(flat.task)
     source = start_checkpoint(flat)
     resolve_defaults(flat, source)
