@@ -103,12 +103,14 @@ class Setup(NamedTuple):
     tokenizer_source: str  # "byte" or the tokenizer.json path the run copies
 
 
-def setup(flags: dict[str, Any], config_cls: type, name: str) -> Setup:
+def setup(
+    flat: ml_collections.ConfigDict, workdir: str | None, config_cls: type, name: str
+) -> Setup:
     """Check the config, and make the mesh, task, starting checkpoint and tokenizer (each problem
     one error line). With init_from, the architecture comes from the checkpoint and only the
     model section's dtype, param_dtype and remat apply; the tokenizer comes from the checkpoint
-    unless config.task.tokenizer names one, and must fit the model's vocabulary."""
-    flat = flags["config"].value
+    unless config.task.tokenizer names one, and must fit the model's vocabulary. `workdir` None
+    is runs/<name>-<task>-<date>-<time>."""
     # Every setting checked first (the ones left to the starting point at their random-model
     # values), then the checkpoint read, then those settings filled in for it and checked again.
     config = runner.build_config(config_cls, for_start(flat, pretrained=False), SETTINGS)
@@ -125,7 +127,7 @@ def setup(flags: dict[str, Any], config_cls: type, name: str) -> Setup:
         training.check_model(config, source.model)
     except ConfigError as error:
         fail(f"config.{error}")
-    workdir = flags["workdir"].value or os.path.join(
+    workdir = workdir or os.path.join(
         "runs", f"{name}-{task.name if task else flat.task.game}-{time.strftime('%Y%m%d-%H%M%S')}"
     )
     return Setup(

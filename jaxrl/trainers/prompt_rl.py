@@ -9,6 +9,7 @@ import functools
 import inspect
 import json
 import os
+import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -782,3 +783,42 @@ def write_plots_and_report(
         f"in {summary['wall_seconds']:.0f}s (compile {summary['compile_seconds']:.0f}s). "
         f"Run directory: {run_dir.path}"
     )
+
+
+def with_reward_models(run: lm_runs.Setup, config_cls: type) -> tuple[Prompts, Any, Any, list]:
+    """The prompts of an RL run scored by reward models (PPO, online DPO), and the reward
+    models (`reward_models`' parameters, config and paths): every setting checked first."""
+    reward_model_paths(run, config_cls())  # its flags, before anything is read
+    prompts = read_task(run)
+    return prompts, *reward_models(run, prompts.prompt_length, config_cls())
+
+
+def finish(
+    run: lm_runs.Setup,
+    prompts: Prompts,
+    run_dir: RunDirectory,
+    job: runner.Job,
+    result: runner.RunResult,
+    evaluation: tuple[Callable[[Any], HeldOut], HeldOut, Any],
+    units_per_update: int,
+    source: str,
+    title: str,
+    extra: Callable[[list[dict]], dict[str, Any]] = lambda rows: {},
+) -> dict[str, Any]:
+    """The end of an RL run on prompts (GRPO, PPO, online DPO): the final policy saved and
+    evaluated on the held-out prompts (`evaluation`: the evaluator, the starting policy's
+    result, the final policy's parameters), summary.json (the common fields, the prompts', and
+    `extra(last metric rows)`), the plots and the closing line. Returns the summary."""
+    evaluate, initial, policy = evaluation
+    lm_runs.save_params(run_dir, policy)
+    t0 = time.time()
+    final = evaluate(policy)
+    summary = runner.summary_fields(job, result, time.time() - t0)
+    summary |= summary_fields(
+        run, prompts, run_dir, initial, final, units_per_update, source,
+        summary["steps_per_second"],
+    )  # fmt: skip
+    summary |= extra(last_rows(run_dir, FINAL_WINDOW, run.config.num_steps, run.flat.run.log_every))
+    run_dir.write_summary(summary)
+    write_plots_and_report(run, prompts, run_dir, initial, final, summary, title)
+    return summary
