@@ -69,6 +69,22 @@ def script_and_trainer(tmp_path, algo, trainer, overrides, preset=None, extra=()
     return script_dir, result
 
 
+ALGORITHMS = ("ppo", "sac", "cql", "mappo", "sft", "dpo", "grpo", "multiturn", "online_dpo",
+              "ppo_lm", "reward_model")  # fmt: skip
+
+
+def test_every_script_is_a_flag_front_end_of_its_trainer():
+    """experiments/<algo>.py parses flags and calls jaxrl.trainers.<algo>.train, in at most 100
+    lines; no pipeline module is left in experiments/ (pip does not install it)."""
+    experiments = os.path.join(os.path.dirname(os.path.dirname(__file__)), "experiments")
+    assert not [n for n in os.listdir(experiments) if n.startswith("_") and n.endswith(".py")]
+    for algo in ALGORITHMS:
+        with open(os.path.join(experiments, f"{algo}.py")) as f:
+            text = f.read()
+        assert len(text.splitlines()) <= 100, algo
+        assert f"base.run_script(FLAGS, {algo}.train)" in text, algo
+
+
 def test_ppo_from_python_equals_the_script(tmp_path):
     from jaxrl.trainers import ppo
 
