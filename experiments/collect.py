@@ -8,11 +8,11 @@
 
 --policy is `random` or the --workdir of a finished experiments/ppo.py or experiments/sac.py run
 (seed --policy_seed of its checkpoints; the policy is sampled, not its mode). Mixtures follow
-D4RL (see experiments/_offline.py for what each one collects and how medium-replay stands in for
-a replay buffer). The dataset lands in --data_dir/--name/--version (default name
-`<env>/<mixture>`, e.g. pendulum_v1/random) with its metadata (environment, policy, mixture,
-reference returns, behaviour score); the script prints its path, the number of episodes and
-transitions, and the behaviour score: the mean return of the complete episodes.
+D4RL (see jaxrl/trainers/offline_sources.py for what each one collects and how
+medium-replay stands in for a replay buffer). The dataset lands in --data_dir/--name/--version
+(default name `<env>/<mixture>`, e.g. pendulum_v1/random) with its metadata (environment,
+policy, mixture, reference returns, behaviour score); the script prints its path, the number of
+episodes and transitions, and the behaviour score: the mean return of the complete episodes.
 
 Read it back with `jaxrl.data.load_transitions(path)` or `load_transitions(name, data_dir=...)`.
 """
@@ -33,12 +33,12 @@ import jax  # noqa: E402
 import tensorflow_datasets as tfds  # noqa: E402
 from absl import flags, logging  # noqa: E402
 
-from experiments import _offline  # noqa: E402
 from jaxrl import runner  # noqa: E402
 from jaxrl.data import normalized_score  # noqa: E402
 from jaxrl.data.collect import episode_returns  # noqa: E402
 from jaxrl.data.rlds_builder import DEFAULT_VERSION, build_episode_dataset, build_path  # noqa: E402
 from jaxrl.runner import fail  # noqa: E402
+from jaxrl.trainers import offline_sources  # noqa: E402
 
 _ENV = flags.DEFINE_string(
     "env", None, "Environment name (envs.registered()); default: the --policy run's environment."
@@ -52,7 +52,7 @@ _EXPERT_POLICY = flags.DEFINE_string(
 _MIXTURE = flags.DEFINE_enum(
     "mixture",
     None,
-    list(_offline.MIXTURES),
+    list(offline_sources.MIXTURES),
     "D4RL-style mixture; default: random for --policy=random, else medium.",
 )
 _NUM_STEPS = flags.DEFINE_integer(
@@ -138,10 +138,10 @@ def main(argv: list[str]) -> None:
     try:
         policy = expert = None
         if not random_policy:
-            policy = _offline.load_run_policy(_POLICY.value, _POLICY_SEED.value)
+            policy = offline_sources.load_run_policy(_POLICY.value, _POLICY_SEED.value)
         if _EXPERT_POLICY.value:
-            expert = _offline.load_run_policy(_EXPERT_POLICY.value, _POLICY_SEED.value)
-    except _offline.PolicyError as error:
+            expert = offline_sources.load_run_policy(_EXPERT_POLICY.value, _POLICY_SEED.value)
+    except offline_sources.PolicyError as error:
         fail(str(error))
     env_name = _ENV.value or (policy.env_name if policy is not None else None)
     if env_name is None:
@@ -149,7 +149,7 @@ def main(argv: list[str]) -> None:
     if policy is not None and policy.env_name != env_name:
         fail(f"--env={env_name}, but --policy={_POLICY.value} was trained on {policy.env_name}")
     try:
-        env = _offline.make_env(env_name, _MAX_EPISODE_STEPS.value)
+        env = offline_sources.make_env(env_name, _MAX_EPISODE_STEPS.value)
     except ValueError as error:
         fail(f"--env: {error}")
     name = _NAME.value or default_name(env_name, mixture)
@@ -161,7 +161,7 @@ def main(argv: list[str]) -> None:
 
     t0 = time.time()
     try:
-        sources = _offline.plan_mixture(
+        sources = offline_sources.plan_mixture(
             mixture,
             env,
             _NUM_STEPS.value,
@@ -170,9 +170,9 @@ def main(argv: list[str]) -> None:
             policy_step=_POLICY_STEP.value,
             expert_step=_EXPERT_STEP.value,
         )
-    except _offline.PolicyError as error:
+    except offline_sources.PolicyError as error:
         fail(str(error))
-    episodes = _offline.collect_sources(
+    episodes = offline_sources.collect_sources(
         env,
         sources,
         jax.random.PRNGKey(_SEED.value),

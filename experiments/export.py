@@ -28,11 +28,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import flags  # noqa: E402
 
-from experiments import _lm  # noqa: E402
 from jaxrl import extras, runner  # noqa: E402
 from jaxrl.config import ConfigError  # noqa: E402
 from jaxrl.lm import ByteTokenizer, load_tokenizer  # noqa: E402
 from jaxrl.lm.model import ModelConfig  # noqa: E402
+from jaxrl.trainers import lm_runs  # noqa: E402
 
 # A missing optional extra is one error line, before flags are parsed or anything compiles.
 extras.require("lm", "experiments/export.py")
@@ -85,15 +85,15 @@ def byte_tokenizer_files(model: ModelConfig) -> tuple[dict, dict]:
     return json.loads(tokenizer.to_str()), config
 
 
-def tokenizer_files(source: _lm.Checkpoint) -> dict[str, Any]:
+def tokenizer_files(source: lm_runs.Checkpoint) -> dict[str, Any]:
     """{file name: JSON contents or text} of the run's tokenizer, tokenizer_config.json completed
     with what transformers needs (tokenizer class, special tokens, chat template)."""
-    if source.tokenizer == _lm.BYTE:
+    if source.tokenizer == lm_runs.BYTE:
         tokenizer_json, config = byte_tokenizer_files(source.model)
         return {"tokenizer.json": tokenizer_json, "tokenizer_config.json": config}
     tokenizer = load_tokenizer(source.tokenizer)  # checks the files before anything is written
     path = os.path.join(source.tokenizer, "tokenizer_config.json")
-    config = _lm.read_json(path) if os.path.isfile(path) else {}
+    config = lm_runs.read_json(path) if os.path.isfile(path) else {}
     config.setdefault("tokenizer_class", "PreTrainedTokenizerFast")
     for name, token in tokenizer.special_tokens.items():
         config.setdefault(name, token)
@@ -111,14 +111,14 @@ def tokenizer_files(source: _lm.Checkpoint) -> dict[str, Any]:
     return files
 
 
-def special_ids(source: _lm.Checkpoint) -> dict[str, int]:
+def special_ids(source: lm_runs.Checkpoint) -> dict[str, int]:
     """bos/eos/pad ids the run recorded (model.json), else its tokenizer's."""
-    record_path = os.path.join(source.path, _lm.MODEL_FILE)
+    record_path = os.path.join(source.path, lm_runs.MODEL_FILE)
     if os.path.isfile(record_path):
-        ids = _lm.read_json(record_path).get("special_token_ids")
+        ids = lm_runs.read_json(record_path).get("special_token_ids")
         if isinstance(ids, dict) and ids:
             return {k: int(v) for k, v in ids.items()}
-    return _lm.special_token_ids(load_tokenizer(source.tokenizer))
+    return lm_runs.special_token_ids(load_tokenizer(source.tokenizer))
 
 
 def write_directory(staging: str, model: ModelConfig, params: Any, files: dict, ids: dict) -> None:
@@ -131,13 +131,13 @@ def write_directory(staging: str, model: ModelConfig, params: Any, files: dict, 
         if isinstance(contents, str):
             shutil.copyfile(contents, target)
         else:
-            _lm.write_json(target, contents)
+            lm_runs.write_json(target, contents)
     copied = files.get("tokenizer.json")
     if isinstance(copied, str):  # named templates beside a copied tokenizer.json go along
-        extra = os.path.join(os.path.dirname(copied), _lm.CHAT_TEMPLATES_DIR)
+        extra = os.path.join(os.path.dirname(copied), lm_runs.CHAT_TEMPLATES_DIR)
         if os.path.isdir(extra):
-            shutil.copytree(extra, os.path.join(staging, _lm.CHAT_TEMPLATES_DIR))
-    _lm.write_json(os.path.join(staging, "generation_config.json"), dict(ids))
+            shutil.copytree(extra, os.path.join(staging, lm_runs.CHAT_TEMPLATES_DIR))
+    lm_runs.write_json(os.path.join(staging, "generation_config.json"), dict(ids))
 
 
 def replace_directory(staging: str, out: str, overwrite: bool) -> None:
@@ -167,7 +167,7 @@ def main(argv: list[str]) -> None:
             f"--out={_OUT.value}: exists and is not empty; pass a new directory or --overwrite"
         )
     try:
-        source = _lm.find_checkpoint(_RUN.value)
+        source = lm_runs.find_checkpoint(_RUN.value)
     except (ConfigError, ValueError, OSError) as error:
         runner.fail(f"--run: {error}")
     if source.kind != "run":
@@ -186,8 +186,8 @@ def main(argv: list[str]) -> None:
         runner.fail(f"--run={_RUN.value}: tokenizer: {error}")
 
     start = time.perf_counter()
-    mesh = _lm.make_mesh((1, 1, 1))
-    params = _lm.load_params(source, model, mesh)
+    mesh = lm_runs.make_mesh((1, 1, 1))
+    params = lm_runs.load_params(source, model, mesh)
     parent = os.path.dirname(out)
     os.makedirs(parent, exist_ok=True)
     staging = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.tmp-", dir=parent)

@@ -33,11 +33,11 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from absl import flags  # noqa: E402
 
-from experiments import _lm  # noqa: E402
 from jaxrl import extras, runner, sharding  # noqa: E402
 from jaxrl.config import ConfigError  # noqa: E402
 from jaxrl.lm import load_tokenizer  # noqa: E402
 from jaxrl.lm.sampler import SamplingConfig, generate  # noqa: E402
+from jaxrl.trainers import lm_runs  # noqa: E402
 
 # A missing optional extra is one error line, before flags are parsed or anything compiles.
 extras.require("lm", "experiments/generate.py")
@@ -149,7 +149,7 @@ def main(argv: list[str]) -> None:
     if not prompts:
         runner.fail('--prompt: no prompts; pass --prompt="..." (repeatable) or --prompts_file')
     try:
-        source = _lm.find_checkpoint(_MODEL.value)
+        source = lm_runs.find_checkpoint(_MODEL.value)
     except (ConfigError, ValueError, OSError) as error:
         runner.fail(f"--model: {error}")
     model = dataclasses.replace(source.model, dtype=_DTYPE.value, param_dtype=_DTYPE.value)
@@ -163,7 +163,7 @@ def main(argv: list[str]) -> None:
         tokenizer = load_tokenizer(name)
     except (ConfigError, ValueError, OSError) as error:
         runner.fail(f"--tokenizer: {error}")
-    _lm.check_vocabulary(tokenizer, model, source, "tokenizer")
+    lm_runs.check_vocabulary(tokenizer, model, source, "tokenizer")
     sampling = sampling_config(tokenizer)
     texts, ids = prompt_ids(prompts, tokenizer)
     prompt_length = max(len(row) for row in ids)
@@ -174,8 +174,8 @@ def main(argv: list[str]) -> None:
             f"{model.max_position_embeddings}; shorten the prompts or lower --max_new_tokens"
         )
 
-    mesh = _lm.make_mesh((1, 1, 1))
-    params = _lm.load_params(source, model, mesh)
+    mesh = lm_runs.make_mesh((1, 1, 1))
+    params = lm_runs.load_params(source, model, mesh)
     batch = min(_BATCH_SIZE.value, len(ids))
     # Left-padded to one length, so that every batch runs the one compiled program.
     tokens = np.full((len(ids), prompt_length), tokenizer.pad_id, np.int32)

@@ -25,62 +25,17 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import jax  # noqa: E402
-
-from algos import grpo  # noqa: E402
-from experiments import _lm, _prompts  # noqa: E402
-from jaxrl import extras, runner, sharding  # noqa: E402
+from jaxrl import extras, runner  # noqa: E402
 
 # A missing optional extra is one error line, before flags are parsed or anything compiles.
 extras.require("lm", "experiments/grpo.py")
 
+from jaxrl.trainers import base, grpo  # noqa: E402
+
 FLAGS = runner.define_flags("grpo.py", seeds=False)
 
-
-def main(argv: list[str]) -> None:
-    run = _lm.setup(FLAGS, grpo.Config, "grpo")
-    config, mesh = run.config, run.mesh
-    prompts = _prompts.read_task(run)
-    params, model, source = _lm.initial_params(run)
-    evaluate = _prompts.evaluator(run, model, prompts)
-    run_dir, initial = _prompts.open_run_with_initial_evaluation(run, evaluate, params)
-
-    algorithm = grpo.make(config, model, prompts.task, params, mesh)
-    # The starting model is the KL penalty's reference; a prompt file's token table is the
-    # prompts' source. Both are the update's inputs, placed on the devices once.
-    task_data = jax.device_put(prompts.task.data, sharding.replicated(mesh))
-    inputs = grpo.Inputs(params if config.kl_beta > 0 else None, task_data)
-    job = _lm.job(
-        run,
-        algorithm,
-        f"GRPO ({config.variant}) {prompts.name}",
-        inputs_for=lambda first, count: inputs,
-        units_name="completions",
-        units_per_step=config.completions_per_update,
-        after_chunk=_prompts.evaluate_every(run, evaluate, lambda state: state.params),
-    )
-    result = runner.train(job, run.flat.run, run_dir, FLAGS["kill_after_chunk"].value)
-    params = result.states.params
-    _lm.save_params(run_dir, params)
-
-    t0 = time.time()
-    final = evaluate(params)
-    summary = runner.summary_fields(job, result, time.time() - t0)
-    summary |= {"variant": config.variant}
-    summary |= _prompts.summary_fields(
-        run, prompts, run_dir, initial, final, config.completions_per_update, source,
-        summary["steps_per_second"],
-    )  # fmt: skip
-    run_dir.write_summary(summary)
-    if run_dir.writes:  # per-problem results beside initial_eval.json's: paired comparisons
-        _lm.write_json(run_dir.file("final_eval.json"), {"correct": final.correct.tolist()})
-    title = f"GRPO ({config.variant}) {prompts.name}"
-    _prompts.write_plots_and_report(run, prompts, run_dir, initial, final, summary, title)
-
-
 if __name__ == "__main__":
-    runner.main(main)
+    runner.main(lambda argv: base.run_script(FLAGS, grpo.train))

@@ -14,7 +14,7 @@ with discounted returns (credit=turn), and takes the clipped policy-gradient ste
 own tokens (`algos/multiturn.py`). Updates run in compiled chunks on `jaxrl.runner`, with a
 checkpoint after each; a restarted run resumes from the newest.
 
-The game, its turns and its rendering come from config.task (`experiments/_games.game_task`);
+The game, its turns and its rendering come from config.task (`jaxrl/trainers/game_play.game_task`);
 with a chat template (init_from a chat model such as "smollm2") the game speaks in user turns.
 Evaluation plays task.num_eval episodes, the same games and sampling keys before and after
 training (paired), sampled as trained and greedily. `summary.json` reports `eval_success` and
@@ -26,165 +26,19 @@ evaluations.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import numpy as np  # noqa: E402
-
-from algos import multiturn  # noqa: E402
-from experiments import _games, _lm, _prompts  # noqa: E402
-from jaxrl import evaluation, extras, runner  # noqa: E402
+from jaxrl import extras, runner  # noqa: E402
 
 # A missing optional extra is one error line, before flags are parsed or anything compiles.
 extras.require("lm", "experiments/multiturn.py")
 
+from jaxrl.trainers import base, multiturn  # noqa: E402
+
 FLAGS = runner.define_flags("multiturn.py", seeds=False)
-FINAL_WINDOW = 10  # updates whose training success is averaged for final_success
-
-
-def evaluation_row(played: _games.Played, prefix: str, tools: bool) -> dict[str, float]:
-    """Success rate and mean turns of evaluation episodes, with the success's 95% interval; with
-    `tools`, the fraction of episodes that called one."""
-    low, high = _prompts.interval(played.success)
-    row = {
-        prefix: float(played.success.mean()),
-        f"{prefix}_low": low,
-        f"{prefix}_high": high,
-        f"{prefix}_turns": float(played.turns.mean()),
-    }
-    if tools:
-        row[f"{prefix}_tool_calls"] = float(played.tool_calls.mean())
-    return row
-
-
-def plot_evaluations(run_dir, initial: dict, final: dict, num_steps: int, title: str) -> None:
-    """`eval_success.png`: sampled and greedy success of the evaluation episodes at the start,
-    at every `eval_every` evaluation (metrics.jsonl) and at the end, with 95% intervals."""
-    if not run_dir.writes:
-        return
-    with open(run_dir.metrics_path) as f:
-        logged = [json.loads(line) for line in f if line.strip()]
-    middle = [row for row in logged if "eval_success_low" in row and row["step"] < num_steps]
-    rows = [initial, *middle, final]
-    names = {"eval_success": "sampled", "eval_success_greedy": "greedy"}
-    evaluation.plot_sample_efficiency_curves(
-        [0, *(row["step"] for row in middle), num_steps],
-        {label: np.array([row[key] for row in rows]) for key, label in names.items()},
-        {
-            label: np.array(
-                [[row[f"{key}_low"] for row in rows], [row[f"{key}_high"] for row in rows]]
-            )
-            for key, label in names.items()
-        },
-        run_dir.file("eval_success.png"),
-        xlabel="update",
-        ylabel="success rate (95% CI)",
-        title=title,
-    )
-
-
-def main(argv: list[str]) -> None:
-    run = _lm.setup(FLAGS, multiturn.Config, "multiturn")
-    config, mesh, section = run.config, run.mesh, run.flat.task
-    game = _games.make_game(section, run.tokenizer)
-    params, model, source = _lm.initial_params(run)
-    turn_tokens = config.max_new_tokens
-    evaluate = _games.evaluator(section, game, model, run.tokenizer, turn_tokens, mesh)
-    num_samples = _prompts.eval_samples(run)
-
-    def evaluate_both(params) -> tuple[dict, list[str]]:
-        sampled = evaluate(params, config.temperature)
-        greedy = evaluate(params, 0.0)
-        tools = section.game == _games.TOOL_GAME
-        row = evaluation_row(sampled, "eval_success", tools)
-        row |= evaluation_row(greedy, "eval_success_greedy", tools)
-        if num_samples:  # pass@k: each evaluation game played eval_samples times, sampled
-            games = evaluate.successes(params, config.temperature, num_samples)
-            row |= _prompts.pass_at_k_fields(games)
-        return row | {"_success": sampled.success}, sampled.transcripts
-
-    # The starting policy's evaluation (recomputed on a resume: the same episodes).
-    initial, before = evaluate_both(params)
-    run_dir = _lm.open_run(run)
-    if run_dir.writes:
-        with open(run_dir.file("transcripts_before.txt"), "w") as f:
-            f.write("\n".join(before))
-
-    algorithm = multiturn.make(
-        config, model, game.env, params, game.end_of_turn, run.tokenizer.pad_id, mesh
-    )
-    inputs = multiturn.Inputs(params if config.kl_beta > 0 else None)
-
-    def after_chunk(state, step: int, index: int) -> dict | None:
-        every = run.flat.eval_every
-        if not every or (index + 1) % every or step >= config.num_steps:
-            return None
-        row, _ = evaluate_both(state.params)
-        row = {key: value for key, value in row.items() if not key.startswith("_")}
-        for key in [k for k in row if k.endswith("_ci95")]:  # metrics rows hold numbers
-            row[f"{key.removesuffix('_ci95')}_low"], row[f"{key.removesuffix('_ci95')}_high"] = (
-                row.pop(key)
-            )
-        return row
-
-    title = f"Multi-turn GRPO ({config.credit} credit) on {section.game}"
-    job = _lm.job(
-        run,
-        algorithm,
-        title,
-        inputs_for=lambda first, count: inputs,
-        units_name="episodes",
-        units_per_step=config.batch_size * config.group_size,
-        after_chunk=after_chunk,
-    )
-    result = runner.train(job, run.flat.run, run_dir, FLAGS["kill_after_chunk"].value)
-    params = result.states.params
-    _lm.save_params(run_dir, params)
-
-    t0 = time.time()
-    final, after = evaluate_both(params)
-    if run_dir.writes:
-        with open(run_dir.file("transcripts_after.txt"), "w") as f:
-            f.write("\n".join(after))
-    summary = runner.summary_fields(job, result, time.time() - t0)
-    rows = _prompts.last_rows(run_dir, FINAL_WINDOW, config.num_steps, run.flat.run.log_every)
-    public = lambda row: {k: v for k, v in row.items() if not k.startswith("_")}  # noqa: E731
-    change = final["_success"] - initial["_success"]  # paired: the same games and keys
-    summary |= {
-        "task": section.game,
-        "init_from": source,
-        "credit": config.credit,
-        "episodes": config.num_steps * config.batch_size * config.group_size,
-        "episodes_per_second": round(
-            summary["steps_per_second"] * config.batch_size * config.group_size, 3
-        ),
-        "final_success": float(np.mean([row["success"] for row in rows])),
-        **public(final),
-        **{f"initial_{key}": value for key, value in public(initial).items()},
-        "eval_success_change": float(change.mean()),
-        "eval_success_change_ci95": _prompts.interval(change),
-        "num_eval": section.num_eval,
-        "eval_samples": num_samples,  # episodes per evaluation game behind eval_pass_at_K
-        "mesh_shape": list(config.mesh_shape),
-    }
-    run_dir.write_summary(summary)
-    run_dir.write_learning_curve(
-        x="step", y="success", title=f"{title}: success of the training episodes"
-    )
-    plot_evaluations(run_dir, initial, final, config.num_steps, title)
-    low, high = summary["eval_success_change_ci95"]
-    print(
-        f"{title}: eval_success {final['eval_success']:.3f} (start {initial['eval_success']:.3f}; "
-        f"change 95% CI [{low:+.3f}, {high:+.3f}]), greedy {final['eval_success_greedy']:.3f} "
-        f"(start {initial['eval_success_greedy']:.3f}) after {config.num_steps} updates in "
-        f"{summary['wall_seconds']:.0f}s (compile {summary['compile_seconds']:.0f}s). "
-        f"Run directory: {run_dir.path}"
-    )
-
 
 if __name__ == "__main__":
-    runner.main(main)
+    runner.main(lambda argv: base.run_script(FLAGS, multiturn.train))

@@ -19,69 +19,17 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-
-from algos import online_dpo  # noqa: E402
-from experiments import _lm, _prompts  # noqa: E402
-from jaxrl import extras, runner, sharding  # noqa: E402
+from jaxrl import extras, runner  # noqa: E402
 
 # A missing optional extra is one error line, before flags are parsed or anything compiles.
 extras.require("lm", "experiments/online_dpo.py")
 
+from jaxrl.trainers import base, online_dpo  # noqa: E402
+
 FLAGS = runner.define_flags("online_dpo.py", seeds=False)
 
-
-def main(argv: list[str]) -> None:
-    run = _lm.setup(FLAGS, online_dpo.Config, "online_dpo")
-    flat, config, mesh = run.flat, run.config, run.mesh
-    _prompts.reward_model_paths(run, online_dpo.Config())  # its flags, before anything is read
-    prompts = _prompts.read_task(run)
-    reward_params, reward_config, reward_paths = _prompts.reward_models(
-        run, prompts.prompt_length, online_dpo.Config()
-    )
-    params, model, source = _lm.initial_params(run)
-    evaluate = _prompts.evaluator(run, model, prompts)
-    run_dir, initial = _prompts.open_run_with_initial_evaluation(run, evaluate, params)
-    algorithm = online_dpo.make(config, model, prompts.task, params, mesh, reward_config)
-    task_data = jax.device_put(prompts.task.data, sharding.replicated(mesh))
-    inputs = online_dpo.Inputs(params, reward_params, task_data)
-    job = _lm.job(
-        run,
-        algorithm,
-        f"online DPO {prompts.name}",
-        inputs_for=lambda first, count: inputs,
-        units_name="completions",
-        units_per_step=config.batch_size * config.num_samples,
-        after_chunk=_prompts.evaluate_every(run, evaluate, lambda state: state.params),
-    )
-    result = runner.train(job, flat.run, run_dir, FLAGS["kill_after_chunk"].value)
-    policy = result.states.params
-    _lm.save_params(run_dir, policy)
-
-    t0 = time.time()
-    final = evaluate(policy)
-    summary = runner.summary_fields(job, result, time.time() - t0)
-    summary |= _prompts.summary_fields(
-        run, prompts, run_dir, initial, final, config.batch_size * config.num_samples, source,
-        summary["steps_per_second"],
-    )  # fmt: skip
-    rows = _prompts.last_rows(run_dir, _prompts.FINAL_WINDOW, config.num_steps, flat.run.log_every)
-    summary |= {
-        "loss_type": config.loss_type,
-        "reward_model": reward_paths,
-        "final_score": float(np.mean([row["score"] for row in rows])),
-        "final_tied_fraction": float(np.mean([row["tied_fraction"] for row in rows])),
-    }
-    run_dir.write_summary(summary)
-    _prompts.write_plots_and_report(
-        run, prompts, run_dir, initial, final, summary, f"online DPO {prompts.name}"
-    )
-
-
 if __name__ == "__main__":
-    runner.main(main)
+    runner.main(lambda argv: base.run_script(FLAGS, online_dpo.train))

@@ -31,91 +31,17 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-
-from algos import ppo_lm  # noqa: E402
-from experiments import _lm, _prompts  # noqa: E402
-from jaxrl import extras, runner, sharding  # noqa: E402
+from jaxrl import extras, runner  # noqa: E402
 
 # A missing optional extra is one error line, before flags are parsed or anything compiles.
 extras.require("lm", "experiments/ppo_lm.py")
 
+from jaxrl.trainers import base, ppo_lm  # noqa: E402
+
 FLAGS = runner.define_flags("ppo_lm.py", seeds=False)
 
-
-def main(argv: list[str]) -> None:
-    run = _lm.setup(FLAGS, ppo_lm.Config, "ppo_lm")
-    flat, config, mesh = run.flat, run.config, run.mesh
-    _prompts.reward_model_paths(run, ppo_lm.Config())  # its flags, before anything is read
-    prompts = _prompts.read_task(run)
-    reward_params, reward_config, reward_paths = _prompts.reward_models(
-        run, prompts.prompt_length, ppo_lm.Config()
-    )
-    lm_params, model, source = _lm.initial_params(run)
-
-    critic_params, critic_model = None, None
-    if config.critic == "separate" and reward_params is not None:
-        # TRL's choice: the critic starts as the reward model (an ensemble's first member).
-        critic_model = reward_config
-        first = jax.tree.map(lambda x: x[0], reward_params) if len(reward_paths) > 1 else None
-        critic_params = jax.tree.map(jax.numpy.copy, first or reward_params)
-    params = ppo_lm.init_params(
-        lm_params, model, jax.random.key(flat.seed), config.critic, critic_params
-    )
-    on_mesh = set(sharding.replicated(mesh).device_set)
-    params = jax.tree.map(
-        lambda x: x if x.sharding.device_set == on_mesh else jax.device_put(
-            x, sharding.replicated(mesh)
-        ),
-        params,
-    )  # fmt: skip
-
-    evaluate = _prompts.evaluator(run, model, prompts)
-    run_dir, initial = _prompts.open_run_with_initial_evaluation(run, evaluate, lm_params)
-    algorithm = ppo_lm.make(config, model, prompts.task, params, mesh, reward_config, critic_model)
-    task_data = jax.device_put(prompts.task.data, sharding.replicated(mesh))
-    inputs = ppo_lm.Inputs(lm_params, reward_params, task_data)
-    job = _lm.job(
-        run,
-        algorithm,
-        f"PPO {prompts.name}",
-        inputs_for=lambda first, count: inputs,
-        units_name="completions",
-        units_per_step=config.batch_size,
-        after_chunk=_prompts.evaluate_every(run, evaluate, lambda state: state.params["policy"]),
-    )
-    result = runner.train(job, flat.run, run_dir, FLAGS["kill_after_chunk"].value)
-    policy = result.states.params["policy"]
-    _lm.save_params(run_dir, policy)  # the policy alone: a language model's run
-
-    t0 = time.time()
-    final = evaluate(policy)
-    summary = runner.summary_fields(job, result, time.time() - t0)
-    summary |= _prompts.summary_fields(
-        run, prompts, run_dir, initial, final, config.batch_size, source,
-        summary["steps_per_second"],
-    )  # fmt: skip
-    rows = _prompts.last_rows(run_dir, _prompts.FINAL_WINDOW, config.num_steps, flat.run.log_every)
-    summary |= {
-        "reward_model": reward_paths,
-        "critic": config.critic,
-        "final_score": float(np.mean([row["score"] for row in rows])),
-        "final_kl": float(np.mean([row["kl"] for row in rows])),
-        "final_kl_coef": float(result.states.kl_coef),
-    }
-    run_dir.write_summary(summary)
-    title = f"PPO {prompts.name}"
-    if reward_paths:
-        run_dir.write_learning_curve(
-            x="step", y="score", title=f"{title}: reward-model score", file_name="score_curve.png"
-        )
-    _prompts.write_plots_and_report(run, prompts, run_dir, initial, final, summary, title)
-
-
 if __name__ == "__main__":
-    runner.main(main)
+    runner.main(lambda argv: base.run_script(FLAGS, ppo_lm.train))

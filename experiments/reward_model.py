@@ -20,93 +20,17 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import jax  # noqa: E402
-
-import envs.text  # noqa: E402, F401  (the tasks: imported at start, as a run needs them)
-from algos import reward_model  # noqa: E402
-from experiments import _lm  # noqa: E402
-from experiments._pairs import (  # noqa: E402
-    checked_pairs,
-    data_name,
-    pair_summary_fields,
-    record_dataset,
-)
-from jaxrl import extras, runner, sharding  # noqa: E402
-from jaxrl.data.step_batches import dataset_batches  # noqa: E402
+from jaxrl import extras, runner  # noqa: E402
 
 # A missing optional extra is one error line, before flags are parsed or anything compiles.
 extras.require("lm", "experiments/reward_model.py")
 
+from jaxrl.trainers import base, reward_model  # noqa: E402
+
 FLAGS = runner.define_flags("reward_model.py", seeds=False)
-PAIR_KEYS = tuple(
-    f"{side}_{name}" for side in ("chosen", "rejected") for name in ("tokens", "attention_mask")
-)
-
-
-def main(argv: list[str]) -> None:
-    run = _lm.setup(FLAGS, reward_model.Config, "reward_model")
-    flat, config, mesh = run.flat, run.config, run.mesh
-    pairs, data = checked_pairs(run, "Reward-model")
-    arrays, name = data.arrays, data_name(run)
-    lm_params, model, source = _lm.initial_params(run)
-    # The new head is replicated over the mesh; the transformer keeps its placement.
-    head_key = jax.random.fold_in(jax.random.PRNGKey(flat.seed), 1)
-    params = reward_model.init_params(lm_params, model, head_key)
-    params = {
-        key: value if key == "backbone" else jax.device_put(value, sharding.replicated(mesh))
-        for key, value in params.items()
-    }
-    run_dir = _lm.open_run(run, head=_lm.REWARD_HEAD)
-    built = record_dataset(pairs, flat, run_dir)
-
-    # Replicated outputs: every process of a multi-host run reads all the rewards.
-    score = jax.jit(reward_model.make_score(model, mesh), out_shardings=sharding.replicated(mesh))
-    eval_batch = _lm.batch_for_mesh(
-        min(flat.eval_batch_size, len(arrays["eval"]["chosen_tokens"])), mesh
-    )
-    place = lambda batch: sharding.shard_batch(batch, mesh)  # noqa: E731
-    start_metrics = reward_model.evaluate_pairs(score, params, arrays["eval"], eval_batch, place)
-
-    algorithm = reward_model.make(config, model, params, mesh)
-    train = {key: arrays["train"][key] for key in PAIR_KEYS}
-    job = _lm.job(
-        run,
-        algorithm,
-        f"reward model {name}",
-        scan_inputs=True,
-        inputs_for=dataset_batches(train, config, flat.seed, mesh),
-        units_name="pairs",
-        units_per_step=config.batch_size,
-    )
-    result = runner.train(job, flat.run, run_dir, FLAGS["kill_after_chunk"].value)
-    params = result.states.params
-    _lm.save_params(run_dir, params)
-
-    t0 = time.time()
-    metrics = reward_model.evaluate_pairs(score, params, arrays["eval"], eval_batch, place)
-    summary = runner.summary_fields(job, result, time.time() - t0)
-    summary |= {
-        "task": run.task.name if pairs.eval_problems else None,
-        "dataset": built,
-        "init_from": source,
-        **pair_summary_fields(summary, data, config),
-        **metrics,
-        "start_eval_pair_accuracy": start_metrics["eval_pair_accuracy"],
-    }
-    run_dir.write_summary(summary)
-    title = f"reward model {name}"
-    run_dir.write_learning_curve(x="step", y="pair_accuracy", title=title)
-    print(
-        f"{title}: eval_pair_accuracy {metrics['eval_pair_accuracy']:.3f} (at the start: "
-        f"{start_metrics['eval_pair_accuracy']:.3f}) after {config.num_steps} steps in "
-        f"{summary['wall_seconds']:.0f}s (compile {summary['compile_seconds']:.0f}s). "
-        f"Run directory: {run_dir.path}"
-    )
-
 
 if __name__ == "__main__":
-    runner.main(main)
+    runner.main(lambda argv: base.run_script(FLAGS, reward_model.train))

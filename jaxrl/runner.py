@@ -51,10 +51,17 @@ def fail(message: str) -> NoReturn:
     sys.exit(2)
 
 
+# Objects a trainer was given from Python (reward functions, game classes), under the
+# "module:name" a config records them by: load_named returns them as they are.
+GIVEN_OBJECTS: dict[str, Any] = {}
+
+
 def load_named(spec: str) -> Any:
     """The object `spec` names: "module.path:name" (importable from the working directory) or
     "path/to/file.py:name" (a module of the user's anywhere, loaded from its file). Raises
     ImportError / AttributeError / ValueError with the reason."""
+    if spec in GIVEN_OBJECTS:  # a Python object handed to a trainer (jaxrl.trainers.base)
+        return GIVEN_OBJECTS[spec]
     module_name, _, attribute = spec.rpartition(":") if ".py:" in spec else spec.partition(":")
     if not attribute:
         raise ValueError("no ':name' after the module")
@@ -393,11 +400,54 @@ def check_same_script(run_dir: RunDirectory, workdir: str) -> None:
         )
 
 
+# The settings that only set how long a run is: a finished run restarted on its workdir with a
+# larger one continues from its newest checkpoint (an extension) instead of being refused.
+BUDGET_FIELDS = ("num_steps", "total_timesteps")
+
+
+def budget_dependence(saved: dict[str, Any]) -> str | None:
+    """Why the run recorded as `saved` cannot be extended to a larger budget (None: it can): a
+    schedule or a shape that the budget sets would differ from the one its steps were taken
+    with. The language-model trainers' learning rate is constant after an absolute warm-up, so
+    they always can."""
+    if saved.get("anneal_lr"):
+        return (
+            "its learning rate decays to zero over the whole budget (anneal_lr), so a longer "
+            "run has another schedule from the first step; pass a new --workdir (start runs "
+            "meant to be extended with --config.anneal_lr=False)"
+        )
+    buffer_size, total = saved.get("buffer_size"), saved.get("total_timesteps")
+    if buffer_size is not None and total is not None and total < buffer_size:
+        return (
+            f"its replay buffer holds min(buffer_size, total_timesteps) = {total} transitions, "
+            "so a longer run needs a larger buffer than the checkpoint's; pass a new --workdir "
+            "(start runs meant to be extended with --config.buffer_size <= total_timesteps)"
+        )
+    return None
+
+
 def check_resumable(saved: dict[str, Any] | None, current: dict[str, Any], workdir: str) -> None:
-    """A workdir holding a checkpoint may only be resumed with the settings it was started with."""
+    """A workdir holding a checkpoint may only be resumed with the settings it was started with,
+    except a larger budget (`BUDGET_FIELDS`), which extends the run where no schedule or shape
+    depends on the budget (`budget_dependence`); otherwise one line says why not."""
     if saved is None:
         return
     changed = [k for k in sorted(set(saved) | set(current)) if saved.get(k) != current.get(k)]
+    budget = [k for k in changed if k in BUDGET_FIELDS]
+    if budget and len(budget) == len(changed):
+        k, old, new = budget[0], saved.get(budget[0]), current.get(budget[0])
+        if not isinstance(old, int) or not isinstance(new, int) or new < old:
+            fail(
+                f"--workdir={workdir} holds a run with config.{k}={old!r}, not {new!r}: a run "
+                "continues with the same budget or a larger one; pass a new --workdir for a "
+                "shorter run"
+            )
+        reason = budget_dependence(saved)
+        if reason is not None:
+            fail(
+                f"--workdir={workdir}: config.{k}={new} would extend its run of {old}, but {reason}"
+            )
+        return
     if changed:
         k = changed[0]
         fail(
@@ -422,7 +472,11 @@ class Seeds:
 
 def seeds(flags: Mapping[str, Any], run: Any) -> Seeds:
     """--num_seeds and --seed, with the run section's counts checked (one error line)."""
-    count, base = flags["num_seeds"].value, flags["seed"].value
+    return make_seeds(flags["num_seeds"].value, flags["seed"].value, run)
+
+
+def make_seeds(count: int, base: int, run: Any) -> Seeds:
+    """`count` seeds from `base`, with the run section's counts checked (one error line)."""
     check_run_settings(run, count)
     init_keys, eval_keys = loop.run_keys(base, count)
     return Seeds(count, base, init_keys, eval_keys)
@@ -640,6 +694,15 @@ def train(
 
     block = block_length(job.num_steps, run.log_every)
     lengths = chunk_lengths(job.num_steps, run.num_chunks, block)
+    if done % block and not pending:
+        # An extended run whose old end falls inside a row of the new one's (3 then 5 updates
+        # with log_every=3): its rows, and the pieces the program runs, would straddle it.
+        checkpointer.close()
+        fail(
+            f"--workdir={run_dir.path}: the run ended at update {done}, inside a metrics row of "
+            f"{block} updates of the longer run; extend it to a multiple of {done} updates, or "
+            "use a config.run.log_every that divides both budgets from the start"
+        )
     sink = MetricsSink(
         run_dir,
         total_steps=job.num_steps,

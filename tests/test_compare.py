@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from experiments import compare
+from jaxrl import comparison as compare
 from jaxrl import evaluation
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -88,6 +88,7 @@ SMALL = {
         GROUP_SIZE=2,
         EVAL_EVERY=2,
         NUM_EVAL=8,
+        EVAL_SAMPLES=0,
     ),
     "grpo_smollm2.ipynb": dict(
         NUM_PROBLEMS=40,
@@ -226,6 +227,21 @@ def test_notebook_structure(name):
     unknown = set(SMALL[name]) - knobs
     assert not unknown, f"SMALL overrides {sorted(unknown)}, which the parameters cell lacks"
     assert (NOTEBOOK_DIR / name).stat().st_size < MAX_NOTEBOOK_BYTES
+
+
+MAX_CODE_LINES = 80  # a notebook calls the trainers (jaxrl.trainers); it writes no loop of its own
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_notebook_is_short(name):
+    """At most MAX_CODE_LINES lines of code (non-blank, not comments), install cell included."""
+    lines = [
+        line
+        for cell in code_cells(read_notebook(name))
+        for line in source(cell).splitlines()
+        if line.strip() and not line.strip().startswith("#")
+    ]
+    assert len(lines) <= MAX_CODE_LINES, f"{name}: {len(lines)} lines of code"
 
 
 @pytest.mark.parametrize("name", [runnable(name) for name in NOTEBOOKS])

@@ -442,8 +442,8 @@ def fake_ppo_run(run_dir):
     """A finished-looking experiments/ppo.py run directory: config.json, summary.json and two
     checkpoints (initial parameters, then shifted), without spending time on training."""
     from algos import ppo
-    from experiments import _offline
     from jaxrl.checkpoint import Checkpointer
+    from jaxrl.trainers import offline_sources
 
     config = ppo.Config(
         env_name="Pendulum-v1",
@@ -460,7 +460,7 @@ def fake_ppo_run(run_dir):
     with open(os.path.join(run_dir, "summary.json"), "w") as f:
         json.dump({"algo": "ppo", "env": "Pendulum-v1", "num_seeds": 2}, f)
     # The loader's (cached) initial states: the same as experiments/ppo.py's, compiled once here.
-    states = _offline.initial_states("ppo", config, 0, 2)
+    states = offline_sources.initial_states("ppo", config, 0, 2)
     checkpointer = Checkpointer(os.path.join(run_dir, "checkpoints"), keep=10)
     checkpointer.save(1, states, {"step": 1})
     shifted = states.replace(params=jax.tree.map(lambda p: p + 1.0, states.params))
@@ -470,21 +470,21 @@ def fake_ppo_run(run_dir):
 
 
 def test_ppo_run_policy_medium_replay(tmp_path):
-    from experiments import _offline
+    from jaxrl.trainers import offline_sources
 
     run_dir = str(tmp_path / "ppo-run")
     states, shifted = fake_ppo_run(run_dir)
-    policy = _offline.load_run_policy(run_dir, seed_index=1)
+    policy = offline_sources.load_run_policy(run_dir, seed_index=1)
     assert (policy.algo, policy.env_name, policy.steps) == ("ppo", "Pendulum-v1", [1, 2])
     restored = policy.state(2)
     for a, b in zip(jax.tree.leaves(restored.params), jax.tree.leaves(shifted.params), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b)[1])
 
-    env = _offline.make_env("Pendulum-v1", max_episode_steps=5)
-    sources = _offline.plan_mixture("medium-replay", env, 60, policy, None)
+    env = offline_sources.make_env("Pendulum-v1", max_episode_steps=5)
+    sources = offline_sources.plan_mixture("medium-replay", env, 60, policy, None)
     assert [s.label.rsplit("@", 1)[1] for s in sources] == ["0", "1", "2"]
     assert [s.num_steps for s in sources] == [20, 20, 20]
-    episodes = _offline.collect_sources(env, sources, jax.random.PRNGKey(0), num_envs=2)
+    episodes = offline_sources.collect_sources(env, sources, jax.random.PRNGKey(0), num_envs=2)
     assert sum(len(e["reward"]) for e in episodes) == 60
     assert [e["policy"] for e in episodes[::4]] == [s.label for s in sources]
     low, high = float(env.action_space.low), float(env.action_space.high)
@@ -492,16 +492,16 @@ def test_ppo_run_policy_medium_replay(tmp_path):
     assert actions.min() >= low and actions.max() <= high  # executed (clipped) actions
     assert len(np.unique(actions)) > 20  # sampled, not the deterministic mode
 
-    with pytest.raises(_offline.PolicyError, match="collects with a trained policy"):
-        _offline.plan_mixture("medium", env, 60, None, None)
-    with pytest.raises(_offline.PolicyError, match="uses uniform random actions"):
-        _offline.plan_mixture("random", env, 60, policy, None)
-    with pytest.raises(_offline.PolicyError, match="needs --expert_policy"):
-        _offline.plan_mixture("medium-expert", env, 60, policy, None)
-    with pytest.raises(_offline.PolicyError, match="no summary.json"):
-        _offline.load_run_policy(str(tmp_path))
-    with pytest.raises(_offline.PolicyError, match="--policy_seed=2: .* trained 2 seed"):
-        _offline.load_run_policy(run_dir, seed_index=2)
+    with pytest.raises(offline_sources.PolicyError, match="collects with a trained policy"):
+        offline_sources.plan_mixture("medium", env, 60, None, None)
+    with pytest.raises(offline_sources.PolicyError, match="uses uniform random actions"):
+        offline_sources.plan_mixture("random", env, 60, policy, None)
+    with pytest.raises(offline_sources.PolicyError, match="needs --expert_policy"):
+        offline_sources.plan_mixture("medium-expert", env, 60, policy, None)
+    with pytest.raises(offline_sources.PolicyError, match="no summary.json"):
+        offline_sources.load_run_policy(str(tmp_path))
+    with pytest.raises(offline_sources.PolicyError, match="--policy_seed=2: .* trained 2 seed"):
+        offline_sources.load_run_policy(run_dir, seed_index=2)
 
 
 def run_collect(*args):

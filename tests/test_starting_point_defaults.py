@@ -1,4 +1,4 @@
-"""Defaults by starting point (experiments/configs/lm.py PRETRAINED, experiments/_lm.py
+"""Defaults by starting point (experiments/configs/lm.py PRETRAINED, jaxrl/trainers/lm_runs.py
 resolve_defaults): the settings that depend on the model keep the random-model values for a
 random model and the runs continuing one, take the pretrained values from a pretrained
 checkpoint and the runs continuing one, never replace a value the user gave, and warn once about
@@ -13,17 +13,17 @@ import os
 import numpy as np
 import pytest
 
-from experiments import _lm
 from experiments.configs import lm as lm_configs
 from jaxrl.lm.model import ModelConfig
+from jaxrl.trainers import lm_runs
 
 TINY = ModelConfig(259, 64, 128, 2, 4, 2)
 CONFIG_FILES = ("sft", "dpo", "grpo", "multiturn", "ppo_lm", "online_dpo", "reward_model")
 
 
-def checkpoint(pretrained: bool) -> _lm.Checkpoint:
+def checkpoint(pretrained: bool) -> lm_runs.Checkpoint:
     kind = "gguf" if pretrained else "random"
-    return _lm.Checkpoint(kind, "", TINY, "byte", f"{kind} model", pretrained=pretrained)
+    return lm_runs.Checkpoint(kind, "", TINY, "byte", f"{kind} model", pretrained=pretrained)
 
 
 def config_of(name: str, preset: str | None = None):
@@ -45,7 +45,7 @@ def test_each_preset_resolves_to_valid_configs_from_either_start(name):
                 assert left == list(lm_configs.PRETRAINED[name]), (preset, left)
                 if lora_rank and name in lm_configs.PRETRAINED_LORA:  # those with LoRA
                     flat.lora_rank = lora_rank
-                filled = _lm.resolve_defaults(flat, checkpoint(pretrained))
+                filled = lm_runs.resolve_defaults(flat, checkpoint(pretrained))
                 assert sorted(filled) == sorted(lm_configs.PRETRAINED[name])
                 if pretrained:
                     table = lm_configs.PRETRAINED[name] | (
@@ -63,24 +63,24 @@ def test_each_preset_resolves_to_valid_configs_from_either_start(name):
 def test_random_and_pretrained_values_of_the_presets():
     flat = config_of("dpo")
     assert (flat.defaults.random.learning_rate, flat.defaults.random.beta) == (5e-4, 0.5)
-    _lm.resolve_defaults(flat, checkpoint(False))
+    lm_runs.resolve_defaults(flat, checkpoint(False))
     assert (flat.learning_rate, flat.beta) == (5e-4, 0.5)  # the tiny model's preset
     flat = config_of("dpo")
-    _lm.resolve_defaults(flat, checkpoint(True))
+    lm_runs.resolve_defaults(flat, checkpoint(True))
     assert (flat.learning_rate, flat.beta) == (5e-6, 0.1)
     flat = config_of("grpo", "word_problems")  # SmolLM2's preset takes the pretrained value
-    _lm.resolve_defaults(flat, checkpoint(True))
+    lm_runs.resolve_defaults(flat, checkpoint(True))
     assert flat.learning_rate == 2e-5
     flat = config_of("sft")
     flat.lora_rank = 8
-    _lm.resolve_defaults(flat, checkpoint(True))
+    lm_runs.resolve_defaults(flat, checkpoint(True))
     assert flat.learning_rate == 2e-4
 
 
 def test_a_given_value_is_never_replaced_and_far_ones_are_warned_about(capsys):
     flat = config_of("dpo")
     flat.learning_rate = 5e-4  # the random-model value, given for a pretrained model
-    filled = _lm.resolve_defaults(flat, checkpoint(True))
+    filled = lm_runs.resolve_defaults(flat, checkpoint(True))
     assert filled == {"beta": 0.1} and flat.learning_rate == 5e-4
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("warning: config.learning_rate=0.0005 is far above")
@@ -89,16 +89,16 @@ def test_a_given_value_is_never_replaced_and_far_ones_are_warned_about(capsys):
     for value, pretrained in [(1e-5, True), (1.0, False), (None, True)]:
         flat = config_of("grpo")
         flat.learning_rate = value
-        _lm.resolve_defaults(flat, checkpoint(pretrained))
+        lm_runs.resolve_defaults(flat, checkpoint(pretrained))
         assert flat.learning_rate == (2e-5 if value is None else value)
     assert capsys.readouterr().err == ""
     flat = config_of("dpo")
     flat.beta = 5.0
-    _lm.resolve_defaults(flat, checkpoint(True))
+    lm_runs.resolve_defaults(flat, checkpoint(True))
     assert capsys.readouterr().err.startswith("warning: config.beta=5 is far above")
     flat = config_of("sft")  # LoRA adapters take larger learning rates
     flat.lora_rank, flat.learning_rate = 8, 5e-4
-    _lm.resolve_defaults(flat, checkpoint(True))
+    lm_runs.resolve_defaults(flat, checkpoint(True))
     assert capsys.readouterr().err == ""
 
 
@@ -111,16 +111,16 @@ def write_run(path, **record):
 def test_runs_inherit_their_starting_point(tmp_path):
     write_run(tmp_path / "tiny", init_from="random init", pretrained=False)
     write_run(tmp_path / "smol", init_from="GGUF file x.gguf", pretrained=True)
-    assert not _lm._descends_from_pretrained(str(tmp_path / "tiny"))
-    assert _lm._descends_from_pretrained(str(tmp_path / "smol"))
+    assert not lm_runs._descends_from_pretrained(str(tmp_path / "tiny"))
+    assert lm_runs._descends_from_pretrained(str(tmp_path / "smol"))
     # Runs recorded before `pretrained` existed: followed back through init_from.
     write_run(tmp_path / "old_tiny", init_from="random init")
     write_run(tmp_path / "old_dpo", init_from=f"run {tmp_path / 'old_tiny'}")
     write_run(tmp_path / "old_grpo", init_from=f"run {tmp_path / 'smol'}")
     write_run(tmp_path / "old_hf", init_from="Hugging Face checkpoint /models/x")
-    assert not _lm._descends_from_pretrained(str(tmp_path / "old_dpo"))
-    assert _lm._descends_from_pretrained(str(tmp_path / "old_grpo"))
-    assert _lm._descends_from_pretrained(str(tmp_path / "old_hf"))
+    assert not lm_runs._descends_from_pretrained(str(tmp_path / "old_dpo"))
+    assert lm_runs._descends_from_pretrained(str(tmp_path / "old_grpo"))
+    assert lm_runs._descends_from_pretrained(str(tmp_path / "old_hf"))
 
 
 # --- the direction on SmolLM2 (the real model) ------------------------------------------------

@@ -11,7 +11,7 @@
 
 import ml_collections
 
-from experiments.configs.lm import lm_config
+from experiments.configs.lm import prompt_rl_config
 
 PRESETS = {
     "reverse_digits": dict(
@@ -69,41 +69,11 @@ def get_config(preset: str = "reverse_digits") -> ml_collections.ConfigDict:
     from algos import grpo
     from jaxrl import runner
 
-    rewards = ml_collections.ConfigDict(
-        dict(
-            # weight of the digit tasks' format reward (digits, then EOS) next to their answer
-            # reward; a prompt file's rewards are its functions in `host`
-            format_weight=0.0,
-            # host Python rewards, "module.path:function" (comma-separated for several), each
-            # called as f(prompts, completions, **columns) -> list[float] through io_callback;
-            # on a prompt file the first one also measures held-out accuracy
-            host="",
-            host_weights="",  # comma-separated, one per function; "" weighs each 1
-        )
-    )
-    # 25 updates per compiled chunk (a real model: 5).
     chosen = runner.preset_of(PRESETS, preset)
     settings = PRESET_SETTINGS.get(preset, {})
-    rewards.host = settings.get("host", "")
-    config = lm_config(
-        grpo.Config(),
-        chosen,
-        num_chunks=max(1, chosen["num_steps"] // (5 if "init_from" in settings else 25)),
-        rewards=rewards,
-        eval_batch_size=settings.get("eval_batch_size", 256),
-        eval_every=0,  # held-out evaluation every N chunks (0: at the start and the end only)
-        eval_samples=4,  # sampled completions per held-out prompt, for pass@k (0: none)
-    )
-    # Prompts from a built TFDS dataset (array_record) instead of train_jsonl: a name
-    # NAME[/CONFIG][:X.Y.Z] under tfds_data_dir ("" is TFDS's default) or a directory; its
-    # eval_split is held out ("" holds out num_eval rows of train_split). prompt_column names
-    # the column (or feature) holding the prompt in either source, e.g. gsm8k's "question".
-    config.task.train_tfds = ""
-    config.task.tfds_data_dir = ""
-    config.task.train_split = "train"
-    config.task.eval_split = ""
-    config.task.prompt_column = "prompt"
-    config.init_from = settings.get("init_from", "")
+    # 25 updates per compiled chunk (a real model: 5).
+    chunk = 5 if "init_from" in settings else 25
+    config = prompt_rl_config(grpo.Config(), chosen, settings, max(1, chosen["num_steps"] // chunk))
     if config.init_from:
         # A real model's update takes a minute or more: log each one (the learning curve) and
         # keep chunks of 5 (a metrics row per 10 updates would merge chunks of 5 into 10).

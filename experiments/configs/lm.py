@@ -112,7 +112,7 @@ def lm_config(
     runs that continue one) and `defaults.pretrained` (for a pretrained checkpoint and runs that
     continue one), which `defaults.pretrained_lora` overrides when lora_rank > 0. The script
     fills each field still None once it knows where the model starts
-    (`experiments/_lm.resolve_defaults`); a value given on the command line is never
+    (`jaxrl/trainers/lm_runs.resolve_defaults`); a value given on the command line is never
     replaced."""
     from jaxrl import runner
 
@@ -165,3 +165,45 @@ def for_start(flat: ml_collections.ConfigDict, pretrained: bool) -> ml_collectio
     for name, value in starting_point_defaults(flat, pretrained).items():
         filled[name] = value
     return filled
+
+
+def prompt_rl_config(
+    config: Any, preset: dict[str, Any], settings: dict[str, Any], num_chunks: int, **sections: Any
+) -> ml_collections.ConfigDict:
+    """`lm_config` for RL on prompts (grpo.py, ppo_lm.py, online_dpo.py): the reward settings,
+    the held-out evaluation's, the prompt sources beside the digit tasks (a JSONL file, a built
+    TFDS dataset), and the preset's `settings` outside the algorithm's Config (init_from, the
+    host reward, the evaluation's batch size)."""
+    rewards = ml_collections.ConfigDict(
+        dict(
+            # weight of the digit tasks' format reward (digits, then EOS) next to their answer
+            # reward; a prompt file's rewards are its functions in `host`
+            format_weight=0.0,
+            # host Python rewards, "module.path:function" (comma-separated for several), each
+            # called as f(prompts, completions, **columns) -> list[float] through io_callback;
+            # on a prompt file the first one also measures held-out accuracy
+            host=settings.get("host", ""),
+            host_weights="",  # comma-separated, one per function; "" weighs each 1
+        )
+    )
+    flat = lm_config(
+        config,
+        preset,
+        num_chunks=num_chunks,
+        rewards=rewards,
+        eval_batch_size=settings.get("eval_batch_size", 256),
+        eval_every=0,  # held-out evaluation every N chunks (0: at the start and the end only)
+        eval_samples=4,  # sampled completions per held-out prompt, for pass@k (0: none)
+        **sections,
+    )
+    # Prompts from a built TFDS dataset (array_record) instead of train_jsonl: a name
+    # NAME[/CONFIG][:X.Y.Z] under tfds_data_dir ("" is TFDS's default) or a directory; its
+    # eval_split is held out ("" holds out num_eval rows of train_split). prompt_column names
+    # the column (or feature) holding the prompt in either source, e.g. gsm8k's "question".
+    flat.task.train_tfds = ""
+    flat.task.tfds_data_dir = ""
+    flat.task.train_split = "train"
+    flat.task.eval_split = ""
+    flat.task.prompt_column = "prompt"
+    flat.init_from = settings.get("init_from", "")
+    return flat

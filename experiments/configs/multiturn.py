@@ -61,10 +61,10 @@ PRESETS = {
 
 def get_config(preset: str = "guess_my_number") -> ml_collections.ConfigDict:
     """The preset's config: `algos.multiturn.Config` fields, the LM sections with a game's task
-    section (`experiments/_games.game_task`), and how often to evaluate."""
+    section (`jaxrl/trainers/game_play.game_task`), and how often to evaluate."""
     from algos import multiturn
-    from experiments import _games
     from jaxrl import runner
+    from jaxrl.trainers import game_play
 
     chosen = dict(runner.preset_of(PRESETS, preset))
     game = chosen.pop("task")
@@ -76,6 +76,6 @@ def get_config(preset: str = "guess_my_number") -> ml_collections.ConfigDict:
         eval_every=0,  # evaluation episodes every N chunks (0: at the start and the end only)
         eval_samples=4,  # episodes of each evaluation game sampled for pass@k (0: none)
     )
-    config.task = _games.game_task(**game)
+    config.task = game_play.game_task(**game)
     config.run.log_every = 1
     return config

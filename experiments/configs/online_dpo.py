@@ -8,7 +8,7 @@
 
 import ml_collections
 
-from experiments.configs.lm import lm_config
+from experiments.configs.lm import prompt_rl_config
 
 PRESETS = {
     "reverse_digits": dict(
@@ -25,28 +25,19 @@ PRESETS = {
 
 
 def get_config(preset: str = "reverse_digits") -> ml_collections.ConfigDict:
-    """The preset's config: `algos.online_dpo.Config` fields, the LM sections, the reward
-    settings (grpo.py's, and `reward_model`), and the greedy evaluation's batch size."""
+    """The preset's config: `algos.online_dpo.Config` fields, the LM sections, the reward settings
+    (those of grpo.py, and `reward_model`), and the greedy evaluation's batch size."""
     from algos import online_dpo
     from jaxrl import runner
 
-    rewards = ml_collections.ConfigDict(dict(format_weight=0.0, host="", host_weights=""))
     chosen = runner.preset_of(PRESETS, preset)
-    config = lm_config(
-        online_dpo.Config(),
-        chosen,
-        num_chunks=max(1, chosen["num_steps"] // 5),
-        rewards=rewards,
-        eval_batch_size=256,
-        eval_every=0,
-        eval_samples=4,  # sampled completions per held-out prompt, for pass@k (0: none)
+    settings = {}
+    config = prompt_rl_config(
+        online_dpo.Config(), chosen, settings, max(1, chosen["num_steps"] // 5)
     )
-    config.task.train_tfds = ""
-    config.task.tfds_data_dir = ""
-    config.task.train_split = "train"
-    config.task.eval_split = ""
-    config.task.prompt_column = "prompt"
-    config.init_from = ""
-    config.reward_model = ""  # reward_model.py run(s); "" ranks by the task's reward
-    config.run.log_every = 1
+    # A reward_model.py run directory (comma-separated: an ensemble, combined by
+    # config.ensemble_rule) whose score replaces the task's reward; the task's reward is still
+    # logged (reward_<name>), which on a testbed with a known reward measures over-optimisation.
+    config.reward_model = ""
+    config.run.log_every = 1  # an update is seconds of work: log each
     return config

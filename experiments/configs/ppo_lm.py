@@ -13,7 +13,8 @@
 
 import ml_collections
 
-from experiments.configs.lm import lm_config
+from experiments.configs import grpo
+from experiments.configs.lm import prompt_rl_config
 
 PRESETS = {
     "reverse_digits": dict(
@@ -32,14 +33,10 @@ PRESETS = {
         grad_accum_steps=2,
         num_epochs=2,
         max_new_tokens=12,
-        task=dict(train_jsonl="data/word_problems.jsonl", num_eval=200),
+        task=grpo.PRESETS["word_problems"]["task"],
     ),
 }
-PRESET_SETTINGS = {
-    "word_problems": dict(
-        init_from="smollm2", host="envs.text.math_answers:math_answer_reward", eval_batch_size=40
-    ),
-}
+PRESET_SETTINGS = grpo.PRESET_SETTINGS  # the same start, reward and evaluation batch
 
 
 def get_config(preset: str = "reverse_digits") -> ml_collections.ConfigDict:
@@ -48,25 +45,9 @@ def get_config(preset: str = "reverse_digits") -> ml_collections.ConfigDict:
     from algos import ppo_lm
     from jaxrl import runner
 
-    rewards = ml_collections.ConfigDict(dict(format_weight=0.0, host="", host_weights=""))
     chosen = runner.preset_of(PRESETS, preset)
     settings = PRESET_SETTINGS.get(preset, {})
-    rewards.host = settings.get("host", "")
-    config = lm_config(
-        ppo_lm.Config(),
-        chosen,
-        num_chunks=max(1, chosen["num_steps"] // 5),
-        rewards=rewards,
-        eval_batch_size=settings.get("eval_batch_size", 256),
-        eval_every=0,  # held-out evaluation every N chunks (0: at the start and the end only)
-        eval_samples=4,  # sampled completions per held-out prompt, for pass@k (0: none)
-    )
-    config.task.train_tfds = ""
-    config.task.tfds_data_dir = ""
-    config.task.train_split = "train"
-    config.task.eval_split = ""
-    config.task.prompt_column = "prompt"
-    config.init_from = settings.get("init_from", "")
+    config = prompt_rl_config(ppo_lm.Config(), chosen, settings, max(1, chosen["num_steps"] // 5))
     # A reward_model.py run directory (comma-separated: an ensemble, combined by
     # config.ensemble_rule) whose score replaces the task's reward; the task's reward is still
     # logged (reward_<name>), which on a testbed with a known reward measures over-optimisation.

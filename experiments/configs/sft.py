@@ -24,7 +24,8 @@ PRESETS = {
         | dict(max_length=44),
     ),
 }
-# SFT on a game's demonstrations (experiments/_games.py), the start of experiments/multiturn.py:
+# SFT on a game's demonstrations (jaxrl/trainers/game_play.py), the start of
+# experiments/multiturn.py:
 # a teacher that never contradicts an answer but picks at random among what is still possible,
 # near-optimal in 40% of episodes, so the SFT policy wins sometimes and RL has room to improve.
 GAMES = {
@@ -62,13 +63,13 @@ GAMES = {
 def get_config(preset: str = "reverse_digits") -> ml_collections.ConfigDict:
     """The preset's config: `algos.sft.Config` fields and the LM sections."""
     from algos import sft
-    from experiments import _games
     from jaxrl import runner
+    from jaxrl.trainers import game_play
 
     # 50 optimizer steps per compiled chunk.
     chosen = dict(runner.preset_of(PRESETS | GAMES, preset))
     game = chosen.pop("task") if preset in GAMES else None
     config = lm_config(sft.Config(), chosen, num_chunks=chosen["num_steps"] // 50)
     if game is not None:  # a game's section replaces the text task's
-        config.task = _games.game_task(demonstrations=True, **game)
+        config.task = game_play.game_task(demonstrations=True, **game)
     return config

@@ -95,7 +95,7 @@ class Setup(NamedTuple):
     flat: ml_collections.ConfigDict  # the whole config, sections included
     config: Any  # the algorithm's frozen Config
     mesh: Any
-    task: DigitTask | None  # None on a game (experiments/_games.py)
+    task: DigitTask | None  # None on a game (jaxrl/trainers/game_play.py)
     tokenizer: Tokenizer
     model: ModelConfig  # the model trained: the config's, or init_from's architecture
     workdir: str
@@ -103,18 +103,20 @@ class Setup(NamedTuple):
     tokenizer_source: str  # "byte" or the tokenizer.json path the run copies
 
 
-def setup(flags: dict[str, Any], config_cls: type, name: str) -> Setup:
+def setup(
+    flat: ml_collections.ConfigDict, workdir: str | None, config_cls: type, name: str
+) -> Setup:
     """Check the config, and make the mesh, task, starting checkpoint and tokenizer (each problem
     one error line). With init_from, the architecture comes from the checkpoint and only the
     model section's dtype, param_dtype and remat apply; the tokenizer comes from the checkpoint
-    unless config.task.tokenizer names one, and must fit the model's vocabulary."""
-    flat = flags["config"].value
+    unless config.task.tokenizer names one, and must fit the model's vocabulary. `workdir` None
+    is runs/<name>-<task>-<date>-<time>."""
     # Every setting checked first (the ones left to the starting point at their random-model
     # values), then the checkpoint read, then those settings filled in for it and checked again.
     config = runner.build_config(config_cls, for_start(flat, pretrained=False), SETTINGS)
     runner.check_run_settings(flat.run)
     mesh = make_mesh(config.mesh_shape)
-    # A game's task section (experiments/_games.py) names a game, not a digit task.
+    # A game's task section (jaxrl/trainers/game_play.py) names a game, not a digit task.
     task = None if "game" in flat.task else make_text_task(flat.task)
     source = start_checkpoint(flat)
     resolve_defaults(flat, source)
@@ -125,7 +127,7 @@ def setup(flags: dict[str, Any], config_cls: type, name: str) -> Setup:
         training.check_model(config, source.model)
     except ConfigError as error:
         fail(f"config.{error}")
-    workdir = flags["workdir"].value or os.path.join(
+    workdir = workdir or os.path.join(
         "runs", f"{name}-{task.name if task else flat.task.game}-{time.strftime('%Y%m%d-%H%M%S')}"
     )
     return Setup(

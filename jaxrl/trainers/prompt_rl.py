@@ -9,6 +9,7 @@ import functools
 import inspect
 import json
 import os
+import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -19,7 +20,6 @@ import numpy as np
 from algos import grpo
 from envs.text import TextTask
 from envs.text.prompt_dataset import prompt_dataset_task
-from experiments import _lm
 from jaxrl import distributed, evaluation, host, runner
 from jaxrl.config import ConfigError
 from jaxrl.data.chat import ChatDataError
@@ -34,6 +34,7 @@ from jaxrl.data.prompts import (
 from jaxrl.lm.model import ModelConfig
 from jaxrl.lm.sampler import SamplingConfig
 from jaxrl.logging import RunDirectory
+from jaxrl.trainers import lm_runs
 
 # Task settings that only the built-in digit tasks read (a prompt file brings its own prompts).
 DIGIT_TASK_FIELDS = ("name", "num_digits", "num_train", "held_out")
@@ -187,12 +188,12 @@ def read_prompts(section: Any) -> tuple[list[PromptRow], list[PromptRow], str, s
     return rows, held_out, name, held_out_field
 
 
-def prompt_data(run: _lm.Setup) -> PromptData:
+def prompt_data(run: lm_runs.Setup) -> PromptData:
     """Read, split and tokenise the user's prompts (config.task.train_jsonl and eval_jsonl, or
     train_tfds), and load the reward functions: every problem one error line, before anything is
     built."""
     section, rewards = run.flat.task, run.flat.rewards
-    ignored = [f for f in _lm.overridden_fields("task") if f in DIGIT_TASK_FIELDS]
+    ignored = [f for f in lm_runs.overridden_fields("task") if f in DIGIT_TASK_FIELDS]
     if ignored:
         runner.fail(
             f"config.task.{ignored[0]}: a setting of the built-in digit tasks, which prompts "
@@ -243,7 +244,7 @@ def prompt_data(run: _lm.Setup) -> PromptData:
     return PromptData(task, train_table, held_out_table, functions)
 
 
-def digit_problems_as_prompts(run: _lm.Setup) -> PromptData | None:
+def digit_problems_as_prompts(run: lm_runs.Setup) -> PromptData | None:
     """A digit task for a tokenizer without a token per digit (a real model's BPE, where "123"
     may be one token): its problems become a prompt table, tokenised as whole strings like a
     user's file, and the task's own score (1 for an exact answer, partial credit below 0.5) is
@@ -288,7 +289,7 @@ def digit_problems_as_prompts(run: _lm.Setup) -> PromptData | None:
 
 
 def host_rewarded_task(
-    run: _lm.Setup, name: str, table: PromptTable, functions: list[tuple[str, Callable, float]]
+    run: lm_runs.Setup, name: str, table: PromptTable, functions: list[tuple[str, Callable, float]]
 ) -> TextTask:
     """The task of sampling `table`'s prompts, rewarded by the host `functions`."""
     task = prompt_dataset_task(name, table, run.tokenizer)
@@ -298,7 +299,7 @@ def host_rewarded_task(
     return task
 
 
-def text_task(run: _lm.Setup) -> TextTask:
+def text_task(run: lm_runs.Setup) -> TextTask:
     """The digit task's prompt sampler and rewards, plus the host rewards of config.rewards.host
     (each called with the `answer` column)."""
     section = run.flat.rewards
@@ -335,7 +336,7 @@ class HeldOut(NamedTuple):
     samples: np.ndarray | None = None
 
 
-def eval_samples(run: _lm.Setup) -> int:
+def eval_samples(run: lm_runs.Setup) -> int:
     """Sampled completions per held-out prompt for pass@k (the `eval_samples` setting)."""
     value = run.flat.get("eval_samples", 0)
     if not isinstance(value, int) or value < 0:
@@ -343,7 +344,7 @@ def eval_samples(run: _lm.Setup) -> int:
     return value
 
 
-def sampling_for(run: _lm.Setup) -> SamplingConfig:
+def sampling_for(run: lm_runs.Setup) -> SamplingConfig:
     """How the evaluation samples: as training does (temperature, top-k, top-p)."""
     config = run.config
     return SamplingConfig(
@@ -377,17 +378,17 @@ def pass_at_k_fields(held: HeldOut | np.ndarray | None, prefix: str = "eval_") -
     return fields
 
 
-def digit_evaluator(run: _lm.Setup, model: ModelConfig, held_out: Any, problems: list[str]):
+def digit_evaluator(run: lm_runs.Setup, model: ModelConfig, held_out: Any, problems: list[str]):
     """evaluate(params) -> HeldOut on the digit task's held-out problems, scored by the task."""
 
     def evaluate(params: Any) -> HeldOut:
-        _, mean_score, completions = _lm.task_accuracy(
+        _, mean_score, completions = lm_runs.task_accuracy(
             model, params, run.task, run.tokenizer, problems, held_out.tokens, held_out.mask,
             run.config.max_new_tokens, run.mesh, run.flat.eval_batch_size,
         )  # fmt: skip
         scores = [run.task.score(p, c) for p, c in zip(problems, completions, strict=True)]
         correct = np.array([s == 1.0 for s in scores], np.float64)
-        examples = _lm.eval_examples(run.task, problems, completions)
+        examples = lm_runs.eval_examples(run.task, problems, completions)
         samples = None
         if eval_samples(run):
             sampled = sample(run, model, params, held_out.tokens, held_out.mask)
@@ -405,7 +406,7 @@ def digit_evaluator(run: _lm.Setup, model: ModelConfig, held_out: Any, problems:
     return evaluate
 
 
-def file_evaluator(run: _lm.Setup, model: ModelConfig, data: PromptData):
+def file_evaluator(run: lm_runs.Setup, model: ModelConfig, data: PromptData):
     """evaluate(params) -> HeldOut on a prompt file's held-out rows: greedy completions scored
     by the same reward functions as training, the first of which measures accuracy (1 for a
     right answer). A reward function failing here is one error line, as in training."""
@@ -414,7 +415,7 @@ def file_evaluator(run: _lm.Setup, model: ModelConfig, data: PromptData):
     columns = {name: [row.columns[name] for row in table.rows] for name in table.column_names()}
 
     def evaluate(params: Any) -> HeldOut:
-        texts = _lm.greedy_completions(
+        texts = lm_runs.greedy_completions(
             model, params, run.tokenizer, table.tokens, table.mask, run.config.max_new_tokens,
             run.mesh, run.flat.eval_batch_size,
         )  # fmt: skip
@@ -432,7 +433,10 @@ def file_evaluator(run: _lm.Setup, model: ModelConfig, data: PromptData):
             means[f"eval_reward_{name}"] = float(values.mean())
             first = values if first is None else first
         examples = [
-            {"prompt": _lm.shorten(p if isinstance(p, str) else p[-1]["content"]), "completion": t}
+            {
+                "prompt": lm_runs.shorten(p if isinstance(p, str) else p[-1]["content"]),
+                "completion": t,
+            }
             for p, t in zip(prompts[:5], texts[:5], strict=False)
         ]
         correct = (first >= 1.0).astype(np.float64)  # full marks: a right answer
@@ -463,11 +467,11 @@ def file_evaluator(run: _lm.Setup, model: ModelConfig, data: PromptData):
 
 
 def sample(
-    run: _lm.Setup, model: ModelConfig, params: Any, tokens: np.ndarray, mask: np.ndarray
+    run: lm_runs.Setup, model: ModelConfig, params: Any, tokens: np.ndarray, mask: np.ndarray
 ) -> list[list[str]]:
     """`eval_samples` completions of every held-out prompt, sampled as training samples, with a
     key fixed by the run's seed (the same params give the same samples)."""
-    return _lm.sampled_completions(
+    return lm_runs.sampled_completions(
         model, params, run.tokenizer, tokens, mask, sampling_for(run), eval_samples(run),
         jax.random.fold_in(jax.random.key(run.flat.seed), 1), run.mesh,
         run.flat.eval_batch_size,
@@ -526,13 +530,13 @@ def plot_held_out_accuracy(
     )
 
 
-def initial_evaluation(run: _lm.Setup, evaluate: Callable, params: Any) -> HeldOut:
+def initial_evaluation(run: lm_runs.Setup, evaluate: Callable, params: Any) -> HeldOut:
     """The starting model's held-out result, computed once: a resumed run reads it back from
     the run directory instead of spending another evaluation on it. Evaluated before the run
     directory is written, so a reward function that fails on it leaves nothing behind."""
     path = os.path.join(run.workdir, INITIAL_EVAL_FILE)
     if os.path.isfile(path):
-        saved = _lm.read_json(path)
+        saved = lm_runs.read_json(path)
         samples = saved.get("samples")
         return HeldOut(
             saved["accuracy"],
@@ -544,7 +548,7 @@ def initial_evaluation(run: _lm.Setup, evaluate: Callable, params: Any) -> HeldO
     return evaluate(params)
 
 
-def reward_model_paths(run: _lm.Setup, defaults: Any) -> list[str]:
+def reward_model_paths(run: lm_runs.Setup, defaults: Any) -> list[str]:
     """config.reward_model's run directories; an ensemble setting of the run's Config that
     differs from `defaults` (the algorithm's default Config) without an ensemble to combine is
     one error line. Reads no file: the scripts call it before anything else."""
@@ -560,7 +564,7 @@ def reward_model_paths(run: _lm.Setup, defaults: Any) -> list[str]:
 
 
 def reward_models(
-    run: _lm.Setup, prompt_length: int, defaults: Any
+    run: lm_runs.Setup, prompt_length: int, defaults: Any
 ) -> tuple[Any, ModelConfig | None, list[str]]:
     """config.reward_model's runs as (parameters, stacked on a leading axis for an ensemble;
     their ModelConfig; their paths), or (None, None, []) for the task's reward. Every problem is
@@ -569,7 +573,7 @@ def reward_models(
     paths = reward_model_paths(run, defaults)
     if not paths:
         return None, None, []
-    loaded = [_lm.load_reward_model(path, run) for path in paths]
+    loaded = [lm_runs.load_reward_model(path, run) for path in paths]
     models = {model for _, model in loaded}
     if len(models) > 1:
         runner.fail(
@@ -605,7 +609,7 @@ class Prompts(NamedTuple):
     problems: list[str]  # a built-in digit task's held-out problems (data None)
 
 
-def read_task(run: _lm.Setup) -> Prompts:
+def read_task(run: lm_runs.Setup) -> Prompts:
     """The run's prompts and rewards, and its held-out problems: everything the user gave (data,
     reward functions) checked, one error line each, before any compile; then the check that
     prompt + max_new_tokens fits the model."""
@@ -642,7 +646,7 @@ def read_task(run: _lm.Setup) -> Prompts:
     return prompts
 
 
-def evaluator(run: _lm.Setup, model: ModelConfig, prompts: Prompts) -> Callable[[Any], HeldOut]:
+def evaluator(run: lm_runs.Setup, model: ModelConfig, prompts: Prompts) -> Callable[[Any], HeldOut]:
     """evaluate(policy params) -> HeldOut on the held-out prompts."""
     if prompts.data is not None:
         return file_evaluator(run, model, prompts.data)
@@ -653,14 +657,14 @@ def evaluator(run: _lm.Setup, model: ModelConfig, prompts: Prompts) -> Callable[
 
 
 def open_run_with_initial_evaluation(
-    run: _lm.Setup, evaluate: Callable, params: Any
+    run: lm_runs.Setup, evaluate: Callable, params: Any
 ) -> tuple[RunDirectory, HeldOut]:
     """The starting model's held-out result (computed before anything is written, read back on a
     resume) and the opened run directory, which keeps it."""
     initial = initial_evaluation(run, evaluate, params)
-    run_dir = _lm.open_run(run)
+    run_dir = lm_runs.open_run(run)
     if run_dir.writes:
-        _lm.write_json(run_dir.file(INITIAL_EVAL_FILE), initial._asdict() | {
+        lm_runs.write_json(run_dir.file(INITIAL_EVAL_FILE), initial._asdict() | {
             "correct": initial.correct.tolist(),
             "samples": None if initial.samples is None else initial.samples.tolist(),
         })  # fmt: skip
@@ -668,7 +672,7 @@ def open_run_with_initial_evaluation(
 
 
 def evaluate_every(
-    run: _lm.Setup, evaluate: Callable, policy: Callable[[Any], Any]
+    run: lm_runs.Setup, evaluate: Callable, policy: Callable[[Any], Any]
 ) -> Callable[[Any, int, int], dict[str, float] | None]:
     """The runner's after_chunk: every config.eval_every chunks, the held-out accuracy (with
     its interval) of `policy(state)`. The last chunk's state is evaluated after training, for
@@ -702,7 +706,7 @@ def evaluate_every(
 
 
 def summary_fields(
-    run: _lm.Setup,
+    run: lm_runs.Setup,
     prompts: Prompts,
     run_dir: RunDirectory,
     initial: HeldOut,
@@ -757,7 +761,7 @@ def summary_fields(
 
 
 def write_plots_and_report(
-    run: _lm.Setup,
+    run: lm_runs.Setup,
     prompts: Prompts,
     run_dir: RunDirectory,
     initial: HeldOut,
@@ -779,3 +783,44 @@ def write_plots_and_report(
         f"in {summary['wall_seconds']:.0f}s (compile {summary['compile_seconds']:.0f}s). "
         f"Run directory: {run_dir.path}"
     )
+
+
+def with_reward_models(run: lm_runs.Setup, config_cls: type) -> tuple[Prompts, Any, Any, list]:
+    """The prompts of an RL run scored by reward models (PPO, online DPO), and the reward
+    models (`reward_models`' parameters, config and paths): every setting checked first."""
+    reward_model_paths(run, config_cls())  # its flags, before anything is read
+    prompts = read_task(run)
+    return prompts, *reward_models(run, prompts.prompt_length, config_cls())
+
+
+def finish(
+    run: lm_runs.Setup,
+    prompts: Prompts,
+    run_dir: RunDirectory,
+    job: runner.Job,
+    result: runner.RunResult,
+    evaluation: tuple[Callable[[Any], HeldOut], HeldOut, Any],
+    units_per_update: int,
+    source: str,
+    title: str,
+    extra: Callable[[list[dict]], dict[str, Any]] = lambda rows: {},
+) -> dict[str, Any]:
+    """The end of an RL run on prompts (GRPO, PPO, online DPO): the final policy saved and
+    evaluated on the held-out prompts (`evaluation`: the evaluator, the starting policy's
+    result, the final policy's parameters), summary.json (the common fields, the prompts', and
+    `extra(last metric rows)`), the plots and the closing line. Returns the summary."""
+    evaluate, initial, policy = evaluation
+    lm_runs.save_params(run_dir, policy)
+    t0 = time.time()
+    final = evaluate(policy)
+    summary = runner.summary_fields(job, result, time.time() - t0)
+    summary |= summary_fields(
+        run, prompts, run_dir, initial, final, units_per_update, source,
+        summary["steps_per_second"],
+    )  # fmt: skip
+    summary |= extra(last_rows(run_dir, FINAL_WINDOW, run.config.num_steps, run.flat.run.log_every))
+    run_dir.write_summary(summary)
+    if run_dir.writes:  # per-problem results beside initial_eval.json's: paired comparisons
+        lm_runs.write_json(run_dir.file("final_eval.json"), {"correct": final.correct.tolist()})
+    write_plots_and_report(run, prompts, run_dir, initial, final, summary, title)
+    return summary

