@@ -211,3 +211,30 @@ def test_smollm2_defaults_improve_sft_and_dpo_and_sft_beats_the_random_model_val
         "sft.py", tmp_path / "sft_r", *sft_flags(data), "--config.learning_rate=1e-3"
     )
     assert random_sft["eval_loss"] > sft["eval_loss"] + 1.0, (random_sft, sft)
+
+
+@pytest.mark.slow
+@pytest.mark.smollm2
+def test_smollm2_grpo_at_the_defaults_improves_held_out_accuracy(tmp_path):
+    """GRPO's word_problems preset from SmolLM2 with no learning rate given (the pretrained
+    default, 2e-5) on the README's 2,000 problems, 6 updates of 8 prompts x 8, 100 held out
+    (about 15 minutes on a loaded core, so marked slow): greedy held-out accuracy rises, and the
+    paired 95% interval of the change excludes 0. Measured (seed 0, 2026-11-26): 0.43 -> 0.66,
+    change +0.23 (+0.12 to +0.34); seeds 1 and 2 ended at 0.59 and 0.48."""
+    from test_smollm2_training import script
+
+    from envs.text.word_problems import make_word_problems
+    from envs.text.word_problems import write_jsonl as write_problems
+
+    data = tmp_path / "word_problems.jsonl"
+    write_problems(make_word_problems(2000, difficulty=1, seed=0, shots=2), data)
+    summary = script(
+        "grpo.py", tmp_path / "grpo", "--config=experiments/configs/grpo.py:word_problems",
+        f"--config.task.train_jsonl={data}", "--config.task.num_eval=100",
+        "--config.num_steps=6", "--config.run.num_chunks=1", "--config.eval_samples=0",
+    )  # fmt: skip
+    with open(tmp_path / "grpo" / "config.json") as f:
+        assert json.load(f)["learning_rate"] == 2e-5
+    change_low, _ = summary["eval_accuracy_change_ci95"]
+    assert summary["eval_task_accuracy"] > summary["initial_eval_task_accuracy"], summary
+    assert change_low > 0, summary
