@@ -362,10 +362,9 @@ class Attention(nn.Module):
     (`key_mask` is then `token_mask`). With one, `cache` holds every layer's keys
     [layers, B, kv_heads, head_dim, S] and values [layers, B, kv_heads, S, head_dim]; this layer
     (`layer`, traced) writes its new keys and values into its own slice at slot `index` and
-    attends to every slot `key_mask` marks. The
-    update is a `dynamic_update_slice` of the whole cache carried through the layer scan and the
-    decoding loop, which XLA performs in place: a decode step writes one slot per layer instead
-    of rewriting the cache.
+    attends to every slot `key_mask` marks. The update is a `dynamic_update_slice` of the whole
+    cache carried through the layer scan and the decoding loop, which XLA performs in place: a
+    decode step writes one slot per layer instead of rewriting the cache.
     """
 
     config: ModelConfig
