@@ -52,10 +52,11 @@ def test_in_program_sampler_never_draws_held_out_problems(name):
     assert not is_held_out(train, np).any() and is_held_out(held, np).all()
     lows = np.array(task.lowest_digits())
     assert (train >= lows).all() and (train <= 9).all()
-    # The host's eval problems are exactly the hash's eval split.
+    # The host's eval problems are exactly the hash's eval split (repeat_digit has only a
+    # handful of problems, so small spaces give what they have).
     rng = np.random.default_rng(0)
-    host_eval = task.sample_problems(rng, 50, split="eval")
-    assert is_held_out(task.problem_digits(host_eval), np).all()
+    host_eval = task.sample_problems(rng, 50, split="eval", allow_fewer=True)
+    assert host_eval and is_held_out(task.problem_digits(host_eval), np).all()
 
 
 def test_small_split_is_exhausted_or_refused():
