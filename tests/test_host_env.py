@@ -83,6 +83,26 @@ def one_turn(env):
     return jax.block_until_ready(jax.jit(run)())
 
 
+def test_host_game_callbacks_work_on_numpy_rows():
+    """The game's callbacks turn their arguments into NumPy before reading them: indexing the
+    jax.Arrays io_callback may hand them dispatches a JAX computation from inside the running
+    program, which deadlocks a run pinned to one core (as GRPO's host rewards did)."""
+    seen = []
+
+    class Recording:
+        def __getattr__(self, name):
+            return getattr(BYTES, name)
+
+        def decode(self, ids):
+            seen.append(type(ids))
+            return BYTES.decode(ids)
+
+    env = host_text_env("guess", GuessGame, Recording(), max_turns=4, max_message_tokens=40)
+    _, answers, _, _ = one_turn(env)
+    assert (np.asarray(answers.length) > 0).all()
+    assert seen and set(seen) == {np.ndarray}, set(seen)
+
+
 class Broken(GuessGame):
     def __init__(self, how):
         self.how = how

@@ -89,7 +89,12 @@ def host_text_env(
             )
         return ids
 
+    # The callbacks turn their arguments into NumPy first: io_callback may hand them jax.Arrays,
+    # and indexing one dispatches a JAX computation from inside the running program, which
+    # deadlocks when the CPU runtime has one thread (a run pinned to one core) -- as GRPO's host
+    # rewards did.
     def on_reset(seeds: np.ndarray) -> tuple[np.ndarray, ...]:
+        seeds = np.asarray(seeds)
         ids = np.full((len(seeds), max_opening_tokens), tokenizer.pad_id, np.int32)
         lengths, episodes = np.zeros(len(seeds), np.int32), np.zeros(len(seeds), np.int32)
         for row, seed in enumerate(seeds):
@@ -102,6 +107,8 @@ def host_text_env(
         return ids, lengths, episodes
 
     def on_step(episodes, done, utterance_ids, utterance_lengths) -> tuple[np.ndarray, ...]:
+        episodes, done = np.asarray(episodes), np.asarray(done)
+        utterance_ids, utterance_lengths = np.asarray(utterance_ids), np.asarray(utterance_lengths)
         rows = len(episodes)
         ids = np.full((rows, max_message_tokens), tokenizer.pad_id, np.int32)
         lengths, rewards = np.zeros(rows, np.int32), np.zeros(rows, np.float32)
