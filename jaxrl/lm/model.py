@@ -792,14 +792,6 @@ def init_cache(config: ModelConfig, batch_size: int, max_length: int, dtype: Any
     }
 
 
-CACHE_AXES = {
-    "k": ("layers", "act_batch", "act_kv_heads", None, "act_length"),
-    "v": ("layers", "act_batch", "act_kv_heads", "act_length", None),
-    "mask": ("act_batch", "act_length"),
-    "index": (),
-}
-
-
 LAYERS = "layers"  # the stacked decoder layers' entry in the parameter tree
 
 
