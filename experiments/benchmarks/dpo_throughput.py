@@ -5,6 +5,7 @@ SmolLM2-135M-Instruct, both sides loading the same checkpoint (README.md)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shlex
 import sys
 import time
@@ -141,6 +142,10 @@ def build_step(params: dict[str, Any]) -> harness.Step:
         model, weights = smollm2.load_model(params["hf_dir"])
         info["load_s"] = time.perf_counter() - start
         arrays = smollm2_arrays(params["data"])
+    # --dtype / --remat: the compute dtype (over fp32 weights) and what each layer keeps.
+    model = dataclasses.replace(
+        model, dtype=params.get("dtype", "float32"), remat=params.get("remat", "none")
+    )
     config = dpo.Config(
         learning_rate=LEARNING_RATE,
         batch_size=size["batch_pairs"],
@@ -253,6 +258,7 @@ def variants(args: argparse.Namespace) -> list[harness.Variant]:
     for reference in args.reference:
         for k in args.steps_per_call:
             params = dict(reference=reference, K=k, seed=args.seed, **extra)
+            params.update(dtype=args.dtype, remat=args.remat)
             # The reference pass's logits are [2 x batch, 64, vocab] fp32: 400 MB for SmolLM2 at 16.
             params["ref_batch_size"] = args.ref_batch_size or (64 if args.model == "tiny" else 16)
             label, flops_per_step = f"ours {reference} K={k}", flops[reference]
@@ -278,6 +284,13 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
         type=harness.positive(int),
         default=None,
         help="ours: pairs per batch of the reference pass (default 64; smollm2 16)",
+    )
+    add("--dtype", default="float32", choices=("float32", "bfloat16"), help="ours: compute dtype")
+    add(
+        "--remat",
+        default="none",
+        choices=("none", "save_dots", "full"),
+        help="ours: what each layer keeps for the backward pass (ModelConfig.remat)",
     )
     smollm2.add_model_flags(parser, SMOLLM2_SIZES)
 

@@ -61,9 +61,11 @@ def memory_bandwidth(num_bytes: int, repeats: int) -> float:
 
 
 def matmul_peak(dtype: Any, repeats: int, size: int = 2048) -> float:
-    """FLOP/s of one size x size x size product in `dtype`."""
-    a = jnp.ones((size, size), dtype)
-    seconds = _best_time(jax.jit(jnp.dot), a, a, repeats=repeats)
+    """FLOP/s of one size x size x size product of random matrices in `dtype` (a GPU needs a
+    large size, e.g. 8192, to reach its peak; constant operands can run faster than real data)."""
+    a = jax.random.normal(jax.random.key(1), (size, size), dtype)
+    b = jax.random.normal(jax.random.key(2), (size, size), dtype)
+    seconds = _best_time(jax.jit(jnp.dot), a, b, repeats=repeats)
     return 2.0 * size**3 / seconds
 
 
@@ -142,6 +144,9 @@ def main() -> None:
     parser.add_argument("--new_tokens", type=int, default=64)
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--peak_n", type=int, default=2048, help="matrix size of the matmul peak (GPU: 8192)"
+    )
     parser.add_argument("--json", default="", help="also write the results to this file")
     args = parser.parse_args()
 
@@ -152,7 +157,7 @@ def main() -> None:
     bandwidth = statistics.median(
         memory_bandwidth(max(weight_bytes, 256 << 20), args.repeats) for _ in range(3)
     )
-    peak = matmul_peak(jnp.dtype(args.dtype), args.repeats)
+    peak = matmul_peak(jnp.dtype(args.dtype), args.repeats, args.peak_n)
     read_ms = 1e3 * weight_bytes / bandwidth
     print(
         f"{args.model}: {model.num_params() / 1e6:.1f}M parameters, {args.dtype}; "
@@ -204,6 +209,7 @@ def main() -> None:
             matmul_peak_flops=peak,
             weight_bytes=weight_bytes,
             device=jax.devices()[0].device_kind,
+            peak_n=args.peak_n,
             rows=rows,
         )
         with open(args.json, "w") as f:

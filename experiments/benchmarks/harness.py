@@ -248,15 +248,16 @@ def train_run_step(
 
 
 def peak_step(params: dict[str, Any]) -> Step:
-    """This machine's fp32 matmul peak under XLA (our XLA_FLAGS): jitted n x n dots, best call."""
+    """This machine's matmul peak under XLA (our XLA_FLAGS) in `dtype` (fp32 unless given):
+    jitted n x n dots of random matrices, best call."""
     import jax
     import jax.numpy as jnp
 
     import jaxrl  # noqa: F401  (its XLA_FLAGS)
 
-    n = params["n"]
-    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
-    b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
+    n, dtype = params["n"], jnp.dtype(params.get("dtype", "float32"))
+    a = jax.random.normal(jax.random.key(0), (n, n), dtype)
+    b = jax.random.normal(jax.random.key(1), (n, n), dtype)
     dot, compile_s = compile_timed(jax.jit(jnp.dot), a, b)
     flops = 2.0 * n**3
     return Step(
@@ -464,7 +465,8 @@ def run_benchmark(workload: Workload, args: argparse.Namespace) -> None:
         log(line)
     with_mfu = any(v.flops_per_step for v in variants)
     peak_command = [sys.executable, workload.script, "--worker"]
-    peak_command.append(json.dumps({"side": "peak", "n": args.peak_n, "steps": 8, "warmup": 2}))
+    peak_spec = {"side": "peak", "n": args.peak_n, "dtype": args.peak_dtype}
+    peak_command.append(json.dumps({**peak_spec, "steps": 8, "warmup": 2}))
     peaks: list[dict[str, Any]] = []
     for repeat in range(args.repeats):
         for v in variants:
@@ -496,7 +498,8 @@ def run_benchmark(workload: Workload, args: argparse.Namespace) -> None:
     if with_mfu:
         peak_text = f"{peak / 1e9:.1f} GFLOP/s" if peak else "unmeasured"
         print(
-            f"MFU: model FLOPs/s over the fp32 matmul peak, {peak_text} (jnp.dot {args.peak_n}^2)."
+            f"MFU: model FLOPs/s over the {args.peak_dtype} matmul peak, {peak_text} "
+            f"(jnp.dot {args.peak_n}^2)."
         )
     if workload.note:
         print(workload.note(args))
@@ -539,6 +542,12 @@ def parse_args(workload: Workload, argv: list[str]) -> argparse.Namespace:
     add("--timeout", type=positive(float), default=d["timeout"], help="seconds per worker")
     add("--seed", type=int, default=0, help="of our model and data, and the LM peers'")
     add("--peak_n", type=positive(int), default=2048, help="matrix size of the matmul peak (MFU)")
+    add(
+        "--peak_dtype",
+        default="float32",
+        choices=("float32", "bfloat16"),
+        help="dtype of the matmul peak (MFU): bfloat16 for bf16 compute on a GPU",
+    )
     add("--out", "--json_out", dest="out", default=None, help="write every run to this JSON file")
     add("--peer_dir", default=str(PEER_DIR), help="folder of the peers' own scripts")
     for side, default in workload.peers.items():
@@ -588,6 +597,11 @@ def add_lm_flags(parser: argparse.ArgumentParser) -> None:
     steps = comma_list(positive(int))
     add("--steps_per_call", type=steps, default="1,10", help="ours: steps per dispatch, a row each")
     add("--trl_extra", default="", help='flags of a second TRL row, e.g. "--bf16 --grad_ckpt"')
+    add(
+        "--skip_trl_fp32",
+        action="store_true",
+        help="leave out the fp32 TRL row: only --trl_extra's (a 1.7B model on a GPU)",
+    )
 
 
 def lm_peer_rows(
@@ -599,6 +613,8 @@ def lm_peer_rows(
     rows = [("trl", []), ("tunix", [])]
     if args.trl_extra:
         rows.insert(1, ("trl", shlex.split(args.trl_extra)))
+    if args.skip_trl_fp32:
+        rows = [row for row in rows if row != ("trl", [])]
     return [
         Variant(
             "",

@@ -239,6 +239,8 @@ def trl_rows(
         return []
     common = ["--steps", str(args.steps), "--warmup", str(args.warmup), "--seed", str(args.seed)]
     extras = [[]] + ([shlex.split(args.trl_extra)] if args.trl_extra else [])
+    if getattr(args, "skip_trl_fp32", False):
+        extras = extras[1:]
     return [
         harness.Variant(
             "",

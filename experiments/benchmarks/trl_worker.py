@@ -166,7 +166,10 @@ def load_model(args: argparse.Namespace) -> tuple[Any, Any, float]:
 def trainer_settings(args: argparse.Namespace) -> dict[str, Any]:
     """TrainingArguments both trainers get: our optimizer's settings (AdamW, no weight decay,
     global-norm clip 1, constant learning rate: TRL's default linear decay is not ours), TRL's
-    logging every step, no saving, no progress bar, no data-loader workers."""
+    logging every step, no saving, no progress bar, no data-loader workers; the GPU when torch
+    sees one (as ours runs on JAX's default device), else the CPU."""
+    import torch
+
     return dict(
         output_dir=os.path.join(tempfile.gettempdir(), f"trl_worker_{args.algorithm}"),
         gradient_accumulation_steps=1,
@@ -177,7 +180,7 @@ def trainer_settings(args: argparse.Namespace) -> dict[str, Any]:
         max_grad_norm=1.0,
         bf16=args.bf16,
         gradient_checkpointing=args.grad_ckpt,
-        use_cpu=True,
+        use_cpu=not torch.cuda.is_available(),
         logging_steps=1,
         save_strategy="no",
         report_to="none",
@@ -455,6 +458,7 @@ def main(argv: list[str] | None = None) -> None:
         gradient_checkpointing=args.grad_ckpt,
         model_dir=args.model_dir,
         torch_num_threads=torch.get_num_threads(),
+        device=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         total_script_s=time.perf_counter() - start,
         loadavg_start=load_start,
         loadavg_end=os.getloadavg()[0],

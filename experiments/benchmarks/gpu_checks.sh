@@ -1,0 +1,372 @@
+#!/usr/bin/env bash
+# Every GPU check of the open issues in one command, on a lent GPU machine (README.md, "On a lent
+# GPU"): run from the repository root there, after gpu_kit.sh has filled .whl and .gpukit here.
+#
+#     bash experiments/benchmarks/gpu_checks.sh [--smoke] [--budget SECONDS] [STEP,STEP,...]
+#
+# Steps, in the order they run (default: the first call's list, FIRST below):
+#   install  wheels into $SITE (--no-index --no-deps; the image's jax is never touched), the
+#            versions, `import jaxrl`, and experiments/grpo.py for 2 tiny updates on the GPU
+#            (issue 37: the GPU install that works, one LM script)
+#   gen17    generation.py, 1.7B shape, bf16, batches 1, 32, 128, roofline measured in the run
+#   ckpt17   a random-weight 1.7B Hugging Face checkpoint (make_random_hf.py; without torch, our
+#            own exporter) with SmolLM2's tokenizer, for grpo17 and dpo17
+#   grpo17   grpo_throughput.py on it: ours (bf16 compute, defaults: no remat) against TRL 1.16
+#            GRPOTrainer bf16 on the GPU, 4 prompts x 8 x (128 + 256) tokens (issue 35)
+#   dpo17    dpo_throughput.py on it: ours bf16 against TRL bf16, 8 pairs of 128 + 128 tokens,
+#            MFU against the bf16 matmul peak (issue 35: training >= 35% of the bf16 peak)
+#   gen135   generation.py, SmolLM2-135M shape, bf16, batches 1, 32, 128
+#   partial  repeat_digit (long-tailed lengths): a short SFT, then GRPO sync and partial from it;
+#            trained tokens/s of each (issue 39); shape $PARTIAL_SHAPE (smollm2; 1.7b if time)
+#   main     the README's main command (experiments/ppo.py, CartPole-v1 to 500) (issue 37)
+# Each step runs in its own process group under a time limit (its own, cut to what is left of
+# --budget), so the whole command ends inside the budget; a step that does not fit is skipped
+# and named. Logs and JSON go to $WORK/out and, after every step, into $OUT/checks.tgz beside
+# $OUT/summary.txt (the device returns at most 8 files). A rerun can name only the missing steps.
+#
+# --smoke: tiny sizes on this CPU in seconds to minutes ($PYTHON: a Python 3.12 venv mimicking
+# the image; $TRL_PYTHON: a Python with torch, transformers and TRL, or none: TRL rows left out).
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$ROOT"
+FIRST=install,gen17,ckpt17,grpo17,dpo17
+SECOND=install,gen135,partial,main
+SMOKE=${GPU_CHECKS_SMOKE:-0}
+BUDGET=540
+STEPS=$FIRST
+INNER=""
+if [[ ${1:-} == __step ]]; then # one step, run by step() below in its own process group
+    INNER=$2
+    set --
+fi
+while (($#)); do
+    case $1 in
+    --smoke) SMOKE=1 ;;
+    --budget)
+        BUDGET=$2
+        shift
+        ;;
+    --second) STEPS=$SECOND ;;
+    -h | --help)
+        sed -n '2,30p' "$0"
+        exit 0
+        ;;
+    -*)
+        echo "error: gpu_checks.sh: unknown option $1; see --help" >&2
+        exit 2
+        ;;
+    *) STEPS=$1 ;;
+    esac
+    shift
+done
+for step in ${STEPS//,/ }; do
+    case $step in
+    install | gen17 | ckpt17 | grpo17 | dpo17 | gen135 | partial | main) ;;
+    *)
+        echo "error: gpu_checks.sh: unknown step '$step'; choose from $FIRST,$SECOND" >&2
+        exit 2
+        ;;
+    esac
+done
+
+START=$(date +%s)
+OUT=${OUT:-/tmp/gpu_checks_out}
+WORK=${WORK:-/tmp/gpu_checks}
+SITE=${SITE:-/tmp/site}
+mkdir -p "$OUT" "$WORK/out"
+LOGS=$WORK/out
+if ((SMOKE)); then
+    PY=${PYTHON:-python3}
+    TPY=${TRL_PYTHON:-}
+else
+    PY=python3 # the image's: /opt/torch/.venv/bin/python3, with torch, transformers and jax
+    TPY=python3
+fi
+export PYTHONPATH=$SITE:$ROOT
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
+# One process uses the GPU at a time (the harness runs workers one after another).
+export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.92}
+CKPT=$WORK/hf_1.7b
+PARTIAL_SHAPE=${PARTIAL_SHAPE:-smollm2}
+
+left() { echo $((BUDGET - ($(date +%s) - START))); }
+
+pack() { # the logs and JSON so far, in the one archive the device returns
+    tar -czf "$OUT/checks.tgz.tmp" -C "$WORK" out && mv "$OUT/checks.tgz.tmp" "$OUT/checks.tgz"
+}
+
+step() { # NAME LIMIT: runs the function step_NAME in its own process group, at most LIMIT s
+    local name=$1 limit=$2 remaining t0 pid watcher rc
+    remaining=$(($(left) - 15))
+    if ((remaining < 20)); then
+        echo "$name: skipped, $((remaining + 15)) s of the budget left" | tee -a "$LOGS/summary.txt"
+        return
+    fi
+    ((limit > remaining)) && limit=$remaining
+    echo "=== $name: at most $limit s ($(date -u +%H:%M:%S) UTC)"
+    t0=$(date +%s)
+    GPU_CHECKS_SMOKE=$SMOKE setsid bash "$0" __step "$name" > >(tee "$LOGS/$name.log") 2>&1 &
+    pid=$!
+    # The watcher is a process group of its own too, away from our output (an open pipe would
+    # keep the caller waiting), so that ending it ends its sleep.
+    setsid bash -c "sleep $limit; kill -TERM -- -$pid; sleep 5; kill -KILL -- -$pid" \
+        >/dev/null 2>&1 &
+    watcher=$!
+    wait "$pid"
+    rc=$?
+    kill -- "-$watcher" 2>/dev/null
+    wait "$watcher" 2>/dev/null
+    sleep 0.2 # tee's last lines
+    local what="rc $rc"
+    ((rc == 143 || rc == 137)) && what="killed at its limit"
+    echo "$name: $what, $(($(date +%s) - t0)) s" | tee -a "$LOGS/summary.txt"
+    pack
+}
+
+# --------------------------------------------------------------------------------------------
+# The steps (each runs as `gpu_checks.sh __step NAME`, with the variables above).
+
+step_install() {
+    local marker=$SITE/.gpu_checks_installed
+    if [[ -f $marker ]]; then
+        echo "wheels already in $SITE"
+    else
+        # flax, optax, chex and orbax only when the image's are outside pyproject.toml's range.
+        local ranged
+        ranged=$("$PY" - <<'EOF'
+import re, tomllib
+from importlib import metadata
+from pathlib import Path
+from packaging.requirements import Requirement
+deps = tomllib.loads(Path("pyproject.toml").read_text())["project"]["dependencies"]
+wanted = {Requirement(d).name: Requirement(d).specifier for d in deps}
+for wheel in sorted(Path(".whl/ranged").glob("*.whl")):
+    name = wheel.name.split("-")[0].replace("_", "-")
+    try:
+        have = metadata.version(name)
+    except metadata.PackageNotFoundError:
+        have = None
+    ok = have is not None and wanted[name].contains(have, prereleases=True)
+    print(f"# {name}: image has {have}, jaxrl wants {wanted[name]}: "
+          f"{'kept' if ok else 'installing ' + wheel.name}")
+    if not ok:
+        print(wheel)
+EOF
+        ) || return 1
+        grep '^#' <<<"$ranged"
+        # shellcheck disable=SC2046
+        "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+            --target "$SITE" .whl/*.whl .whl/trl/*.whl $(grep -v '^#' <<<"$ranged") || return 1
+        touch "$marker"
+    fi
+    echo "--- pip's plan for 'pip install -e .[lm]' against this image, offline (not run):"
+    "$PY" -m pip install --dry-run --no-index --find-links .whl --find-links .whl/ranged \
+        --no-build-isolation -e ".[lm]" 2>&1 | grep -v "^Requirement already" | tail -8
+    echo "--- versions"
+    "$PY" - <<'EOF'
+import platform
+from importlib import metadata
+import jax, jaxlib
+import jaxrl, algos.grpo, envs.text, jaxrl.lm.model  # noqa: F401
+names = ["jax", "jaxlib", "jax-cuda13-plugin", "flax", "optax", "chex", "orbax-checkpoint",
+         "numpy", "tokenizers", "safetensors", "torch", "transformers", "accelerate", "trl",
+         "datasets", "gymnax", "distrax", "tensorflow-datasets"]
+found = []
+for name in names:
+    try:
+        found.append(f"{name} {metadata.version(name)}")
+    except metadata.PackageNotFoundError:
+        found.append(f"{name} -")
+print(f"python {platform.python_version()}; " + ", ".join(found))
+print("jax devices:", jax.devices(), "| backend:", jax.default_backend(),
+      "| jaxrl from", jaxrl.__file__)
+EOF
+    [[ $? -eq 0 ]] || return 1
+    if ((!SMOKE)); then
+        nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm \
+            --format=csv,noheader
+    fi
+    echo "--- experiments/grpo.py, 2 tiny updates (the reverse_digits preset's model)"
+    rm -rf "$WORK/grpo_tiny"
+    "$PY" experiments/grpo.py --workdir="$WORK/grpo_tiny" --config.num_steps=2 \
+        --config.batch_size=16 --config.run.num_chunks=1 --config.run.log_every=1 \
+        --config.run.progress=False --config.run.tensorboard=False --config.task.num_eval=16 2>&1 |
+        tail -4
+}
+
+gen_args() { # MODEL: generation.py's flags
+    if ((SMOKE)); then
+        echo "--model tiny --batches 1,2 --prompt_length 8 --new_tokens 4 --repeats 1 --peak_n 256"
+    else
+        echo "--model $1 --batches 1,32,128 --repeats 3 --peak_n 8192"
+    fi
+}
+
+step_gen17() {
+    "$PY" experiments/benchmarks/generation.py $(gen_args 1.7b) --dtype bfloat16 \
+        --json "$LOGS/gen17.json"
+}
+
+step_gen135() {
+    "$PY" experiments/benchmarks/generation.py $(gen_args smollm2) --dtype bfloat16 \
+        --json "$LOGS/gen135.json"
+}
+
+step_ckpt17() {
+    rm -rf "$CKPT"
+    local src=.gpukit/smollm2_src shape=1.7b
+    if ((SMOKE)); then # a 2-layer model with SmolLM2's vocabulary and tokenizer
+        src=$WORK/smoke_src
+        shape=135m # make_random_hf.py's "the source's own shape"
+        mkdir -p "$src"
+        cp .gpukit/smollm2_src/* "$src/"
+        "$PY" - "$src/config.json" <<'EOF'
+import json, sys
+config = json.load(open(sys.argv[1]))
+config.update(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+json.dump(config, open(sys.argv[1], "w"), indent=1)
+EOF
+    fi
+    if [[ -n $TPY ]] && "$TPY" -c "import torch, transformers" 2>/dev/null; then
+        "$TPY" .gpukit/peers/make_random_hf.py "$src" "$CKPT" "$shape" || return 1
+    else
+        echo "no torch: the checkpoint from our own exporter (jaxrl.lm.hf.save_hf_checkpoint)"
+        "$PY" - "$src" "$CKPT" "$shape" <<'EOF' || return 1
+import json, os, shutil, sys
+import jax
+from jaxrl.lm.hf import config_from_hf, save_hf_checkpoint
+from jaxrl.lm.model import init_params
+src, out, shape = sys.argv[1:4]
+hf = json.load(open(os.path.join(src, "config.json")))
+if shape == "1.7b":
+    hf.update(hidden_size=2048, intermediate_size=8192, num_hidden_layers=24,
+              num_attention_heads=32, num_key_value_heads=32, head_dim=64)
+config = config_from_hf(hf)
+params = jax.jit(lambda: init_params(config, jax.random.key(0)))()
+ids = {k: hf[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in hf}
+save_hf_checkpoint(out, config, params, extra_config=ids)
+for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+    shutil.copy(os.path.join(src, name), out)
+print(f"{out}: {sum(x.size for x in jax.tree.leaves(params)) / 1e6:.1f}M parameters")
+EOF
+    fi
+    du -sh "$CKPT"
+}
+
+trl_flags() { # the TRL row: bf16 autocast on the GPU, no fp32 row (TRL's on a 1.7B model)
+    if [[ -n $TPY ]]; then
+        echo "--trl_python $TPY --trl_extra=--bf16 --skip_trl_fp32"
+    fi
+}
+
+step_grpo17() {
+    [[ -f $CKPT/config.json ]] || {
+        echo "no checkpoint at $CKPT: run ckpt17 first"
+        return 1
+    }
+    local sizes="--prompts_per_update 4 --group_size 8 --prompt_len 128 --max_new_tokens 256"
+    local timing="--repeats 1 --steps 4 --warmup 1 --timeout 200 --peak_n 8192"
+    if ((SMOKE)); then
+        sizes="--prompts_per_update 1 --group_size 2 --prompt_len 16 --max_new_tokens 4 --rows 8"
+        timing="--repeats 1 --steps 2 --warmup 1 --timeout 300 --peak_n 256"
+    fi
+    # shellcheck disable=SC2046
+    "$PY" experiments/benchmarks/grpo_throughput.py --model smollm2 --smollm2_dir "$CKPT" \
+        $sizes $timing --steps_per_call 1 --rollout_trials "${ROLLOUT_TRIALS:-0}" \
+        --dtype bfloat16 --peak_dtype bfloat16 $(trl_flags) --out "$LOGS/grpo17.json"
+}
+
+step_dpo17() {
+    [[ -f $CKPT/config.json ]] || {
+        echo "no checkpoint at $CKPT: run ckpt17 first"
+        return 1
+    }
+    local sizes="--batch_pairs 8 --prompt_len 128 --completion_len 128"
+    local timing="--repeats 1 --steps 10 --warmup 2 --timeout 150 --peak_n 8192"
+    if ((SMOKE)); then
+        sizes="--batch_pairs 1 --prompt_len 8 --completion_len 8 --rows 8"
+        timing="--repeats 1 --steps 2 --warmup 1 --timeout 300 --peak_n 256"
+    fi
+    # shellcheck disable=SC2046
+    "$PY" experiments/benchmarks/dpo_throughput.py --model smollm2 --smollm2_dir "$CKPT" \
+        $sizes $timing --steps_per_call 1 --reference in_step --dtype bfloat16 \
+        --peak_dtype bfloat16 $(trl_flags) --out "$LOGS/dpo17.json"
+}
+
+step_partial() {
+    # The model: SmolLM2-135M's shape (or the 1.7B one) with the byte vocabulary of the task.
+    local model
+    case $PARTIAL_SHAPE in
+    smollm2) model="hidden_size=576 intermediate_size=1536 num_layers=30 num_heads=9 num_kv_heads=3" ;;
+    1.7b) model="hidden_size=2048 intermediate_size=8192 num_layers=24 num_heads=32 num_kv_heads=32" ;;
+    *)
+        echo "PARTIAL_SHAPE=$PARTIAL_SHAPE: choose smollm2 or 1.7b"
+        return 1
+        ;;
+    esac
+    local sft_steps=${PARTIAL_SFT_STEPS:-200} updates=${PARTIAL_UPDATES:-30} lr=3e-4
+    [[ $PARTIAL_SHAPE == 1.7b ]] && lr=1e-4
+    local overrides=(--config.model.dtype=bfloat16 --config.run.num_chunks=1
+        --config.run.progress=False --config.run.tensorboard=False)
+    if ((SMOKE)); then
+        model="" # the presets' tiny model
+        sft_steps=2
+        updates=3
+        overrides=(--config.run.num_chunks=1 --config.run.progress=False
+            --config.run.tensorboard=False)
+    fi
+    for field in $model; do overrides+=(--config.model.$field); done
+    rm -rf "$WORK/partial"
+    echo "--- SFT on repeat_digit ($sft_steps steps, lr $lr, shape $PARTIAL_SHAPE)"
+    "$PY" experiments/sft.py --config=experiments/configs/sft.py:repeat_digit \
+        --workdir="$WORK/partial/sft" --config.num_steps="$sft_steps" \
+        --config.learning_rate="$lr" "${overrides[@]}" 2>&1 | tail -3
+    [[ -f $WORK/partial/sft/summary.json ]] || return 1
+    local grpo=(--config=experiments/configs/grpo.py:repeat_digit
+        --config.init_from="$WORK/partial/sft" --config.num_steps="$updates"
+        --config.run.num_chunks=1 --config.run.log_every=1 --config.run.progress=False
+        --config.run.tensorboard=False)
+    ((SMOKE)) || grpo+=(--config.model.dtype=bfloat16)
+    local mode
+    for mode in sync partial partial32; do
+        local extra=()
+        [[ $mode != sync ]] && extra=(--config.rollout_mode=partial --config.rollout_budget=12
+            --config.max_staleness=2)
+        [[ $mode == partial32 ]] && extra+=(--config.rollout_groups=32)
+        echo "--- GRPO $mode, $updates updates"
+        "$PY" experiments/grpo.py "${grpo[@]}" "${extra[@]}" \
+            --workdir="$WORK/partial/$mode" 2>&1 | tail -2
+        cp "$WORK/partial/$mode/metrics.jsonl" "$LOGS/partial_$mode.jsonl" || return 1
+    done
+}
+
+step_main() {
+    if ((SMOKE)); then
+        "$PY" experiments/ppo.py --config.total_timesteps=20000 --num_seeds=1 \
+            --workdir="$WORK/ppo" --config.run.progress=False 2>&1 | tail -3
+    else
+        "$PY" experiments/ppo.py --workdir="$WORK/ppo" 2>&1 | tail -3
+    fi
+}
+
+if [[ -n $INNER ]]; then
+    "step_$INNER"
+    exit $?
+fi
+
+# --------------------------------------------------------------------------------------------
+echo "gpu_checks.sh: steps $STEPS, budget $BUDGET s, smoke $SMOKE, logs in $LOGS, archive" \
+    "$OUT/checks.tgz ($(date -u +%Y-%m-%dT%H:%M:%SZ))"
+declare -A LIMIT=([install]=120 [gen17]=150 [ckpt17]=120 [grpo17]=240 [dpo17]=150
+    [gen135]=90 [partial]=240 [main]=150)
+for step in ${STEPS//,/ }; do
+    step "$step" "${LIMIT[$step]}"
+done
+"$PY" experiments/benchmarks/gpu_summary.py "$LOGS" | tee "$LOGS/summary_table.txt"
+pack
+cp "$LOGS/summary.txt" "$OUT/summary.txt"
+cat "$LOGS/summary_table.txt" >>"$OUT/summary.txt"
+echo "done in $(($(date +%s) - START)) s of $BUDGET"
