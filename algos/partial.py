@@ -63,9 +63,8 @@ Array = jax.Array
 
 
 def budget(config: Any) -> int:
-    """Decode steps per update: rollout_budget, or max_new_tokens when it is 0 or more."""
-    steps = config.rollout_budget or config.max_new_tokens
-    return min(steps, config.max_new_tokens)
+    """Decode steps per update: rollout_budget, or max_new_tokens when it is 0."""
+    return config.rollout_budget or config.max_new_tokens
 
 
 def validate(config: Any) -> None:
@@ -78,6 +77,13 @@ def validate(config: Any) -> None:
             f"got {value!r}",
             "use a whole number, 0 or more",
         )
+    require(
+        config.rollout_budget <= config.max_new_tokens,
+        "rollout_budget",
+        f"got {config.rollout_budget}, more decode steps than a completion of "
+        f"max_new_tokens={config.max_new_tokens} can take",
+        f"use at most {config.max_new_tokens} (0 means max_new_tokens)",
+    )
     require(
         config.rollout_groups == 0 or config.rollout_groups >= config.batch_size,
         "rollout_groups",
