@@ -63,9 +63,8 @@ Array = jax.Array
 
 
 def budget(config: Any) -> int:
-    """Decode steps per update: rollout_budget, or max_new_tokens when it is 0 or more."""
-    steps = config.rollout_budget or config.max_new_tokens
-    return min(steps, config.max_new_tokens)
+    """Decode steps per update: rollout_budget, or max_new_tokens when it is 0."""
+    return config.rollout_budget or config.max_new_tokens
 
 
 def validate(config: Any) -> None:
@@ -79,11 +78,27 @@ def validate(config: Any) -> None:
             "use a whole number, 0 or more",
         )
     require(
+        config.rollout_budget <= config.max_new_tokens,
+        "rollout_budget",
+        f"got {config.rollout_budget}, more decode steps than a completion of "
+        f"max_new_tokens={config.max_new_tokens} can take",
+        f"use at most {config.max_new_tokens} (0 means max_new_tokens)",
+    )
+    require(
         config.rollout_groups == 0 or config.rollout_groups >= config.batch_size,
         "rollout_groups",
         f"got {config.rollout_groups}, fewer than the batch_size={config.batch_size} groups an "
         "update trains",
         f"use 0 (batch_size) or {config.batch_size} or more",
+    )
+    shards = training.check_mesh_shape(config.mesh_shape)
+    slot_rows = (config.rollout_groups or config.batch_size) * config.group_size
+    require(
+        slot_rows % shards == 0,
+        "rollout_groups",
+        f"{slot_rows} slot rows (rollout_groups x group_size) do not split over the mesh's "
+        f"data*fsdp = {shards} batch shards",
+        f"make rollout_groups x group_size a multiple of {shards}",
     )
     require(
         config.lora_rank == 0,
@@ -223,9 +238,27 @@ def make(
             shift=jnp.zeros((), jnp.int32),
         )
 
+    def placed(slots: Slots) -> Slots:
+        """The slots split over the mesh's batch shards by row (each cache leaf along its
+        batch axis), as the update leaves them; made on one device, a multi-device run would
+        hold every carried row on device 0."""
+        if mesh is None:
+            return slots
+
+        def spec(ndim: int, axis: int | None) -> jax.sharding.NamedSharding:
+            axes = [sharding.BATCH_AXES if i == axis else None for i in range(ndim)]
+            return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*axes))
+
+        cache = map_cache(lambda b, s, leaf: jax.device_put(leaf, spec(leaf.ndim, b)), slots.cache)
+        rest = jax.tree.map(
+            lambda x: jax.device_put(x, spec(x.ndim, 0 if x.ndim else None)),
+            slots._replace(cache=None),
+        )
+        return rest._replace(cache=cache)
+
     def init(key: Array, hp: HParams) -> State:
         state = base_init(key, hp)
-        return State(state.params, state.opt_state, state.key, state.step, empty_slots())
+        return State(state.params, state.opt_state, state.key, state.step, placed(empty_slots()))
 
     def refill(slots: Slots, generation_params: Any, prompts: PromptBatch, version: Array):
         """Move the cache left by the last update's steps, then give every free group one of

@@ -180,6 +180,40 @@ CASES = [
     ("grpo.py", "--config.max_new_tokens=100", "config.max_new_tokens"),
     ("grpo.py", "--config.task.name=multiply", "config.task"),
     ("grpo.py", "--config.learning_rate=0", "config.learning_rate: must be positive"),
+    # --- partial rollouts (issue 39): budget, slots, staleness bound, what partial cannot do
+    ("grpo.py", "--config.rollout_mode=later", "config.rollout_mode: unknown mode 'later'"),
+    ("grpo.py", "--config.max_staleness=1", "config.max_staleness: got 1, but it is read only"),
+    (
+        "grpo.py",
+        "--config.rollout_mode=partial --config.rollout_budget=9",
+        "config.rollout_budget: got 9, more decode steps than a completion of max_new_tokens=4",
+    ),
+    (
+        "grpo.py",
+        "--config.rollout_mode=partial --config.rollout_budget=1 --config.max_staleness=2",
+        "config.max_staleness: a completion of max_new_tokens=4 takes 4 updates of 1 decode",
+    ),
+    (
+        "grpo.py",
+        "--config.rollout_mode=partial --config.rollout_groups=64",
+        "config.rollout_groups: got 64, fewer than the batch_size=128 groups",
+    ),
+    ("grpo.py", "--config.rollout_mode=partial --config.max_staleness=-1", "config.max_staleness"),
+    (
+        "grpo.py",
+        "--config.rollout_mode=partial --config.max_staleness=1.5",
+        "--config.max_staleness: invalid literal for int()",
+    ),
+    (
+        "grpo.py",
+        "--config.rollout_mode=partial --config.variant=remax",
+        "config.rollout_mode: partial rollouts do not generate ReMax",
+    ),
+    (
+        "grpo.py",
+        "--config.rollout_mode=partial --config.lora_rank=4",
+        "config.rollout_mode: partial rollouts train every parameter",
+    ),
     # --- real checkpoints: init_from and tokenizer guards, generate.py, export.py
     ("sft.py", "--config.init_from=tests/fixtures/hf/tiny_llama", "config.task.tokenizer: the"),
     (

@@ -135,7 +135,7 @@ def test_partial_with_bound_zero_equals_synchronous_grpo():
     """Staleness 0 (so the budget covers max_new_tokens): the same samples in every update and
     the same parameters after it, bit for bit, as synchronous GRPO."""
     sync = grpo.Config(batch_size=4, group_size=4, max_new_tokens=6, learning_rate=3e-3)
-    partial = dataclasses.replace(sync, rollout_mode="partial", rollout_budget=8)
+    partial = dataclasses.replace(sync, rollout_mode="partial", rollout_budget=6)
     sync_states, sync_metrics = _updates(sync, 3)
     partial_states, partial_metrics = _updates(partial, 3)
     rollout = jax.jit(grpo.make_rollout(sync, TINY, TEXT_TASK), static_argnums=())
@@ -220,6 +220,9 @@ def test_staleness_never_exceeds_the_bound_and_groups_carry_over(rollout_groups)
         (dict(rollout_budget=4), "rollout_budget"),
         (dict(max_staleness=1), "max_staleness"),
         (dict(rollout_mode="partial", rollout_budget=-1), "rollout_budget"),
+        (dict(rollout_mode="partial", rollout_budget=9, max_new_tokens=8), "rollout_budget"),
+        (dict(rollout_mode="partial", max_staleness=1.5), "max_staleness"),
+        (dict(rollout_mode="partial", max_staleness=True), "max_staleness"),
         (dict(rollout_groups=32), "rollout_groups"),
         (dict(rollout_mode="partial", batch_size=8, rollout_groups=4), "rollout_groups"),
         (dict(rollout_mode="partial", rollout_budget=2, max_new_tokens=8), "max_staleness"),
@@ -307,3 +310,109 @@ def test_repeat_digit_answers_have_long_tailed_lengths():
     lengths = np.asarray(length)
     assert np.median(lengths) <= 7 and lengths.max() == 32
     assert task.prompt("78") == "rep 7x8="
+
+
+# --- through the script: kill -9 and resume, the summary's counts ------------------------------
+
+import os  # noqa: E402
+
+import orbax.checkpoint as ocp  # noqa: E402
+
+from tests.script_runs import checkpoint_steps, kill_at_random_moment, run_script  # noqa: E402
+from tests.test_lm_experiment import (  # noqa: E402
+    QUIET,
+    assert_same_params,
+    read_json,
+    read_metrics,
+    timed_run,
+)
+
+# The default tiny model on reverse_digits: 4-token completions decoded 2 steps per update, so
+# every group spans two updates; 6 slot groups for 4 trained, so ended groups wait, some until
+# the bound (2) drops them. Checkpoints after updates 3, 6 and 9 hold half-decoded rows.
+PARTIAL_SMALL = [
+    "--config.num_steps=9",
+    "--config.batch_size=4",
+    "--config.group_size=4",
+    "--config.rollout_mode=partial",
+    "--config.rollout_budget=2",
+    "--config.rollout_groups=6",
+    "--config.max_staleness=2",
+    "--config.run.num_chunks=3",
+    "--config.run.log_every=1",
+    "--config.task.num_eval=16",
+    "--config.eval_samples=0",
+]
+PARTIAL_HEADLINES = (
+    "final_mean_reward", "eval_task_accuracy", "completions", "tokens",
+    "trained_groups_per_update", "decode_steps_per_update",
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def partial_whole(tmp_path_factory):
+    """An uninterrupted partial-mode run of grpo.py, and its seconds from first row to exit."""
+    workdir = str(tmp_path_factory.mktemp("partial") / "whole")
+    return workdir, timed_run("grpo.py", workdir, *PARTIAL_SMALL)
+
+
+def _assert_same_run(whole, parts):
+    assert read_metrics(parts) == read_metrics(whole)
+    a, b = read_json(whole), read_json(parts)
+    for key in PARTIAL_HEADLINES:
+        assert a[key] == b[key], key
+    assert_same_params(whole, parts)
+
+
+def test_partial_run_killed_after_a_checkpoint_mid_rollout_resumes_equal(partial_whole, tmp_path):
+    """SIGKILL right after the first chunk's checkpoint, which holds half-decoded rows (the
+    carried rollouts are in the checkpoint); the same command resumes and ends where the
+    uninterrupted run did: every metrics row, the summary and the parameters."""
+    whole, parts = partial_whole[0], str(tmp_path / "parts")
+    flags = [*PARTIAL_SMALL, *QUIET, f"--workdir={parts}"]
+    killed = run_script("grpo.py", *flags, "--kill_after_chunk=1", check=False)
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    assert checkpoint_steps(parts) == [3]
+    with ocp.StandardCheckpointer() as checkpointer:
+        state = checkpointer.restore(os.path.join(parts, "checkpoints", "3", "state"))
+    slots = state["slots"] if isinstance(state, dict) else state[4]
+    live, done = np.asarray(slots["live"]), np.asarray(slots["done"])
+    assert (live & ~done).any()  # rows carried mid-completion
+    run_script("grpo.py", *flags)
+    _assert_same_run(whole, parts)
+
+
+def test_partial_summary_counts_the_trained_completions(partial_whole):
+    """completions, tokens and their rates count what partial mode trained on (summed over
+    every update's metrics row), not a synchronous run's batch_size x group_size per update."""
+    whole = partial_whole[0]
+    rows, summary = read_metrics(whole), read_json(whole)
+    groups = sum(row["trained_groups"] for row in rows if "loss" in row)
+    tokens = sum(row["trained_tokens"] for row in rows if "loss" in row)
+    assert summary["completions"] == groups * 4 < 9 * 16
+    assert summary["tokens"] == tokens > 0
+    assert summary["trained_groups_per_update"] == pytest.approx(groups / 9)
+    rate = summary["steps_per_second"]
+    assert summary["tokens_per_second"] == pytest.approx(rate * tokens / 9, abs=1)
+    trained = rate * groups * 4 / 9 * (summary_prompt_length(whole) + 4)
+    assert summary["trained_tokens_per_second"] == pytest.approx(trained, abs=1)
+    assert summary["decode_steps_per_update"] == 2
+
+
+def summary_prompt_length(workdir):
+    """The prompt's tokens in the run's task (reverse_digits with the byte tokenizer)."""
+    assert read_json(workdir)["task"] == "reverse_digits"
+    sample = lambda key: TEXT_TASK.sample_prompts(key, 1, TEXT_TASK.data)  # noqa: E731
+    return jax.eval_shape(sample, jax.random.key(0)).tokens.shape[1]
+
+
+@pytest.mark.slow
+def test_partial_run_killed_at_a_random_moment_resumes_equal(partial_whole, tmp_path):
+    """SIGKILL at a random moment after training started (mid-chunk, mid-checkpoint, in the
+    final evaluation), then the same command: the uninterrupted run's rows, summary and
+    parameters."""
+    (whole, window), parts = partial_whole, str(tmp_path / "parts")
+    flags = [*PARTIAL_SMALL, *QUIET, f"--workdir={parts}"]
+    kill_at_random_moment("grpo.py", *flags, seed=2, max_delay=0.9 * window)
+    run_script("grpo.py", *flags)
+    _assert_same_run(whole, parts)

@@ -74,8 +74,10 @@ def grpo_run(
     new_tokens: int = 256,
     grad_accum_steps: int = 1,
     lora_rank: int | None = None,
+    **rollout: Any,
 ) -> tuple[Any, Any, int]:
-    """The (grpo.Config, ModelConfig, prompt length) of one measured configuration."""
+    """The (grpo.Config, ModelConfig, prompt length) of one measured configuration; `rollout`
+    holds partial mode's Config fields (rollout_mode, rollout_budget, ...), if any."""
     from algos import grpo
     from jaxrl.lm.model import ModelConfig
 
@@ -88,6 +90,7 @@ def grpo_run(
         max_new_tokens=new_tokens,
         grad_accum_steps=grad_accum_steps,
         lora_rank=rank,
+        **rollout,
     )
     return config, model, prompt_len
 
@@ -98,16 +101,16 @@ def plan(config: Any, model: Any, prompt_len: int) -> tuple[dict[str, float], fl
 
     from algos import grpo
     from jaxrl import hparams
-    from jaxrl.lm import training
     from jaxrl.lm.model import init_params
 
     task = fixed_length_task(prompt_len, model.vocab_size)
     params = jax.eval_shape(lambda: init_params(model, jax.random.key(0)))
     hp = hparams.hparams(config)
     algorithm = grpo.make(config, model, task, params)
-    # The state's shapes: `init` traced on abstract parameters (it copies concrete ones).
+    # The state's shapes: `init` traced on abstract parameters (it copies concrete ones); in
+    # partial mode it holds the carried slots too.
     state = jax.eval_shape(
-        lambda p, key: training.make_init(p, config, None, model)(key, hp),
+        lambda p, key: grpo.make(config, model, task, p).init(key, hp),
         params,
         jax.random.key(0),
     )

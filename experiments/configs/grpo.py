@@ -54,7 +54,19 @@ PRESETS = {
         max_new_tokens=34,
         task=dict(name="repeat_digit", num_digits=5, held_out="hash", num_train=94, num_eval=6),
     ),
+    # The same with lengths from a few tokens to hundreds: 1 to 256 digits (mean 55.5; the
+    # tiny model's positions raised to hold them), from `sft.py:repeat_digit_long`.
+    "repeat_digit_long": dict(
+        num_steps=200,
+        batch_size=16,
+        group_size=4,
+        learning_rate=1e-4,
+        max_new_tokens=258,
+        task=dict(name="repeat_digit", num_digits=8, held_out="hash", num_train=94, num_eval=6),
+    ),
 }
+# Presets whose completions outgrow the tiny model's 64 positions: the positions they need.
+POSITIONS = {"repeat_digit_long": 272}
 # Settings of a preset outside the algorithm's Config: where it starts and how it is rewarded.
 PRESET_SETTINGS = {
     "word_problems": dict(
@@ -74,6 +86,8 @@ def get_config(preset: str = "reverse_digits") -> ml_collections.ConfigDict:
     # 25 updates per compiled chunk (a real model: 5).
     chunk = 5 if "init_from" in settings else 25
     config = prompt_rl_config(grpo.Config(), chosen, settings, max(1, chosen["num_steps"] // chunk))
+    if preset in POSITIONS:
+        config.model.max_position_embeddings = POSITIONS[preset]
     if config.init_from:
         # A real model's update takes a minute or more: log each one (the learning curve) and
         # keep chunks of 5 (a metrics row per 10 updates would merge chunks of 5 into 10).

@@ -23,6 +23,14 @@ PRESETS = {
         task=dict(name="repeat_digit", num_digits=5, held_out="hash", num_train=94, num_eval=6)
         | dict(max_length=44),
     ),
+    # ... and of its repeat_digit_long preset (1 to 256 digits).
+    "repeat_digit_long": dict(
+        num_steps=300,
+        batch_size=64,
+        learning_rate=3e-3,
+        task=dict(name="repeat_digit", num_digits=8, held_out="hash", num_train=94, num_eval=6)
+        | dict(max_length=268),
+    ),
 }
 # SFT on a game's demonstrations (jaxrl/trainers/game_play.py), the start of
 # experiments/multiturn.py:
@@ -72,4 +80,6 @@ def get_config(preset: str = "reverse_digits") -> ml_collections.ConfigDict:
     config = lm_config(sft.Config(), chosen, num_chunks=chosen["num_steps"] // 50)
     if game is not None:  # a game's section replaces the text task's
         config.task = game_play.game_task(demonstrations=True, **game)
+    if preset == "repeat_digit_long":  # 268 tokens: beyond the tiny model's 64 positions
+        config.model.max_position_embeddings = 272
     return config

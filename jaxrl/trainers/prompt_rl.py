@@ -325,6 +325,18 @@ def last_rows(run_dir: RunDirectory, updates: int, num_steps: int, log_every: in
     return rows[-max(1, updates // block) :]
 
 
+def trained_totals(run_dir: RunDirectory, num_steps: int, log_every: int) -> tuple[int, int, float]:
+    """Partial rollouts' (`algos.partial`) groups and completion tokens trained on over the
+    whole run, summed from metrics.jsonl's `trained_groups` and `trained_tokens` (each row the
+    mean of a block of updates; the counts are whole numbers, so the sums are exact), and the
+    mean decode steps per update."""
+    rows = last_rows(run_dir, num_steps, num_steps, log_every)
+    block = runner.block_length(num_steps, log_every)
+    groups = sum(row["trained_groups"] for row in rows) * block
+    tokens = sum(row["trained_tokens"] for row in rows) * block
+    return round(groups), round(tokens), float(np.mean([row["decode_steps"] for row in rows]))
+
+
 class HeldOut(NamedTuple):
     """Greedy completions of the held-out prompts, scored; and sampled ones, for pass@k."""
 
@@ -722,15 +734,35 @@ def summary_fields(
     final_reward = float(np.mean([row[prompts.reward_key] for row in rows]))
     # Generated tokens as the peers count them: up to and including EOS (the final rows' mean).
     length = float(np.mean([row["completion_length"] for row in rows]))
-    generated_per_update = completions_per_update * length
-    trained_per_update = completions_per_update * (prompts.prompt_length + config.max_new_tokens)
+    completions = config.num_steps * completions_per_update
+    tokens = config.num_steps * completions_per_update * length  # generated tokens
+    partial = {}
+    if getattr(config, "rollout_mode", "sync") == "partial":
+        # Partial rollouts train a varying number of groups per update, and decode tokens that
+        # train later, or never (dropped for staleness): count what was trained on, every
+        # update's, not a sync run's fixed batch.
+        groups, tokens, steps = trained_totals(run_dir, config.num_steps, run.flat.run.log_every)
+        completions = groups * config.group_size
+        partial = {
+            "rollout_mode": "partial",
+            "trained_groups_per_update": groups / config.num_steps,
+            "decode_steps_per_update": steps,
+        }
+    generated_per_update = tokens / config.num_steps
+    # The training pass's tokens: every trained completion at its fixed shape.
+    trained_per_update = (
+        completions / config.num_steps * (prompts.prompt_length + config.max_new_tokens)
+    )
     summary = {
         "task": prompts.name,
         "init_from": source,
-        "completions": config.num_steps * completions_per_update,
-        "tokens": round(config.num_steps * generated_per_update),  # generated tokens
+        # Completions trained on and their tokens (up to and including EOS); in sync mode every
+        # update trains completions_per_update, and the tokens are the final rows' mean length.
+        "completions": completions,
+        "tokens": round(tokens),
         "tokens_per_second": round(steps_per_second * generated_per_update),
         "trained_tokens_per_second": round(steps_per_second * trained_per_update),
+        **partial,
         # The sampled completions' reward over the last updates: a digit task's answer reward
         # (reward_task), or, with a prompt file, the weighted sum of its reward functions.
         "final_mean_reward": final_reward,
