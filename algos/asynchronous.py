@@ -196,11 +196,16 @@ def make(
 
     generation_layout = None if gen_mesh is None else param_shardings(model, gen_mesh)
 
-    @jax.jit
-    def cast(params: Any) -> Any:
-        return jax.tree.map(
-            lambda p: p.astype(dtype) if jnp.issubdtype(p.dtype, jnp.floating) else p, params
+    # Compiled here, so that reshard_seconds times the copy and never a compilation.
+    cast = (
+        jax.jit(
+            lambda params: jax.tree.map(
+                lambda p: p.astype(dtype) if jnp.issubdtype(p.dtype, jnp.floating) else p, params
+            )
         )
+        .lower(params)
+        .compile()
+    )
 
     def reshard(params: Any) -> Reshard:
         """HybridFlow's step: the training weights cast to generation_dtype where they lie (so
@@ -304,7 +309,7 @@ def make(
         return State(state.params, state.opt_state, state.key, state.step, ahead)
 
     def generate_ahead_shapes(params, key, hp, task_data):
-        batch, metrics = rollout(cast(params), key, hp, task_data)
+        batch, metrics = rollout(params, key, hp, task_data)
         return Ahead(batch, metrics, jnp.zeros((), jnp.int32))
 
     def update(state: State, inputs: grpo.Inputs | None, hp: HParams):

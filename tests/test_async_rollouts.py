@@ -48,8 +48,8 @@ def test_async_with_bound_zero_equals_synchronous_grpo_on_one_device():
     """Staleness 0 and an fp32 generation copy on one device (both meshes are that device, the
     programs take turns): the same rewards, losses and parameters as synchronous GRPO."""
     config = dataclasses.replace(SYNC, rollout_mode="async", generation_dtype="float32")
-    sync_states, sync_metrics = _updates(SYNC, 3)
-    async_states, async_metrics = _async_updates(config, 3)
+    sync_states, sync_metrics = _updates(SYNC, 2)
+    async_states, async_metrics = _async_updates(config, 2)
     for want, got, m_want, m_got in zip(
         sync_states, async_states, sync_metrics, async_metrics, strict=True
     ):
@@ -172,3 +172,39 @@ def test_devices_that_do_not_split_are_one_line_error():
     split = dataclasses.replace(config, mesh_shape=(2, 2, 1), generation_mesh_shape=(4, 1, 1))
     train, generate = asynchronous.split_devices(split)
     assert train == jax.devices()[:4] and generate == jax.devices()[4:]
+
+
+def test_grpo_trainer_runs_async_on_a_split_mesh(tmp_path):
+    """`experiments/grpo.py --config.rollout_mode=async` through its trainer: 2 training + 2
+    generating devices, staleness 1; the metrics rows carry the staleness and the reshard's
+    time and bytes, and the checkpoint is the state with its batch in flight."""
+    from jaxrl.trainers import grpo as trainer
+    from tests.script_runs import read_rows
+    from tests.test_trainers import LM_QUIET, configured
+
+    settings = {"num_steps": 3, "batch_size": 4, "group_size": 4, "eval_batch_size": 16}
+    settings |= {"task.num_eval": 16, "eval_samples": 0, "run.num_chunks": 1, **LM_QUIET}
+    settings |= {"rollout_mode": "async", "max_staleness": 1, "mesh_shape": (2, 1, 1)}
+    settings |= {"generation_mesh_shape": (2, 1, 1)}
+    result = trainer.train(configured(trainer, None, settings), str(tmp_path / "run"))
+    rows = [row for row in read_rows(result.run_dir) if "loss" in row]
+    assert [row["staleness_max"] for row in rows] == [0, 1, 1]
+    assert all(row["reshard_seconds"] > 0 and row["reshard_bytes"] > 0 for row in rows)
+    assert result.summary["steps"] == 3
+    assert int(result.state.ahead[0].version) == 2
+    train = {d for leaf in jax.tree.leaves(result.state) for d in leaf.devices()}
+    assert train == set(jax.devices()[:2])
+
+
+def test_grpo_trainer_refuses_devices_that_do_not_split(tmp_path, capsys):
+    from jaxrl.trainers import grpo as trainer
+    from tests.test_trainers import configured
+
+    settings = {"rollout_mode": "async", "mesh_shape": (4, 1, 1)}
+    settings |= {"generation_mesh_shape": (8, 1, 1), "batch_size": 8}
+    with pytest.raises(SystemExit) as exit_info:
+        trainer.train(configured(trainer, None, settings), str(tmp_path / "run"))
+    assert exit_info.value.code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("error: config.generation_mesh_shape: ") and "4 + 8" in line
+    assert not (tmp_path / "run").exists()
