@@ -116,24 +116,29 @@ def test_staleness_one_on_8_devices_samples_from_the_last_version():
         assert np.isfinite(m["loss"])
 
 
-def test_checkpoint_with_a_batch_in_flight_resumes_equal_to_an_uninterrupted_run(tmp_path):
-    """The batch generated ahead is part of the state: saved after update 2, restored into a
-    fresh state and run on, the run ends where an uninterrupted one does."""
+def test_checkpoint_with_batches_in_flight_resumes_equal_to_an_uninterrupted_run(tmp_path):
+    """Bound 2: the two batches generated ahead are part of the state: saved after update 2,
+    restored into a fresh state and run on, the run ends where an uninterrupted one does; the
+    staleness grows to the bound and stays there."""
     from jaxrl.checkpoint import Checkpointer
 
-    config = dataclasses.replace(SYNC, rollout_mode="async", max_staleness=1)
+    config = dataclasses.replace(SYNC, rollout_mode="async", max_staleness=2)
     params = init_params(TINY, jax.random.key(0))
     algorithm = grpo.make(config, TINY, TEXT_TASK, params)
     hp = hparams.hparams(config)
     state = algorithm.init(jax.random.PRNGKey(5), hp)
+    ages = []
     for _ in range(2):
-        state, _ = algorithm.update(state, None, hp)
+        state, metrics = algorithm.update(state, None, hp)
+        ages.append(metrics["staleness_max"])
+    assert [int(a.version) for a in state.ahead] == [0, 1]  # batches 2 and 3
     checkpoints = Checkpointer(str(tmp_path / "checkpoints"))
     checkpoints.save(2, state, {})
-    uninterrupted, _ = algorithm.update(state, None, hp)
+    uninterrupted, metrics = algorithm.update(state, None, hp)
     resumed, _ = checkpoints.restore(algorithm.init(jax.random.PRNGKey(5), hp))
     checkpoints.close()
     resumed, _ = algorithm.update(resumed, None, hp)
+    assert [*ages, metrics["staleness_max"]] == [0, 1, 2]
     for a, b in zip(jax.tree.leaves(uninterrupted), jax.tree.leaves(resumed), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
