@@ -136,32 +136,48 @@ def validate_dynamic_sampling(config: Any) -> None:
 
 
 def validate_rollout_mode(config: Any) -> None:
-    """Check rollout_mode, rollout_budget and max_staleness (and what partial mode cannot do
-    yet); the partial-mode checks live with it in `algos.partial`."""
+    """Check rollout_mode and the settings it reads; each mode's own checks live with it in
+    `algos.partial` and `algos.asynchronous`."""
     require(
-        config.rollout_mode != "async",
-        "rollout_mode",
-        "async (generation and training on disjoint parts of the mesh) is not built yet",
-        "use sync or partial",
-    )
-    require(
-        config.rollout_mode in ("sync", "partial"),
+        config.rollout_mode in ("sync", "partial", "async"),
         "rollout_mode",
         f"unknown mode {config.rollout_mode!r}",
-        "choose sync or partial",
+        "choose sync, partial or async",
     )
     if config.rollout_mode == "partial":
         from algos import partial  # it builds on this module
 
         partial.validate(config)
-        return
-    for name in ("rollout_budget", "rollout_groups", "max_staleness"):
+    elif config.rollout_mode == "async":
+        from algos import asynchronous  # it builds on this module
+
+        asynchronous.validate(config)
+    else:
         require(
-            getattr(config, name) == 0,
-            name,
-            f"got {getattr(config, name)!r}, but it is read only with rollout_mode=partial",
-            "set rollout_mode=partial, or drop it",
+            config.max_staleness == 0,
+            "max_staleness",
+            f"got {config.max_staleness!r}, but it is read only with rollout_mode=partial or async",
+            "set rollout_mode=partial or async, or drop it",
         )
+    if config.rollout_mode != "partial":
+        for name in ("rollout_budget", "rollout_groups"):
+            require(
+                getattr(config, name) == 0,
+                name,
+                f"got {getattr(config, name)!r}, but it is read only with rollout_mode=partial",
+                "set rollout_mode=partial, or drop it",
+            )
+    if config.rollout_mode != "async":
+        for name, default in (
+            ("generation_mesh_shape", (1, 1, 1)),
+            ("generation_dtype", "bfloat16"),
+        ):
+            require(
+                getattr(config, name) == default,
+                name,
+                f"got {getattr(config, name)!r}, but it is read only with rollout_mode=async",
+                "set rollout_mode=async, or drop it",
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,11 +222,19 @@ class Config(training.TrainConfig):
     # Prompt groups decoded at once in partial mode (APRIL's over-provisioning): decoding stops
     # once batch_size of them have ended, which train; 0 means batch_size.
     rollout_groups: int = 0
+    # "async" (`algos.asynchronous`): generation and training on disjoint parts of the devices,
+    # two programs that overlap; the weights are resharded to the generation layout after every
+    # update. mesh_shape is the training mesh (the first devices), generation_mesh_shape the
+    # generation mesh (the next ones), generation_dtype the dtype of the weights copied there
+    # (bfloat16, HybridFlow's; float32 samples exactly as the fp32 trainer would).
+    generation_mesh_shape: tuple[int, int, int] = (1, 1, 1)
+    generation_dtype: str = "bfloat16"
     # The oldest policy a trained token may come from, in updates (AReaL's max offpolicyness).
     max_staleness: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mesh_shape", tuple(self.mesh_shape))
+        object.__setattr__(self, "generation_mesh_shape", tuple(self.generation_mesh_shape))
         self.validate_lora()
         require_positive(
             self,
@@ -909,6 +933,10 @@ def make(
         from algos import partial  # it builds on this module
 
         return partial.make(config, model, task, params, mesh)
+    if config.rollout_mode == "async":
+        from algos import asynchronous  # it builds on this module
+
+        return asynchronous.make(config, model, task, params, mesh)
     check_memory(config, model, task)
     rollout = make_rollout(config, model, task, mesh)
     monitor = None

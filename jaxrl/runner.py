@@ -558,6 +558,9 @@ class Job:
     after_chunk: Callable[[Any, int, int], Mapping[str, Any] | None] | None = None
     out_shardings: Any = None  # of (states, metrics), for sharded states
     check_every: int = 1  # updates between stop checks, at most
+    # make_chunk's chunks are host loops that dispatch compiled programs of their own (GRPO's
+    # async mode, whose state and programs span two meshes): called piece by piece, not jitted.
+    host_loop: bool = False
 
 
 @dataclasses.dataclass
@@ -726,6 +729,7 @@ def train(
     stop = _StopRequests()
     control = {"end": 0}
     one_device = len({d for x in jax.tree.leaves(states) for d in x.devices()}) == 1
+    one_device = one_device and not job.host_loop
     check = block_length(block, job.check_every)
     programs = sorted(set(lengths)) if one_device else [check]
 
@@ -752,6 +756,9 @@ def train(
         t0 = time.time()
         compiled = {}
         for length in programs:
+            if job.host_loop:  # its programs compile when first called
+                compiled[length] = chunk_program(length)
+                continue
             jit_options = {"donate_argnums": 0}
             if job.out_shardings is not None:
                 jit_options["out_shardings"] = job.out_shardings

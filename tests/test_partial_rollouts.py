@@ -215,7 +215,6 @@ def test_staleness_never_exceeds_the_bound_and_groups_carry_over(rollout_groups)
 @pytest.mark.parametrize(
     "settings, field",
     [
-        (dict(rollout_mode="async"), "rollout_mode"),
         (dict(rollout_mode="later"), "rollout_mode"),
         (dict(rollout_budget=4), "rollout_budget"),
         (dict(max_staleness=1), "max_staleness"),

@@ -17,8 +17,9 @@ from typing import Any
 
 import jax
 
-from algos import grpo
+from algos import asynchronous, grpo
 from jaxrl import runner, sharding
+from jaxrl.config import ConfigError
 from jaxrl.trainers import base, lm_runs, prompt_rl
 
 config = functools.partial(base.load_config, "grpo")
@@ -32,6 +33,11 @@ def train(flat: Any, workdir: str | None, kill_after_chunk: int | None) -> base.
     parts are `jaxrl.trainers.base`'s; returns Result(state, summary, run_dir)."""
     run = lm_runs.setup(flat, workdir, grpo.Config, "grpo")
     config, mesh = run.config, run.mesh
+    if config.rollout_mode == "async":
+        try:  # the devices split into the training mesh (`mesh`) and the generation mesh
+            asynchronous.split_devices(config)
+        except ConfigError as error:
+            runner.fail(f"config.{error}")
     prompts = prompt_rl.read_task(run)
     params, model, source = lm_runs.initial_params(run)
     evaluate = prompt_rl.evaluator(run, model, prompts)
@@ -50,6 +56,9 @@ def train(flat: Any, workdir: str | None, kill_after_chunk: int | None) -> base.
         units_name="completions",
         units_per_step=config.completions_per_update,
         after_chunk=prompt_rl.evaluate_every(run, evaluate, lambda state: state.params),
+        # Async mode's two programs on two meshes are dispatched from the host.
+        chunk=asynchronous.make_chunk if config.rollout_mode == "async" else None,
+        host_loop=config.rollout_mode == "async",
     )
     result = runner.train(job, run.flat.run, run_dir, kill_after_chunk)
     summary = prompt_rl.finish(

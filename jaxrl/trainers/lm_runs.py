@@ -196,14 +196,16 @@ def job(
     scan_inputs: bool = False,
     chunk: Callable[..., Callable] | None = None,
     after_chunk: Callable[[Any, int, int], dict[str, Any] | None] | None = None,
+    host_loop: bool = False,
 ) -> runner.Job:
     """The runner's `Job` for one LM run (no runs axis): the state made once with
     `PRNGKey(config.seed)` and the config's hyper-parameters (replicated over the mesh), kept in
     its shardings by every chunk. The runner compiles chunks of `algorithm.update` itself
     (`scan_inputs`: `inputs_for` gives one host batch per update), unless `chunk(update, length,
     log_every=, callback=, keep_going=, check_every=)` makes them (DPO's, which hands every
-    update the same reference). `after_chunk(state, step, chunk_index)` may return a metrics row
-    (an evaluation)."""
+    update the same reference; with `host_loop` its chunks are host loops the runner calls
+    without compiling: GRPO's async mode). `after_chunk(state, step, chunk_index)` may return a
+    metrics row (an evaluation)."""
     hp = jax.device_put(hparams.hparams(run.config), sharding.replicated(run.mesh))
     state = algorithm.init(jax.random.PRNGKey(run.flat.seed), hp)
     custom = None
@@ -237,6 +239,7 @@ def job(
         per_run=(),
         after_chunk=after_chunk,
         out_shardings=(training.state_shardings(state), sharding.replicated(run.mesh)),
+        host_loop=host_loop,
     )
 
 

@@ -1,0 +1,212 @@
+"""Asynchronous GRPO on a split mesh (issue 39, `algos.asynchronous`): generation and training as
+two programs on disjoint devices, the weights resharded between them after every update, with
+the staleness bound enforced. 8 simulated CPU devices (tests/conftest.py)."""
+
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+
+from algos import asynchronous, grpo
+from jaxrl import hparams, sharding
+from jaxrl.config import ConfigError
+from jaxrl.lm.model import init_params, param_shardings
+from tests.test_partial_rollouts import TEXT_TASK, TINY, _updates
+
+SYNC = grpo.Config(batch_size=4, group_size=4, max_new_tokens=6, learning_rate=3e-3)
+
+
+def _async_updates(config, count, train_devices=None, params=None, seed=3):
+    """`count` asynchronous updates (the training mesh on `train_devices`, if given); the
+    states and the metrics after each."""
+    params = init_params(TINY, jax.random.key(0)) if params is None else params
+    mesh = None
+    if train_devices is not None:
+        mesh = sharding.make_mesh(*config.mesh_shape, devices=train_devices)
+        params = jax.device_put(params, param_shardings(TINY, mesh))
+    algorithm = grpo.make(config, TINY, TEXT_TASK, params, mesh)
+    hp = hparams.hparams(config)
+    if mesh is not None:
+        hp = jax.device_put(hp, sharding.replicated(mesh))
+    state = algorithm.init(jax.random.PRNGKey(seed), hp)
+    states, metrics = [], []
+    for _ in range(count):
+        state, m = algorithm.update(state, None, hp)
+        states.append(state)
+        metrics.append(jax.device_get(m))
+    return states, metrics
+
+
+def _assert_same_params(a, b):
+    a, b = jax.device_get(a), jax.device_get(b)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_async_with_bound_zero_equals_synchronous_grpo_on_one_device():
+    """Staleness 0 and an fp32 generation copy on one device (both meshes are that device, the
+    programs take turns): the same rewards, losses and parameters as synchronous GRPO."""
+    config = dataclasses.replace(SYNC, rollout_mode="async", generation_dtype="float32")
+    sync_states, sync_metrics = _updates(SYNC, 2)
+    async_states, async_metrics = _async_updates(config, 2)
+    for want, got, m_want, m_got in zip(
+        sync_states, async_states, sync_metrics, async_metrics, strict=True
+    ):
+        _assert_same_params(want.params, got.params)
+        for name in ("reward", "loss", "logprob_mismatch_max", "completion_length"):
+            assert m_got[name] == m_want[name], name
+        assert m_got["staleness_max"] == 0
+    start, end = jax.tree.leaves(init_params(TINY, jax.random.key(0))), jax.tree.leaves(got.params)
+    moved = max(np.abs(a - b).max() for a, b in zip(start, end, strict=True))
+    assert moved > 1e-4  # the updates did change the parameters
+
+
+def test_async_with_bound_zero_equals_synchronous_grpo_on_8_devices():
+    """4 generating + 4 training devices, bound 0, fp32: the same parameters as synchronous GRPO
+    on the 4 training devices alone with the same (2, 2, 1) mesh, though every batch was
+    sampled on the other 4 devices from weights resharded to an all-data layout."""
+    devices = jax.devices()
+    sync = dataclasses.replace(SYNC, mesh_shape=(2, 2, 1))
+    config = dataclasses.replace(
+        sync, rollout_mode="async", generation_mesh_shape=(4, 1, 1), generation_dtype="float32"
+    )
+    sync_mesh = sharding.make_mesh(2, 2, 1, devices=devices[:4])
+    sync_states, _ = _updates(sync, 2, mesh=sync_mesh)
+    async_states, metrics = _async_updates(config, 2, train_devices=devices[:4])
+    for want, got in zip(sync_states, async_states, strict=True):
+        _assert_same_params(want.params, got.params)
+    state = async_states[-1]
+    train = {d for leaf in jax.tree.leaves(state) for d in leaf.devices()}
+    assert train == set(devices[:4])  # the state (and so the checkpoint) is the training mesh's
+    # fp32 weights replicated on each of the 4 generation devices.
+    size = sum(x.size for x in jax.tree.leaves(state.params))
+    assert metrics[-1]["reshard_bytes"] == 4 * 4 * size
+    assert metrics[-1]["reshard_bytes_per_device"] == 4 * size
+
+
+def test_staleness_one_on_8_devices_samples_from_the_last_version():
+    """4 + 4 devices, bound 1, bf16 generation copy: batch i is sampled by the weights of version
+    i - 1 (for i >= 1; version 0 for batch 0) with update i's keys, never older than the bound;
+    the copy on the generation devices is bf16 and half the fp32 bytes."""
+    devices = jax.devices()
+    config = dataclasses.replace(
+        SYNC, mesh_shape=(2, 2, 1), rollout_mode="async", generation_mesh_shape=(4, 1, 1),
+        max_staleness=1, temperature=1.5,
+    )  # fmt: skip
+    states, metrics = _async_updates(config, 4, train_devices=devices[:4])
+    assert [m["staleness_max"] for m in metrics] == [0, 1, 1, 1]
+    assert [m["offpolicy_token_fraction"] for m in metrics] == [0, 1, 1, 1]
+    size = sum(x.size for x in jax.tree.leaves(states[0].params))
+    assert metrics[0]["reshard_bytes_per_device"] == 2 * size  # bf16
+    assert all(m["reshard_seconds"] > 0 for m in metrics)
+    # The batch waiting in the state after update i (batch i + 1) is what synchronous GRPO's
+    # rollout samples from version i's weights in bf16 with update i + 1's key.
+    rollout = jax.jit(grpo.make_rollout(config, TINY, TEXT_TASK))
+    hp = hparams.hparams(config)
+    before = [init_params(TINY, jax.random.key(0))] + [s.params for s in states[:-1]]
+    for i, state in enumerate(states):
+        (ahead,) = state.ahead
+        assert int(ahead.version) == i
+        weights = jax.tree.map(lambda p: p.astype("bfloat16"), jax.device_get(before[i]))
+        key = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(3), i + 1))[0]
+        batch, _ = rollout(weights, key, hp)
+        np.testing.assert_array_equal(jax.device_get(ahead.batch["tokens"]), batch["tokens"])
+    for m in metrics:
+        assert np.isfinite(m["loss"])
+
+
+def test_checkpoint_with_batches_in_flight_resumes_equal_to_an_uninterrupted_run(tmp_path):
+    """Bound 2: the two batches generated ahead are part of the state: saved after update 2,
+    restored into a fresh state and run on, the run ends where an uninterrupted one does; the
+    staleness grows to the bound and stays there."""
+    from jaxrl.checkpoint import Checkpointer
+
+    config = dataclasses.replace(SYNC, rollout_mode="async", max_staleness=2)
+    params = init_params(TINY, jax.random.key(0))
+    algorithm = grpo.make(config, TINY, TEXT_TASK, params)
+    hp = hparams.hparams(config)
+    state = algorithm.init(jax.random.PRNGKey(5), hp)
+    ages = []
+    for _ in range(2):
+        state, metrics = algorithm.update(state, None, hp)
+        ages.append(metrics["staleness_max"])
+    assert [int(a.version) for a in state.ahead] == [0, 1]  # batches 2 and 3
+    checkpoints = Checkpointer(str(tmp_path / "checkpoints"))
+    checkpoints.save(2, state, {})
+    uninterrupted, metrics = algorithm.update(state, None, hp)
+    resumed, _ = checkpoints.restore(algorithm.init(jax.random.PRNGKey(5), hp))
+    checkpoints.close()
+    resumed, _ = algorithm.update(resumed, None, hp)
+    assert [*ages, metrics["staleness_max"]] == [0, 1, 2]
+    for a, b in zip(jax.tree.leaves(uninterrupted), jax.tree.leaves(resumed), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize(
+    "settings, field",
+    [
+        (dict(rollout_mode="async", max_staleness=-1), "max_staleness"),
+        (dict(rollout_mode="async", rollout_budget=4), "rollout_budget"),
+        (dict(rollout_mode="async", generation_mesh_shape=(2, 0, 1)), "generation_mesh_shape"),
+        (dict(rollout_mode="async", generation_mesh_shape=(3, 1, 1)), "generation_mesh_shape"),
+        (dict(rollout_mode="async", generation_dtype="float16"), "generation_dtype"),
+        (dict(rollout_mode="async", lora_rank=4), "rollout_mode"),
+        (dict(generation_mesh_shape=(2, 1, 1)), "generation_mesh_shape"),
+        (dict(generation_dtype="float32"), "generation_dtype"),
+    ],
+)
+def test_async_config_errors_name_the_field(settings, field):
+    with pytest.raises(ConfigError, match=f"^{field}:"):
+        grpo.Config(**settings)
+
+
+def test_devices_that_do_not_split_are_one_line_error():
+    config = dataclasses.replace(
+        SYNC, batch_size=8, rollout_mode="async", mesh_shape=(4, 1, 1),
+        generation_mesh_shape=(8, 1, 1),
+    )  # fmt: skip
+    with pytest.raises(ConfigError, match=r"^generation_mesh_shape: .* 4 \+ 8 .* 8 are available"):
+        asynchronous.split_devices(config)
+    one = dataclasses.replace(SYNC, rollout_mode="async")
+    device = jax.devices()[:1]
+    assert asynchronous.split_devices(one, device) == (device, device)  # shared, one device
+    split = dataclasses.replace(config, mesh_shape=(2, 2, 1), generation_mesh_shape=(4, 1, 1))
+    train, generate = asynchronous.split_devices(split)
+    assert train == jax.devices()[:4] and generate == jax.devices()[4:]
+
+
+def test_grpo_trainer_runs_async_on_a_split_mesh(tmp_path):
+    """`experiments/grpo.py --config.rollout_mode=async` through its trainer: 2 training + 2
+    generating devices, staleness 1; the metrics rows carry the staleness and the reshard's
+    time and bytes, and the checkpoint is the state with its batch in flight."""
+    from jaxrl.trainers import grpo as trainer
+    from tests.script_runs import read_rows
+    from tests.test_trainers import LM_QUIET, configured
+
+    settings = {"num_steps": 3, "batch_size": 4, "group_size": 4, "eval_batch_size": 16}
+    settings |= {"task.num_eval": 16, "eval_samples": 0, "run.num_chunks": 1, **LM_QUIET}
+    settings |= {"rollout_mode": "async", "max_staleness": 1, "mesh_shape": (2, 1, 1)}
+    settings |= {"generation_mesh_shape": (2, 1, 1)}
+    result = trainer.train(configured(trainer, None, settings), str(tmp_path / "run"))
+    rows = [row for row in read_rows(result.run_dir) if "loss" in row]
+    assert [row["staleness_max"] for row in rows] == [0, 1, 1]
+    assert all(row["reshard_seconds"] > 0 and row["reshard_bytes"] > 0 for row in rows)
+    assert result.summary["steps"] == 3
+    assert int(result.state.ahead[0].version) == 2
+    train = {d for leaf in jax.tree.leaves(result.state) for d in leaf.devices()}
+    assert train == set(jax.devices()[:2])
+
+
+def test_grpo_trainer_refuses_devices_that_do_not_split(tmp_path, capsys):
+    from jaxrl.trainers import grpo as trainer
+    from tests.test_trainers import configured
+
+    settings = {"rollout_mode": "async", "mesh_shape": (4, 1, 1)}
+    settings |= {"generation_mesh_shape": (8, 1, 1), "batch_size": 8}
+    with pytest.raises(SystemExit) as exit_info:
+        trainer.train(configured(trainer, None, settings), str(tmp_path / "run"))
+    assert exit_info.value.code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("error: config.generation_mesh_shape: ") and "4 + 8" in line
+    assert not (tmp_path / "run").exists()
