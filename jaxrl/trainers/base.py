@@ -14,10 +14,11 @@
   directory, a GGUF file, a run directory, "smollm2", or parameters in memory: `ModelParams(
   params, model_config, tokenizer)`, or `ModelParams.load(path)`), `train_data` / `eval_data`
   (a JSONL path, or rows: a list of dicts or any iterable of them, e.g. a Hugging Face
-  `datasets.Dataset`),
-  `rewards` (host reward functions `f(prompts, completions, **columns) -> list[float]`), `game`
-  (a text-game class: `reset(seed) -> opening`, `step(utterance) -> (answer, reward, done)`, as
-  envs/text/host_env.py plays it); control trainers take `num_seeds` and `seed`.
+  `datasets.Dataset`), `rewards` (host reward functions `f(prompts, completions, **columns) ->
+  list[float]`), `game` (a text-game class: `reset(seed) -> opening`, `step(utterance) ->
+  (answer, reward, done)`, as envs/text/host_env.py plays it); control trainers take
+  `num_seeds` and `seed`. A model given (`model`) brings its architecture: a changed model
+  field other than dtype, param_dtype and remat beside it is refused.
 
 Everything the script does happens here, in the same order: validation, the run directory,
 checkpoints and resume, metrics, evaluation, summary.json and plots. A bad setting, file or part
