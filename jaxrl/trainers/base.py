@@ -175,7 +175,8 @@ class ModelParams:
     @classmethod
     def load(cls, path: str | os.PathLike) -> ModelParams:
         """The model a run directory, Hugging Face directory or GGUF file holds (or "smollm2"),
-        read into memory as float32 arrays (one error line for a path that holds none)."""
+        read into memory as NumPy arrays in the dtype it records (one error line for a path
+        that holds none)."""
         import jax
         import numpy as np
 
