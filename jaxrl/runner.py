@@ -147,7 +147,7 @@ def define_flags(default_config: str, seeds: bool = True) -> dict[str, Any]:
         )
     except Exception as error:  # noqa: BLE001  anything ml_collections raises is a bad flag
         with exit_on_input_error():  # at the script's import, before `main`
-            fail(flag_error_message(error))
+            raise InputError(flag_error_message(error)) from None
     handles = {
         "config": config,
         "workdir": flags.DEFINE_string(
@@ -168,7 +168,15 @@ def define_flags(default_config: str, seeds: bool = True) -> dict[str, Any]:
 
 
 def flag_error_message(error: BaseException) -> str:
-    """One line for an error raised while parsing flags or loading the config file."""
+    """One line for an error raised while parsing flags or loading the config file: the line of
+    an InputError the config file raised (`fail` in its get_config: an unknown preset), which
+    ml_collections and absl hand on wrapped in errors of their own, or one made from theirs."""
+    chain, seen = error, set()
+    while chain is not None and id(chain) not in seen:
+        seen.add(id(chain))
+        if isinstance(chain, InputError) and "Error whilst parsing config file" not in str(chain):
+            return str(chain)
+        chain = chain.__cause__ or chain.__context__
     text = " ".join(str(error).replace("\\n", " ").split())
     guess = re.search(r'Did you mean "([^"]+)" instead of "([^"]+)"', text.replace("\\", ""))
     if guess:
@@ -246,7 +254,7 @@ def main(script_main: Callable[[list[str]], None], positional: bool = False) -> 
         except SystemExit:
             raise
         except Exception as error:  # noqa: BLE001
-            fail(flag_error_message(error))
+            raise InputError(flag_error_message(error)) from None
         # A repeated override of a number or string: the last wins, as absl flags do. Of a tuple,
         # ml_collections concatenates them (hidden_sizes=(8,8) then (4,4) gives four layers).
         for name in repeated_overrides(argv[1:]):
