@@ -13,6 +13,18 @@ class ConfigError(ValueError):
     """A configuration value is invalid; the message names the field and how to fix it."""
 
 
+class InputError(ConfigError):
+    """A bad input (a setting, a file, a model or data given from Python) or a run that cannot
+    go on, in one line `<field or file:line>: <problem>; <fix>`: what `jaxrl.runner.fail` raises.
+    From Python it is the exception a trainer raises; a script (`jaxrl.runner.main`) prints it
+    as `error: <line>` and exits with status 2, without a traceback. `abrupt`: the script exits
+    without the interpreter's shutdown (threads of a failed checkpoint read would print)."""
+
+    def __init__(self, message: str, abrupt: bool = False) -> None:
+        super().__init__(message)
+        self.abrupt = abrupt
+
+
 def require(condition: bool, field: str, problem: str, fix: str) -> None:
     """Raise `ConfigError("field: problem; fix")` unless `condition` holds."""
     if not condition:

@@ -18,6 +18,7 @@ and a line telling how to resume, whatever `run.log_every` is; a second one stop
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -28,7 +29,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NoReturn
 
 import jax
@@ -38,17 +39,50 @@ import numpy as np
 
 from jaxrl import host, hparams, loop
 from jaxrl.checkpoint import Checkpointer, DamagedCheckpointError
-from jaxrl.config import ConfigError
+from jaxrl.config import ConfigError, InputError
 from jaxrl.logging import MetricsSink, RunDirectory, to_jsonable
 
 # Scripts run as `python experiments/x.py` from a clone; configs and defaults are found from here.
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def fail(message: str) -> NoReturn:
-    """Exit with one clear line (no traceback): bad settings are the user's to fix, not bugs."""
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
+def fail(message: str, abrupt: bool = False) -> NoReturn:
+    """Stop with one clear line: raise `InputError(message)` (bad inputs are the user's to fix,
+    not bugs). A script prints it as `error: <message>` and exits with status 2, no traceback
+    (`exit_on_input_error`, its boundary); from Python it is the exception the trainer raises.
+    An InputError already on its way up passes a handler that would reword it unchanged."""
+    in_flight = sys.exc_info()[1]
+    if isinstance(in_flight, InputError):
+        raise in_flight
+    raise InputError(message, abrupt=abrupt)
+
+
+@contextlib.contextmanager
+def exit_on_input_error() -> Iterator[None]:
+    """The scripts' boundary: an `InputError` raised inside becomes its one `error:` line on
+    stderr and exit status 2."""
+    try:
+        yield
+    except InputError as error:
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        if error.abrupt:
+            os._exit(2)
+        sys.exit(2)
+
+
+@contextlib.contextmanager
+def host_failures_as_input_errors() -> Iterator[None]:
+    """A user's function that failed inside a compiled program (a host callback) reaches here
+    as the exception JAX wraps it in: it becomes the one line `report_host_failure` says."""
+    try:
+        yield
+    except InputError:
+        raise
+    except Exception:
+        failure = host.take_failure()  # user code called from inside a compiled program
+        if failure is None:
+            raise
+        report_host_failure(failure)
 
 
 # Objects a trainer was given from Python (reward functions, game classes), under the
@@ -112,7 +146,8 @@ def define_flags(default_config: str, seeds: bool = True) -> dict[str, Any]:
             lock_config=True,
         )
     except Exception as error:  # noqa: BLE001  anything ml_collections raises is a bad flag
-        fail(flag_error_message(error))
+        with exit_on_input_error():  # at the script's import, before `main`
+            raise InputError(flag_error_message(error)) from None
     handles = {
         "config": config,
         "workdir": flags.DEFINE_string(
@@ -133,7 +168,15 @@ def define_flags(default_config: str, seeds: bool = True) -> dict[str, Any]:
 
 
 def flag_error_message(error: BaseException) -> str:
-    """One line for an error raised while parsing flags or loading the config file."""
+    """One line for an error raised while parsing flags or loading the config file: the line of
+    an InputError the config file raised (`fail` in its get_config: an unknown preset), which
+    ml_collections and absl hand on wrapped in errors of their own, or one made from theirs."""
+    chain, seen = error, set()
+    while chain is not None and id(chain) not in seen:
+        seen.add(id(chain))
+        if isinstance(chain, InputError) and "Error whilst parsing config file" not in str(chain):
+            return str(chain)
+        chain = chain.__cause__ or chain.__context__
     text = " ".join(str(error).replace("\\n", " ").split())
     guess = re.search(r'Did you mean "([^"]+)" instead of "([^"]+)"', text.replace("\\", ""))
     if guess:
@@ -191,6 +234,10 @@ def main(script_main: Callable[[list[str]], None], positional: bool = False) -> 
     from absl import logging as absl_logging
 
     def parse(argv: list[str]) -> list[str]:
+        with exit_on_input_error():
+            return parse_flags(argv)
+
+    def parse_flags(argv: list[str]) -> list[str]:
         # absl exits with status 1 after --help; asking for help is no error. --helpconfig lists
         # the config's fields with their values (after the --config file, preset and overrides).
         wanted = [a for a in argv[1:] if a in HELP_FLAGS]
@@ -207,7 +254,7 @@ def main(script_main: Callable[[list[str]], None], positional: bool = False) -> 
         except SystemExit:
             raise
         except Exception as error:  # noqa: BLE001
-            fail(flag_error_message(error))
+            raise InputError(flag_error_message(error)) from None
         # A repeated override of a number or string: the last wins, as absl flags do. Of a tuple,
         # ml_collections concatenates them (hidden_sizes=(8,8) then (4,4) gives four layers).
         for name in repeated_overrides(argv[1:]):
@@ -239,12 +286,8 @@ def main(script_main: Callable[[list[str]], None], positional: bool = False) -> 
         # reaches us (a user's function failing: one line, its traceback in the run's error.log).
         logging.getLogger("jax._src.callback").setLevel(logging.CRITICAL)
         try:
-            script_main(argv)
-        except Exception:
-            failure = host.take_failure()  # user code called from inside a compiled program
-            if failure is None:
-                raise
-            report_host_failure(failure)
+            with exit_on_input_error(), host_failures_as_input_errors():
+                script_main(argv)
         except KeyboardInterrupt:  # outside training (setup, final evaluation): one line too
             run_dir = _open_runs[-1] if _open_runs else None
             kept = run_dir is not None and os.path.isdir(run_dir.checkpoint_dir)

@@ -13,6 +13,7 @@ import pytest
 
 from jaxrl import comparison as compare
 from jaxrl import evaluation
+from jaxrl.config import InputError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "experiments", "compare.py")
@@ -50,12 +51,13 @@ def run_compare(*args, check=True):
 
 
 def error_of(capsys, fn, *args):
-    """compare's helpers end the script with one `error: ...` line and exit status 2."""
-    with pytest.raises(SystemExit) as exit_info:
+    """compare's helpers raise InputError with one line (the script prints it as `error: ...`,
+    exit status 2: tests/test_bad_inputs.py), printing nothing themselves."""
+    with pytest.raises(InputError) as error:
         fn(*args)
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("error: ") and "\n" not in err
+    assert not capsys.readouterr().err
+    err = f"error: {error.value}"
+    assert "\n" not in err
     return err
 
 

@@ -17,6 +17,7 @@ from flax import struct
 
 from jaxrl import hparams, loop, runner
 from jaxrl.checkpoint import Checkpointer
+from jaxrl.config import InputError
 from jaxrl.hparams import swept
 
 
@@ -104,33 +105,31 @@ def test_settings_are_checked_only_against_a_run_with_checkpoints(tmp_path, caps
     runner.open_run(workdir, {"rate": 1.0})  # a start that failed before any checkpoint
     runner.open_run(workdir, {"rate": 3.0})  # the corrected retry is not refused
     runner.train(toy_job(ToyConfig()), RUN, runner.open_run(workdir, {"rate": 3.0}))
-    with pytest.raises(SystemExit) as exit_info:
+    with pytest.raises(InputError) as error:
         runner.open_run(workdir, {"rate": 5.0})
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith(f"error: --workdir={workdir} holds a run with")
+    assert str(error.value).startswith(f"--workdir={workdir} holds a run with")
+    assert "\n" not in str(error.value)
 
 
 def test_workdir_that_is_a_file_is_one_line(tmp_path, capsys):
     path = tmp_path / "file"
     path.write_text("x")
-    with pytest.raises(SystemExit):
+    with pytest.raises(InputError) as error:
         runner.open_run(str(path), {})
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"error: --workdir={path}: is a file, not a directory; pass a directory path"]
+    expected = f"--workdir={path}: is a file, not a directory; pass a directory path"
+    assert str(error.value) == expected
 
 
 def test_divergence_stops_with_one_line_and_keeps_the_last_good_checkpoint(tmp_path, capsys):
     workdir = str(tmp_path / "run")
     config = ToyConfig(diverge_at=7)  # inside the second chunk (steps 5-8)
     run_dir = runner.open_run(workdir, {"rate": 1.0})
-    with pytest.raises(SystemExit) as exit_info:
+    with pytest.raises(InputError) as error:
         runner.train(toy_job(config), RUN, run_dir)
-    assert exit_info.value.code == 2
-    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    err = str(error.value).splitlines()
     assert len(err) == 1
     # Stop checks after every update make the pieces single updates: the exact update is named.
-    assert err[0].startswith("error: training: non-finite x at step 7 (NaN or inf)"), err[0]
+    assert err[0].startswith("training: non-finite x at step 7 (NaN or inf)"), err[0]
     assert "the checkpoint of step 4 is kept" in err[0]
     checkpointer = Checkpointer(run_dir.checkpoint_dir)
     assert checkpointer.latest_step() == 4  # nothing NaN was saved
@@ -161,9 +160,9 @@ def test_build_config_discovers_sections_and_refuses_unknown_fields(capsys):
     flat = ml_collections.ConfigDict({"rate": 2.0, "run": RUN, "model": {"width": 3}})
     assert runner.build_config(ToyConfig, flat).rate == 2.0
     flat.unknown = 1
-    with pytest.raises(SystemExit):
+    with pytest.raises(InputError) as error:
         runner.build_config(ToyConfig, flat)
-    assert capsys.readouterr().err.startswith("error: config.unknown: not a setting of")
+    assert str(error.value).startswith("config.unknown: not a setting of")
 
 
 def damage(checkpoint_dir, step):
@@ -202,10 +201,9 @@ def test_no_intact_checkpoint_is_one_line(tmp_path, capsys):
     for step in (4, 8, 12):
         damage(run_dir.checkpoint_dir, step)
     capsys.readouterr()
-    with pytest.raises(SystemExit) as exit_info:
+    with pytest.raises(InputError) as error:
         runner.train(toy_job(ToyConfig()), RUN, runner.open_run(workdir, {"rate": 1.0}))
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
+    err = str(error.value).splitlines()
     assert len(err) == 1 and "none of the 3 checkpoints" in err[0] and "is intact" in err[0]
 
 

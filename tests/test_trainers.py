@@ -2,6 +2,8 @@
 `experiments/<algo>.py` and through `<algo>.train(...)` from Python ends with the same summary.json
 (all but its timings) and the same final state, bit for bit."""
 
+import dataclasses
+import json
 import os
 
 import jax
@@ -9,6 +11,7 @@ import numpy as np
 import pytest
 
 from jaxrl.checkpoint import Checkpointer
+from jaxrl.config import InputError
 from tests.script_runs import read_json, read_rows, run_script
 
 QUIET = {"run.progress": False, "run.tensorboard": False}
@@ -155,17 +158,143 @@ def test_sft_from_python_equals_the_script(sft_pair):
     assert 0.0 <= result.summary["eval_task_accuracy"] <= 1.0
 
 
-def test_dpo_from_python_equals_the_script(sft_pair, tmp_path):
+DPO_SMALL = {"num_steps": 4, "task.num_train": 64, "task.num_eval": 16, **LM_QUIET}
+DPO_SMALL |= {"run.num_chunks": 2, "batch_size": 8}
+
+
+@pytest.fixture(scope="module")
+def dpo_pair(sft_pair, tmp_path_factory):
+    """The same small DPO run from the SFT run's directory by script and by trainer."""
     from jaxrl.trainers import dpo
 
-    sft_dir = sft_pair[0]
-    overrides = {"num_steps": 4, "task.num_train": 64, "task.num_eval": 16, **LM_QUIET}
-    overrides |= {"run.num_chunks": 2, "batch_size": 8}
-    script_dir, result = script_and_trainer(
-        tmp_path, "dpo", dpo, overrides, extra=[f"--config.init_from={sft_dir}"], model=sft_dir
-    )
+    sft_dir, tmp_path = sft_pair[0], tmp_path_factory.mktemp("dpo")
+    extra = [f"--config.init_from={sft_dir}"]
+    return script_and_trainer(tmp_path, "dpo", dpo, DPO_SMALL, extra=extra, model=sft_dir)
+
+
+def test_dpo_from_python_equals_the_script(dpo_pair):
+    script_dir, result = dpo_pair
     assert_same_run(script_dir, result)
     assert 0.0 <= result.summary["eval_reward_accuracy"] <= 1.0
+
+
+def test_params_given_from_python_train_as_their_run_directory_does(sft_pair, dpo_pair, tmp_path):
+    """A run's model read into memory (`ModelParams.load`) and handed to DPO trains exactly as
+    the run directory itself does: the same final state and summary, init_from aside."""
+    from jaxrl.trainers import base, dpo
+
+    sft_dir, from_dir = sft_pair[0], dpo_pair[1]
+    weights = base.ModelParams.load(sft_dir)
+    assert weights.tokenizer == "byte" and not weights.pretrained
+    given = dpo.train(configured(dpo, None, DPO_SMALL), tmp_path / "given", model=weights)
+    assert given.summary["init_from"].startswith("parameters given from Python (python:params-")
+    for a, b in zip(jax.tree.leaves(given.state), jax.tree.leaves(from_dir.state), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    drop = {"init_from"}
+    assert {k: v for k, v in comparable(given.summary, given.run_dir).items() if k not in drop} == {
+        k: v for k, v in comparable(from_dir.summary, from_dir.run_dir).items() if k not in drop
+    }
+    # The same parameters read again are the same init_from: the run resumes with them.
+    assert base.model_source(base.ModelParams.load(sft_dir)) == base.model_source(weights)
+
+
+def test_params_that_do_not_fit_their_model_config_are_one_line(tmp_path):
+    from jaxrl.lm.model import ModelConfig, init_params
+    from jaxrl.trainers import sft
+    from jaxrl.trainers.base import ModelParams
+
+    tiny = ModelConfig(**sft.config().model.to_dict())
+    params = init_params(dataclasses.replace(tiny, hidden_size=32), jax.random.key(0))
+    with pytest.raises(InputError) as error:
+        sft.train(None, tmp_path / "run", model=ModelParams(params, tiny))
+    [line] = str(error.value).splitlines()
+    assert (
+        line.startswith("model.params['embedding']: shape (259, 32)")
+        and "but its ModelConfig makes" in line
+    ), line
+    with pytest.raises(InputError, match=r"^model\.model: expected a jaxrl\.lm\.model\.Model"):
+        sft.train(None, tmp_path / "run", model=ModelParams(params, {"hidden_size": 32}))
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_bad_input_from_python_raises_the_line_the_script_prints(tmp_path):
+    """The script is the boundary: from Python the trainer raises InputError (a ConfigError)
+    carrying the line the script prints after `error: ` (exit status 2); neither writes."""
+    from jaxrl.config import ConfigError
+    from jaxrl.trainers import ppo
+
+    script = run_script("ppo.py", "--config.learning_rate=-1", f"--workdir={tmp_path / 's'}",
+                        check=False)  # fmt: skip
+    assert script.returncode == 2
+    config = ppo.config()
+    config.learning_rate = -1.0
+    with pytest.raises(InputError) as error:
+        ppo.train(config, tmp_path / "python")
+    assert isinstance(error.value, ConfigError)
+    assert script.stderr.strip().splitlines()[-1] == f"error: {error.value}"
+    assert str(error.value).startswith("config.learning_rate: must be positive")
+    assert not (tmp_path / "s").exists() and not (tmp_path / "python").exists()
+
+
+def test_a_model_field_beside_a_model_is_refused_from_python_too(sft_pair, tmp_path):
+    """The script refuses --config.model.X with --config.init_from (the architecture is the
+    checkpoint's); from Python a changed model field beside `model=` is the same line."""
+    from jaxrl.trainers import sft
+
+    config = sft.config()
+    config.model.num_layers = 3
+    config.model.dtype = "bfloat16"  # how the model runs: applies to a checkpoint
+    with pytest.raises(InputError) as error:
+        sft.train(config, tmp_path / "run", model=sft_pair[0])
+    assert str(error.value).startswith(
+        "config.model.num_layers: the architecture comes from --config.init_from="
+    )
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    "rows, expected",
+    [
+        ([{"prompt": "12"}], "train_data[0]: "),  # no completion: the reader refuses it
+        ([{"prompt": "1", "completion": "2"}, "3"], "train_data: row 1 is a str, not a dict"),
+        ({"prompt": ["1"], "completion": ["2"]}, "train_data: a mapping (dict), not a list"),
+    ],
+)
+def test_rows_refused_are_written_nowhere(tmp_path, monkeypatch, rows, expected):
+    import tempfile
+
+    from jaxrl.trainers import sft
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    with pytest.raises(InputError) as error:
+        sft.train(None, tmp_path / "run", train_data=rows)
+    assert str(error.value).startswith(expected), error.value
+    assert not list(scratch.iterdir()) and not (tmp_path / "run").exists()
+
+
+def test_rows_as_a_hugging_face_dataset_train_as_the_list_does(tmp_path, monkeypatch):
+    """A `datasets.Dataset` is its rows: the same JSONL file (so the same config) as the list,
+    written once the run's checks pass; a DatasetDict is refused with the split to pass."""
+    import tempfile
+
+    datasets = pytest.importorskip("datasets")
+    from jaxrl.trainers import base, sft
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    rows = [{"prompt": f"{n}+1=", "completion": str(n + 1)} for n in range(12)]
+    dataset = datasets.Dataset.from_list(rows)
+    path = base.rows_file(dataset, "train_data")
+    assert path == base.rows_file(rows, "train_data") and not os.path.exists(path)
+    overrides = {"num_steps": 2, "batch_size": 4, "task.num_eval": 4, **LM_QUIET}
+    result = sft.train(configured(sft, None, overrides), tmp_path / "run", train_data=dataset)
+    assert result.summary["dataset"] == path and np.isfinite(result.summary["eval_loss"])
+    with open(path) as f:
+        assert [json.loads(line) for line in f] == rows
+    splits = datasets.DatasetDict(train=dataset)
+    with pytest.raises(InputError, match=r"pass one split, e.g. train_data=data\['train'\]"):
+        sft.train(None, tmp_path / "other", train_data=splits)
 
 
 def test_grpo_from_python_equals_the_script(tmp_path):
@@ -239,14 +368,13 @@ def test_a_finished_run_extended_from_3_to_5_steps_equals_a_5_step_run(tmp_path)
         ),
     ],
 )
-def test_a_budget_the_run_cannot_take_is_one_line(tmp_path, capsys, saved, current, expected):
+def test_a_budget_the_run_cannot_take_is_one_line(tmp_path, saved, current, expected):
     from jaxrl import runner
 
-    with pytest.raises(SystemExit) as exit_info:
+    with pytest.raises(InputError) as error:
         runner.check_resumable(saved, current, str(tmp_path))
-    assert exit_info.value.code == 2
-    [line] = capsys.readouterr().err.strip().splitlines()
-    assert line.startswith("error: --workdir=") and expected in line, line
+    [line] = str(error.value).splitlines()
+    assert line.startswith("--workdir=") and expected in line, line
     runner.check_resumable({"num_steps": 3}, {"num_steps": 5}, str(tmp_path))  # extends
 
 

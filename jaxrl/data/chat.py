@@ -41,6 +41,7 @@ loss, the way TRL's assistant-only loss marks every token touching an assistant 
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import os
 from collections.abc import Iterator, Mapping, Sequence
@@ -202,6 +203,19 @@ def _sft_row(row: Any, where: str) -> SftRow:
     )
 
 
+# JSONL files a trainer was given as rows (jaxrl.trainers.base.rows_file): (their bytes, the
+# part's name), by the path they are written to once every setting of the run is checked
+# (lm_runs.open_run), so that rows a check refuses are written nowhere. Until then the readers
+# read them from here, and name a row as the user gave it: "train_data[3]".
+GIVEN_JSONL: dict[str, tuple[bytes, str]] = {}
+
+
+def jsonl_exists(path: str | os.PathLike) -> bool:
+    """Whether `path` is a JSONL file to read: a file, or rows given from Python not yet
+    written (`GIVEN_JSONL`)."""
+    return os.fspath(path) in GIVEN_JSONL or os.path.isfile(path)
+
+
 def jsonl_objects(
     path: str | os.PathLike, error: type[ChatDataError] = ChatDataError
 ) -> Iterator[tuple[str, Any]]:
@@ -209,12 +223,13 @@ def jsonl_objects(
     preference pairs and prompt files, which check the rows themselves. Raises `error` naming
     the file (missing, a directory) or the line (invalid UTF-8 or JSON)."""
     path = os.fspath(path)
-    if not os.path.isfile(path):
+    if not jsonl_exists(path):
         problem = "is a directory" if os.path.isdir(path) else "no such file"
         raise error(f"{path}: {problem}; pass the path of a JSONL file")
-    with open(path, "rb") as f:
+    given, part = GIVEN_JSONL.get(path, (None, ""))
+    with io.BytesIO(given) if given is not None else open(path, "rb") as f:
         for line_number, raw in enumerate(f, start=1):
-            where = f"{path}:{line_number}"
+            where = f"{part}[{line_number - 1}]" if part else f"{path}:{line_number}"
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:

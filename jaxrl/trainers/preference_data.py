@@ -19,6 +19,7 @@ from jaxrl.data.chat import (
     check_cuts,
     fit_lengths,
     hold_out,
+    jsonl_exists,
     require_chat_template,
 )
 from jaxrl.data.preferences import (
@@ -57,7 +58,7 @@ class PairArrays(NamedTuple):
 def read_pairs(flat, field: str) -> tuple[list[dict], list[str]]:
     """The checked rows of config.task.<field> and their file:line (one error line otherwise)."""
     path = flat.task[field]
-    if not os.path.isfile(path):
+    if not jsonl_exists(path):
         runner.fail(f"config.task.{field}: {path}: no such file; pass the path of a JSONL file")
     try:
         numbered = list(numbered_preference_rows(path))

@@ -31,6 +31,7 @@ from jaxrl.data.chat import (
     example_lengths,
     fit_lengths,
     hold_out,
+    jsonl_exists,
     pack,
     read_sft_jsonl,
     require_chat_template,
@@ -98,7 +99,7 @@ def task_data(run: lm_runs.Setup) -> SftData:
 def read_rows(run: lm_runs.Setup, field: str) -> list:
     """The checked rows of config.task.<field> (one error line for any problem)."""
     path = run.flat.task[field]
-    if not os.path.isfile(path):
+    if not jsonl_exists(path):
         runner.fail(f"config.task.{field}: {path}: no such file; pass the path of a JSONL file")
     try:
         rows = read_sft_jsonl(path)
