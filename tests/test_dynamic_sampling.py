@@ -1,6 +1,7 @@
 """DAPO's dynamic sampling in GRPO (algos/grpo.py) and multi-turn GRPO: the group selection
 against NumPy, every kept group varied when enough drawn ones are, uniform groups filling the
-batch (and counted) when too few are, the config errors, and the no-signal warning."""
+batch (and counted) when too few are, the config errors, and the no-signal warning; on SmolLM2
+(slow), a higher held-out accuracy than plain GRPO where most groups are uniform."""
 
 import json
 
