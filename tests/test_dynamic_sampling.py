@@ -1,6 +1,9 @@
 """DAPO's dynamic sampling in GRPO (algos/grpo.py) and multi-turn GRPO: the group selection
 against NumPy, every kept group varied when enough drawn ones are, uniform groups filling the
-batch (and counted) when too few are, the config errors, and the no-signal warning."""
+batch (and counted) when too few are, the config errors, and the no-signal warning; on SmolLM2
+(slow), a higher held-out accuracy than plain GRPO where most groups are uniform."""
+
+import json
 
 import jax
 import jax.numpy as jnp
@@ -220,3 +223,49 @@ def test_online_dpo_keeps_the_prompts_whose_samples_are_not_tied():
     assert np.all(metrics["grad_norm"] > 0)
     with pytest.raises(ConfigError, match="^oversample_factor:"):
         online_dpo.Config(dynamic_sampling=True, oversample_factor=1)
+
+
+def mixed_word_problems(path):
+    """1,000 word problems, 400 of difficulty 1 and 600 of difficulty 2 (one worked example each)
+    in a fixed shuffled order: with 12 new tokens SmolLM2 cannot finish a difficulty-2 answer,
+    so most groups have no correct completion at all and most of the rest are right on the
+    easy problems (greedy held-out accuracy 0.14 at the start)."""
+    from envs.text.word_problems import make_word_problems
+    from envs.text.word_problems import write_jsonl as write_problems
+
+    rows = make_word_problems(400, difficulty=1, seed=0, shots=1)
+    rows += make_word_problems(600, difficulty=2, seed=0, shots=1)
+    order = np.random.default_rng(0).permutation(len(rows))
+    write_problems([rows[i] for i in order], path)
+
+
+@pytest.mark.slow
+@pytest.mark.smollm2
+def test_smollm2_dynamic_sampling_beats_plain_grpo_when_most_groups_are_uniform(tmp_path):
+    """GRPO's word_problems preset from SmolLM2 on `mixed_word_problems`, 10 updates of 8
+    prompts x 8 (the same 640 trained completions in both runs), 100 held out, seed 0, with and
+    without dynamic sampling (oversample_factor 2); about 15 minutes on one core, so marked slow.
+    Most drawn groups are uniform at the start, and the run with dynamic sampling ends with the
+    higher greedy held-out accuracy. Measured (2026-11-26, 2-core CPU, one core, about 7 minutes
+    a run): 0.14 at the start; seeds 0 / 1 / 2 end at 0.02 / 0.13 / 0.11 without it and 0.16 /
+    0.25 / 0.26 with it; paired difference +0.14 (95% CI +0.07 to +0.22) on seed 0, +0.137
+    (+0.090 to +0.187) over the three seeds (README, "Dynamic sampling")."""
+    from test_smollm2_training import script
+
+    data = tmp_path / "mixed.jsonl"
+    mixed_word_problems(data)
+    flags = [
+        "--config=experiments/configs/grpo.py:word_problems", f"--config.task.train_jsonl={data}",
+        "--config.task.num_eval=100", "--config.num_steps=10", "--config.run.num_chunks=1",
+        "--config.eval_samples=0", "--config.seed=0",
+    ]  # fmt: skip
+    plain = script("grpo.py", tmp_path / "plain", *flags)
+    dynamic = script(
+        "grpo.py", tmp_path / "dynamic", *flags, "--config.dynamic_sampling=True",
+        "--config.oversample_factor=2",
+    )  # fmt: skip
+    assert plain["initial_eval_task_accuracy"] == dynamic["initial_eval_task_accuracy"] <= 0.2
+    with open(tmp_path / "plain" / "metrics.jsonl") as f:
+        first = json.loads(f.readline())
+    assert first["zero_variance_fraction"] >= 0.6, first
+    assert dynamic["eval_task_accuracy"] > plain["eval_task_accuracy"], (plain, dynamic)
