@@ -66,6 +66,7 @@ def require(extra: str, what: str) -> None:
     package of `extra` is installed."""
     name = missing(extra)
     if name is not None:
-        from jaxrl.runner import fail
+        from jaxrl.runner import exit_on_input_error, fail
 
-        fail(message(extra, name, what))
+        with exit_on_input_error():  # called at a script's import, outside `runner.main`
+            fail(message(extra, name, what))
