@@ -313,12 +313,7 @@ def make(
         return Ahead(batch, metrics, jnp.zeros((), jnp.int32))
 
     def update(state: State, inputs: grpo.Inputs | None, hp: HParams):
-        if inputs is not None and not isinstance(inputs, grpo.Inputs):
-            raise TypeError(
-                f"grpo update: inputs are a {type(inputs).__name__}; pass "
-                "grpo.Inputs(reference_params, task_data), or None"
-            )
-        reference_params, task_data = inputs if inputs is not None else grpo.Inputs()
+        reference_params, task_data = grpo.unpack_inputs(inputs)
         # Waiting for the last update's two programs costs nothing: this update's training
         # needs the batch the last one generated, and its generation the weights it trained.
         jax.block_until_ready(state)

@@ -913,6 +913,19 @@ class Inputs(NamedTuple):
     task_data: Any = None
 
 
+def unpack_inputs(inputs: Inputs | None) -> Inputs:
+    """An update's `inputs` (None: no reference, no prompt table); anything else is a TypeError
+    that says what to pass."""
+    if inputs is None:
+        return Inputs()
+    if not isinstance(inputs, Inputs):
+        raise TypeError(
+            f"grpo update: inputs are a {type(inputs).__name__}; pass "
+            "grpo.Inputs(reference_params, task_data), or None"
+        )
+    return inputs
+
+
 def make(
     config: Config, model: ModelConfig, task: TextTask, params: Any, mesh: Any = None
 ) -> Algorithm:
@@ -955,12 +968,7 @@ def make(
         return jax.lax.stop_gradient(log_probs)
 
     def update(state: training.TrainState, inputs: Inputs | None, hp: HParams):
-        if inputs is not None and not isinstance(inputs, Inputs):
-            raise TypeError(
-                f"grpo update: inputs are a {type(inputs).__name__}; pass "
-                "grpo.Inputs(reference_params, task_data), or None"
-            )
-        reference_params, task_data = inputs if inputs is not None else Inputs()
+        reference_params, task_data = unpack_inputs(inputs)
         rollout_key, shuffle_key = jax.random.split(jax.random.fold_in(state.key, state.step))
         policy = sampled = state.params
         if isinstance(state, training.LoraTrainState):

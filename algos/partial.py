@@ -365,12 +365,7 @@ def make(
         return jax.lax.stop_gradient(log_probs)
 
     def update(state: State, inputs: grpo.Inputs | None, hp: HParams):
-        if inputs is not None and not isinstance(inputs, grpo.Inputs):
-            raise TypeError(
-                f"grpo update: inputs are a {type(inputs).__name__}; pass "
-                "grpo.Inputs(reference_params, task_data), or None"
-            )
-        reference_params, task_data = inputs if inputs is not None else grpo.Inputs()
+        reference_params, task_data = grpo.unpack_inputs(inputs)
         version = state.step
         # GRPO's key schedule, so that with nothing carried the samples are synchronous GRPO's.
         rollout_key, shuffle_key = jax.random.split(jax.random.fold_in(state.key, state.step))
