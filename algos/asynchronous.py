@@ -173,6 +173,7 @@ def make(
     train_mesh, gen_mesh = mesh, generation_mesh(config, mesh)
     transformer = Transformer(model, mesh=train_mesh)
     loss_fn = grpo.make_loss(transformer, config)
+    optimize = grpo.make_optimize(transformer, loss_fn, config, train_mesh)
     rollout = grpo.make_rollout(config, model, task, gen_mesh)
     base_init = training.make_init(params, config, train_mesh, model)
     dtype = jnp.dtype(config.generation_dtype)
@@ -227,10 +228,6 @@ def make(
         rollout_key = jax.random.split(jax.random.fold_in(key, index))[0]
         return rollout(gen_params, rollout_key, hp, task_data)
 
-    def no_grad_log_probs(params: Any, batch: dict[str, Array]) -> Array:
-        log_probs, _ = grpo.completion_log_probs(transformer, params, batch, config.temperature)
-        return jax.lax.stop_gradient(log_probs)
-
     @jax.jit
     def train(state: training.TrainState, ahead: Ahead, hp: HParams, reference_params: Any):
         """GRPO's optimizer steps on one batch (as `grpo.make`'s update does after its
@@ -243,17 +240,9 @@ def make(
         if lag > 0:
             # AReaL's decoupled objective; with the bound at 0 the loss stays GRPO's, bit for bit.
             batch["behaviour_log_probs"] = batch["sampler_log_probs"]
-        if config.reuses_samples:
-            batch["old_log_probs"] = no_grad_log_probs(state.params, batch)
-        if reference_params is not None:
-            batch["reference_log_probs"] = no_grad_log_probs(reference_params, batch)
-        dropout_key = jax.random.fold_in(
-            jax.random.fold_in(state.key, state.step), training.DROPOUT_STREAM
+        state, step_metrics = optimize(
+            state, batch, hp, shuffle_key, state.params, reference_params
         )
-        state, step_metrics = training.minibatch_epochs(
-            lambda p, micro_batch: loss_fn(p, micro_batch, hp), state, batch, hp, config,
-            shuffle_key, config.num_epochs, config.num_minibatches, train_mesh, dropout_key,
-        )  # fmt: skip
         metrics = dict(ahead.metrics)
         metrics.update(jax.tree.map(jnp.mean, step_metrics))
         staleness = state.step - ahead.version

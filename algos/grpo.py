@@ -926,6 +926,34 @@ def unpack_inputs(inputs: Inputs | None) -> Inputs:
     return inputs
 
 
+def make_optimize(transformer: Transformer, loss_fn: Callable, config: Any, mesh: Any) -> Callable:
+    """GRPO's optimizer steps on one sampled batch, as every rollout mode takes them:
+    `optimize(state, batch, hp, shuffle_key, policy, reference_params) -> (state, step_metrics)`
+    adds the old log-probs under `policy` (when samples are reused) and the reference's (when
+    given) to the batch, then runs the minibatch epochs with this update's dropout stream."""
+
+    def no_grad_log_probs(params: Any, batch: dict[str, Array]) -> Array:
+        log_probs, _ = completion_log_probs(transformer, params, batch, config.temperature)
+        return jax.lax.stop_gradient(log_probs)
+
+    def optimize(state, batch, hp, shuffle_key, policy, reference_params):
+        batch = dict(batch)
+        if config.reuses_samples:
+            batch["old_log_probs"] = no_grad_log_probs(policy, batch)
+        if reference_params is not None:
+            batch["reference_log_probs"] = no_grad_log_probs(reference_params, batch)
+        # LoRA dropout: one mask per optimizer step, from this update's own stream.
+        dropout_key = jax.random.fold_in(
+            jax.random.fold_in(state.key, state.step), training.DROPOUT_STREAM
+        )
+        return training.minibatch_epochs(
+            lambda p, micro_batch: loss_fn(p, micro_batch, hp), state, batch, hp, config,
+            shuffle_key, config.num_epochs, config.num_minibatches, mesh, dropout_key,
+        )  # fmt: skip
+
+    return optimize
+
+
 def make(
     config: Config, model: ModelConfig, task: TextTask, params: Any, mesh: Any = None
 ) -> Algorithm:
@@ -962,10 +990,7 @@ def make(
     transformer = Transformer(model, mesh=mesh)
     loss_fn = make_loss(transformer, config)
     config = static(config)
-
-    def no_grad_log_probs(params: Any, batch: dict[str, Array]) -> Array:
-        log_probs, _ = completion_log_probs(transformer, params, batch, config.temperature)
-        return jax.lax.stop_gradient(log_probs)
+    optimize = make_optimize(transformer, loss_fn, config, mesh)
 
     def update(state: training.TrainState, inputs: Inputs | None, hp: HParams):
         reference_params, task_data = unpack_inputs(inputs)
@@ -979,19 +1004,7 @@ def make(
             sampled = lora.merge(state.base, state.adapters, state.scale, dtype=model.dtype)
             policy = lora.attach(state.base, state.adapters, state.scale)
         batch, metrics = rollout(sampled, rollout_key, hp, task_data)
-        if config.reuses_samples:
-            batch["old_log_probs"] = no_grad_log_probs(policy, batch)
-        if reference_params is not None:
-            batch["reference_log_probs"] = no_grad_log_probs(reference_params, batch)
-        # LoRA dropout: one mask per optimizer step, from this update's own stream.
-        dropout_key = jax.random.fold_in(
-            jax.random.fold_in(state.key, state.step), training.DROPOUT_STREAM
-        )
-
-        state, step_metrics = training.minibatch_epochs(
-            lambda p, micro_batch: loss_fn(p, micro_batch, hp), state, batch, hp, config,
-            shuffle_key, config.num_epochs, config.num_minibatches, mesh, dropout_key,
-        )  # fmt: skip
+        state, step_metrics = optimize(state, batch, hp, shuffle_key, policy, reference_params)
         metrics.update(jax.tree.map(jnp.mean, step_metrics))
         if monitor is not None:
             jax.debug.callback(monitor, state.step, metrics["zero_variance_fraction"])

@@ -201,6 +201,7 @@ def make(
     transformer = Transformer(model, mesh=mesh)
     loss_fn = grpo.make_loss(transformer, config)
     config = static(config)
+    optimize = grpo.make_optimize(transformer, loss_fn, config, mesh)
     spec = config.spec
     sampling = config.sampling(task.eos_id, task.pad_id)
     groups, group_size = config.batch_size, config.group_size
@@ -360,10 +361,6 @@ def make(
         taken, _, slots = jax.lax.while_loop(unfinished, one_step, (jnp.int32(0), key, slots))
         return slots._replace(shift=taken)
 
-    def no_grad_log_probs(params: Any, batch: dict[str, Array]) -> Array:
-        log_probs, _ = grpo.completion_log_probs(transformer, params, batch, config.temperature)
-        return jax.lax.stop_gradient(log_probs)
-
     def update(state: State, inputs: grpo.Inputs | None, hp: HParams):
         reference_params, task_data = grpo.unpack_inputs(inputs)
         version = state.step
@@ -431,22 +428,12 @@ def make(
             # Older samples: AReaL's decoupled objective. With the bound at 0 every token is
             # the proximal policy's and the loss stays GRPO's, bit for bit.
             batch["behaviour_log_probs"] = log_probs
-        dropout_key = jax.random.fold_in(
-            jax.random.fold_in(state.key, state.step), training.DROPOUT_STREAM
-        )
         train_state = training.TrainState(state.params, state.opt_state, state.key, state.step)
 
         def train(train_state: training.TrainState):
-            trained = dict(batch)
-            if config.reuses_samples:
-                trained["old_log_probs"] = no_grad_log_probs(train_state.params, trained)
-            if reference_params is not None:
-                trained["reference_log_probs"] = no_grad_log_probs(reference_params, trained)
-            train_state, step_metrics = training.minibatch_epochs(
-                lambda p, micro_batch: loss_fn(p, micro_batch, hp), train_state, trained, hp,
-                config, shuffle_key, config.num_epochs, config.num_minibatches, mesh,
-                dropout_key,
-            )  # fmt: skip
+            train_state, step_metrics = optimize(
+                train_state, batch, hp, shuffle_key, train_state.params, reference_params
+            )
             return train_state, jax.tree.map(jnp.mean, step_metrics)
 
         def skip(train_state: training.TrainState):
