@@ -12,7 +12,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -439,9 +438,9 @@ def timed(cmd: list[str]) -> tuple[subprocess.CompletedProcess, float]:
 
 
 @pytest.fixture(scope="module")
-def outcomes():
+def outcomes(tmp_path_factory):
     """Every case's result and time, and each script's bare start time, run two at a time."""
-    scratch = tempfile.mkdtemp(prefix="bad_inputs_")
+    scratch = str(tmp_path_factory.mktemp("bad_inputs"))
     jobs = [
         (f"case{i}", command(script, arguments, os.path.join(scratch, f"case{i}")))
         for i, (script, arguments, _) in enumerate(CASES)
