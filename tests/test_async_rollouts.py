@@ -210,3 +210,73 @@ def test_grpo_trainer_refuses_devices_that_do_not_split(tmp_path):
     (line,) = str(error.value).splitlines()
     assert line.startswith("config.generation_mesh_shape: ") and "4 + 8" in line
     assert not (tmp_path / "run").exists()
+
+
+# --- through the script: kill -9 and resume ---------------------------------------------------
+
+# The default tiny model on reverse_digits, staleness 1: every checkpoint (after updates 2 and
+# 4) holds the batch generated ahead by the last version. The subprocess inherits the 8
+# simulated devices, so the default (1, 1, 1) meshes are two devices: one training, one
+# generating.
+ASYNC_SMALL = [
+    "--config.num_steps=4",
+    "--config.batch_size=4",
+    "--config.group_size=4",
+    "--config.rollout_mode=async",
+    "--config.max_staleness=1",
+    "--config.run.num_chunks=2",
+    "--config.run.log_every=1",
+    "--config.task.num_eval=16",
+    "--config.eval_samples=0",
+]
+ASYNC_HEADLINES = ("final_mean_reward", "eval_task_accuracy", "completions", "tokens")
+
+
+@pytest.fixture(scope="module")
+def async_whole(tmp_path_factory):
+    """An uninterrupted async-mode run of grpo.py, and its seconds from first row to exit."""
+    from tests.test_lm_experiment import timed_run
+
+    workdir = str(tmp_path_factory.mktemp("async") / "whole")
+    return workdir, timed_run("grpo.py", workdir, *ASYNC_SMALL)
+
+
+def test_async_run_killed_after_a_checkpoint_with_a_batch_in_flight_resumes_equal(
+    async_whole, tmp_path
+):
+    """SIGKILL right after the first chunk's checkpoint, which holds batch 2, generated ahead by
+    version 1 on the generation device; the same command resumes and ends where the
+    uninterrupted run did: every metrics row (staleness and all), the summary, the parameters."""
+    from tests.script_runs import run_script
+    from tests.test_lm_experiment import QUIET, read_metrics
+    from tests.test_partial_rollouts import assert_same_run, kill_after_first_checkpoint
+
+    whole, parts = async_whole[0], str(tmp_path / "parts")
+    flags = [*ASYNC_SMALL, *QUIET, f"--workdir={parts}"]
+    state = kill_after_first_checkpoint(flags, parts)
+    ahead = state["ahead"] if isinstance(state, dict) else state[4]
+    (batch,) = ahead if isinstance(ahead, list | tuple) else ahead.values()
+    version = batch["version"] if isinstance(batch, dict) else batch[2]
+    assert int(np.asarray(version)) == 1  # the batch in flight, sampled by version 1
+    assert np.asarray(state["step"] if isinstance(state, dict) else state[3]) == 2
+    run_script("grpo.py", *flags)
+    rows = [row for row in read_metrics(parts) if "loss" in row]
+    assert [row["staleness_max"] for row in rows] == [0, 1, 1, 1]
+    assert_same_run(whole, parts, ASYNC_HEADLINES)
+
+
+@pytest.mark.slow
+def test_async_run_killed_at_a_random_moment_resumes_equal(async_whole, tmp_path):
+    """SIGKILL at a random moment after training started (mid-chunk, between the two programs,
+    mid-checkpoint, in the final evaluation), then the same command: the uninterrupted run's
+    rows, summary and parameters."""
+    from tests.script_runs import kill_at_random_moment, run_script
+    from tests.test_lm_experiment import QUIET
+    from tests.test_partial_rollouts import assert_same_run
+
+    (whole, window), parts = async_whole, str(tmp_path / "parts")
+    flags = [*ASYNC_SMALL, *QUIET, f"--workdir={parts}"]
+    for seed in range(3):
+        kill_at_random_moment("grpo.py", *flags, seed=seed, max_delay=0.9 * window)
+        run_script("grpo.py", *flags)
+        assert_same_run(whole, parts, ASYNC_HEADLINES)
