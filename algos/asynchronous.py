@@ -32,6 +32,10 @@ only the cast (the split degenerates to synchronous GRPO with a bf16 sampler for
 
 `update` is a host function that dispatches the programs (it cannot be one `jit`: its arrays
 live on two meshes); call it, do not jit it. `make_chunk` runs updates of it for the runner.
+
+`make` is GRPO's; `make_split` is the schedule over any rollout and optimizer steps of that
+shape, and multi-turn GRPO (`algos.multiturn`) runs whole episodes through it: batch i + k's
+conversations, every turn of them, played on the generation mesh by version i's weights.
 """
 
 from __future__ import annotations
