@@ -32,6 +32,10 @@ only the cast (the split degenerates to synchronous GRPO with a bf16 sampler for
 
 `update` is a host function that dispatches the programs (it cannot be one `jit`: its arrays
 live on two meshes); call it, do not jit it. `make_chunk` runs updates of it for the runner.
+
+`make` is GRPO's; `make_split` is the schedule over any rollout and optimizer steps of that
+shape, and multi-turn GRPO (`algos.multiturn`) runs whole episodes through it: batch i + k's
+conversations, every turn of them, played on the generation mesh by version i's weights.
 """
 
 from __future__ import annotations
@@ -169,20 +173,55 @@ def make(
     draws its randomness from fold_in(state.key, i), as synchronous GRPO does."""
     grpo.check_memory(config, model, task)
     config = static(config)
+    transformer = Transformer(model, mesh=mesh)
+    optimize = grpo.make_optimize(transformer, grpo.make_loss(transformer, config), config, mesh)
+    return make_split(
+        config,
+        model,
+        params,
+        mesh,
+        make_rollout=lambda gen_mesh: grpo.make_rollout(config, model, task, gen_mesh),
+        optimize=optimize,
+        unpack_inputs=grpo.unpack_inputs,
+        rollout_data=task.data,
+        name=f"GRPO ({config.variant}, async)",
+    )
+
+
+def make_split(
+    config: Any,
+    model: ModelConfig,
+    params: Any,
+    mesh: Any,
+    *,
+    make_rollout: Callable[[Any], Callable[..., tuple[dict, dict]]],
+    optimize: Callable[..., tuple[Any, dict]],
+    unpack_inputs: Callable[[Any], tuple[Any, Any]],
+    rollout_data: Any = None,
+    name: str = "GRPO (async)",
+) -> Algorithm:
+    """The split-mesh schedule over any GRPO-shaped trainer (single completions, conversations):
+
+    - `make_rollout(generation_mesh)` -> `rollout(params, key, hparams, data) -> (batch,
+      metrics)`, the synchronous update's sampling; its batch holds `sampler_log_probs` and
+      `fresh_mask` over the trained tokens, read by the decoupled loss and the mismatch metric;
+    - `optimize(state, batch, hparams, shuffle_key, policy, reference_params) -> (state,
+      step_metrics)`, the synchronous update's optimizer steps on a batch (its loss reads
+      `behaviour_log_probs` when present);
+    - `unpack_inputs(inputs) -> (reference_params, data)`, `data` the rollout's (a prompt
+      table), `rollout_data` its value at init (for the shapes of the batches ahead).
+
+    Update i's rollout key and shuffle key are split from fold_in(state.key, i), as the
+    synchronous updates of `grpo.make` and `multiturn.make` split them."""
     lag = config.max_staleness
     train_mesh, gen_mesh = mesh, generation_mesh(config, mesh)
-    transformer = Transformer(model, mesh=train_mesh)
-    loss_fn = grpo.make_loss(transformer, config)
-    optimize = grpo.make_optimize(transformer, loss_fn, config, train_mesh)
-    rollout = grpo.make_rollout(config, model, task, gen_mesh)
+    rollout = make_rollout(gen_mesh)
     base_init = training.make_init(params, config, train_mesh, model)
     dtype = jnp.dtype(config.generation_dtype)
     monitor = None
     if config.warn_no_signal_updates > 0:
         monitor = grpo.no_signal_monitor(
-            f"GRPO ({config.variant}, async)",
-            config.warn_no_signal_updates,
-            dynamic=config.dynamic_sampling,
+            name, config.warn_no_signal_updates, dynamic=config.dynamic_sampling
         )
 
     def on(where: Any, tree: Any, batch: bool = False) -> Any:
@@ -223,14 +262,14 @@ def make(
         return Reshard(copy, seconds, sum(held.values()), max(held.values()))
 
     @jax.jit
-    def generate(gen_params: Any, key: Array, index: Array, hp: HParams, task_data: Any):
-        # Update `index`'s rollout key, as synchronous GRPO splits it.
+    def generate(gen_params: Any, key: Array, index: Array, hp: HParams, data: Any):
+        # Update `index`'s rollout key, as the synchronous update splits it.
         rollout_key = jax.random.split(jax.random.fold_in(key, index))[0]
-        return rollout(gen_params, rollout_key, hp, task_data)
+        return rollout(gen_params, rollout_key, hp, data)
 
     @jax.jit
     def train(state: training.TrainState, ahead: Ahead, hp: HParams, reference_params: Any):
-        """GRPO's optimizer steps on one batch (as `grpo.make`'s update does after its
+        """The optimizer steps on one batch (as the synchronous update takes them after its
         rollout), and the staleness metrics of its tokens."""
         _, shuffle_key = jax.random.split(jax.random.fold_in(state.key, state.step))
         batch = dict(ahead.batch)
@@ -256,11 +295,11 @@ def make(
             metrics[f"staleness_{age}"] = (staleness == age).astype(jnp.float32)
         return state._replace(step=state.step + 1), metrics
 
-    def generate_ahead(gen_params: Any, key: Array, index: int, version: int, hp, task_data):
+    def generate_ahead(gen_params: Any, key: Array, index: int, version: int, hp, data):
         """Batch `index`, sampled by `version`'s weights, dispatched on the generation mesh and
         moved to the training mesh (both without waiting)."""
         index_array = on(gen_mesh, jnp.asarray(index, jnp.int32))
-        batch, metrics = generate(gen_params, key, index_array, hp, task_data)
+        batch, metrics = generate(gen_params, key, index_array, hp, data)
         ahead = Ahead(batch, metrics, jnp.asarray(version, jnp.int32))
         return Ahead(
             on(train_mesh, ahead.batch, batch=True),
@@ -284,7 +323,7 @@ def make(
             lambda x: jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x)), tree
         )
         shapes = jax.eval_shape(
-            generate_ahead_shapes, *map(abstract, (state.params, state.key, hp, task.data))
+            generate_ahead_shapes, *map(abstract, (state.params, state.key, hp, rollout_data))
         )
         zeros = lambda s: jnp.zeros(s.shape, s.dtype)  # noqa: E731
         ahead = tuple(
@@ -297,12 +336,12 @@ def make(
         )
         return State(state.params, state.opt_state, state.key, state.step, ahead)
 
-    def generate_ahead_shapes(params, key, hp, task_data):
-        batch, metrics = rollout(params, key, hp, task_data)
+    def generate_ahead_shapes(params, key, hp, data):
+        batch, metrics = rollout(params, key, hp, data)
         return Ahead(batch, metrics, jnp.zeros((), jnp.int32))
 
-    def update(state: State, inputs: grpo.Inputs | None, hp: HParams):
-        reference_params, task_data = grpo.unpack_inputs(inputs)
+    def update(state: State, inputs: Any, hp: HParams):
+        reference_params, task_data = unpack_inputs(inputs)
         # Waiting for the last update's two programs costs nothing: this update's training
         # needs the batch the last one generated, and its generation the weights it trained.
         jax.block_until_ready(state)

@@ -81,6 +81,13 @@ class Config(grpo.Config):
             "drop it",
         )
         require(self.lora_rank == 0, "lora_rank", "LoRA is not built for multi-turn yet", "use 0")
+        require(
+            self.rollout_mode != "partial",
+            "rollout_mode",
+            "partial rollouts (a conversation carried across updates) are not built for "
+            "multi-turn episodes",
+            "use rollout_mode=sync, or async (whole episodes generated ahead on their own devices)",
+        )
 
 
 # --- credit over turns ---------------------------------------------------------------------------
@@ -144,7 +151,9 @@ def make_loss(model: Transformer, config: Config, capacity: int) -> Callable[...
     """`loss_fn(params, batch, hparams) -> (loss, metrics)` over a batch of conversations: the
     recorded slots (tokens, mask, positions [N, S]), the policy's tokens gathered (predictors,
     targets, valid [N, K]), token advantages [N, K] and episode weights [N]; old_log_probs
-    [N, K] when samples are reused."""
+    [N, K] when samples are reused; behaviour_log_probs [N, K] when the episodes are older than
+    the proximal policy; sampler_log_probs and fresh_mask [N, K] for the logprob_mismatch
+    metrics."""
     config = static(config)
     spec = config.spec
 
@@ -159,7 +168,14 @@ def make_loss(model: Transformer, config: Config, capacity: int) -> Callable[...
             clip_low=hp.clip_low, clip_high=grpo.upper_clip(spec, hp.clip_low, hp.clip_high),
             aggregation=spec.aggregation, max_new_tokens=capacity, kl_beta=hp.kl_beta,
             reference_log_probs=batch.get("reference_log_probs"),
+            # Present when the episodes may be older than the proximal policy (async mode with
+            # max_staleness > 0): AReaL's decoupled objective.
+            behaviour_log_probs=batch.get("behaviour_log_probs"),
         )  # fmt: skip
+        if "sampler_log_probs" in batch:
+            metrics.update(
+                grpo.log_prob_mismatch(batch["sampler_log_probs"], old, batch["fresh_mask"])
+            )
         ones = jnp.ones_like(batch["weights"])
         metrics["entropy"] = grpo.aggregate(entropy, batch["valid"], ones, "token_mean", 1)
         return loss - hp.entropy_coef * metrics["entropy"], metrics
@@ -202,40 +218,20 @@ def keep_varied_games(config: Config, episodes: dialogue.Episodes) -> tuple[Any,
     return kept, grpo.selection_metrics(varied, varied[keep])
 
 
-def make(
-    config: Config,
-    model: ModelConfig,
-    env: Any,
-    params: Any,
-    eos_id: int,
-    pad_id: int,
-    mesh: Any = None,
-) -> Algorithm:
-    """Multi-turn GRPO on `env` (an `envs.text.multiturn.TextEnv`) as pure functions of one run,
-    from `params`: `init(key, hparams)` and `update(state, inputs, hparams)`, where one update
-    plays batch_size x group_size episodes and takes num_epochs x num_minibatches optimizer
-    steps on them. `eos_id` ends a turn (a chat template's end-of-turn token). Update i draws
-    its games and samples from fold_in(state.key, i), so a resumed run repeats an uninterrupted
-    one. Metrics: `return` (mean episode return), `success` (the fraction with a positive
-    return), `turns`, `policy_tokens` (per episode), and the optimizer steps' means."""
-    transformer = Transformer(model, mesh=mesh)
-    capacity = env.max_turns * config.max_new_tokens
-    loss_fn = make_loss(transformer, config, capacity)
+def make_rollout(
+    config: Config, model: ModelConfig, env: Any, eos_id: int, pad_id: int, mesh: Any = None
+) -> Callable[..., tuple[dict[str, Array], dict[str, Array]]]:
+    """rollout(policy, key, hparams, data=None) -> (the batch of conversations an update trains
+    on, the episodes' metrics): batch_size games played group_size times each by `policy` on
+    `mesh`, their credit assigned. `data` is unused (the games come from `env`); it is there so
+    that async mode drives this as it drives GRPO's rollout."""
     config = static(config)
+    capacity = env.max_turns * config.max_new_tokens
     sampling = config.sampling(eos_id, pad_id)
     games, group = config.batch_size, config.group_size
-    monitor = None
-    if config.warn_no_signal_updates > 0:
-        monitor = grpo.no_signal_monitor(
-            "multi-turn GRPO", config.warn_no_signal_updates, dynamic=config.dynamic_sampling
-        )
 
-    def log_probs_of(params: Any, batch: dict[str, Array]) -> Array:
-        logits = policy_logits_of(transformer, params, batch)
-        log_probs, _ = grpo.log_probs_and_entropy(logits, batch["targets"], config.temperature)
-        return jax.lax.stop_gradient(log_probs)
-
-    def rollout(policy: Any, key: Array, hp: HParams) -> tuple[dict[str, Array], dict]:
+    def rollout(policy: Any, key: Array, hp: HParams, data: Any = None):
+        del data
         game_key, sample_key = jax.random.split(key)
         # batch_size games, or with dynamic sampling oversample_factor times as many, of which
         # the episodes of batch_size games are kept (`keep_varied_games`).
@@ -271,22 +267,104 @@ def make(
             "predictors": gathered.predictors, "targets": gathered.tokens,
             "valid": gathered.valid, "advantages": per_token,
             "weights": weights.astype(jnp.float32),
+            # The sampler's log-probs of the policy's tokens: the behaviour policy of async
+            # mode's decoupled loss, and the logprob_mismatch metrics against the trainer's.
+            "sampler_log_probs": gathered.sampled_log_probs, "fresh_mask": gathered.valid,
         }  # fmt: skip
         metrics = drawn_metrics | {"policy_tokens": gathered.valid.sum(axis=1).mean()}
         return batch, metrics
 
-    def update(state: training.TrainState, inputs: Inputs | None, hp: HParams):
-        reference_params = inputs.reference_params if inputs is not None else None
-        rollout_key, shuffle_key = jax.random.split(jax.random.fold_in(state.key, state.step))
-        batch, metrics = rollout(state.params, rollout_key, hp)
+    return rollout
+
+
+def make_optimize(
+    transformer: Transformer, loss_fn: Callable, config: Config, mesh: Any
+) -> Callable:
+    """The optimizer steps on one batch of conversations, as every rollout mode takes them:
+    `optimize(state, batch, hp, shuffle_key, policy, reference_params) -> (state, step_metrics)`
+    adds the old log-probs under `policy` (when samples are reused) and the reference's (when
+    given), then runs the minibatch epochs (`grpo.make_optimize`'s contract)."""
+    config = static(config)
+
+    def log_probs_of(params: Any, batch: dict[str, Array]) -> Array:
+        logits = policy_logits_of(transformer, params, batch)
+        log_probs, _ = grpo.log_probs_and_entropy(logits, batch["targets"], config.temperature)
+        return jax.lax.stop_gradient(log_probs)
+
+    def optimize(state, batch, hp, shuffle_key, policy, reference_params):
+        batch = dict(batch)
         if config.reuses_samples:
-            batch["old_log_probs"] = log_probs_of(state.params, batch)
+            batch["old_log_probs"] = log_probs_of(policy, batch)
         if reference_params is not None:
             batch["reference_log_probs"] = log_probs_of(reference_params, batch)
-        state, step_metrics = training.minibatch_epochs(
+        return training.minibatch_epochs(
             lambda p, micro_batch: loss_fn(p, micro_batch, hp), state, batch, hp, config,
             shuffle_key, config.num_epochs, config.num_minibatches, mesh,
         )  # fmt: skip
+
+    return optimize
+
+
+def unpack_inputs(inputs: Inputs | None) -> tuple[Any, None]:
+    """An update's `inputs` as (reference parameters or None, the rollout's data: none)."""
+    return (inputs.reference_params if inputs is not None else None), None
+
+
+def make(
+    config: Config,
+    model: ModelConfig,
+    env: Any,
+    params: Any,
+    eos_id: int,
+    pad_id: int,
+    mesh: Any = None,
+) -> Algorithm:
+    """Multi-turn GRPO on `env` (an `envs.text.multiturn.TextEnv`) as pure functions of one run,
+    from `params`: `init(key, hparams)` and `update(state, inputs, hparams)`, where one update
+    plays batch_size x group_size episodes and takes num_epochs x num_minibatches optimizer
+    steps on them. `eos_id` ends a turn (a chat template's end-of-turn token). Update i draws
+    its games and samples from fold_in(state.key, i), so a resumed run repeats an uninterrupted
+    one. Metrics: `return` (mean episode return), `success` (the fraction with a positive
+    return), `turns`, `policy_tokens` (per episode), the sampler/trainer `logprob_mismatch_*`,
+    and the optimizer steps' means.
+
+    With rollout_mode=async (`algos.asynchronous`) the episodes are played on the generation
+    mesh beside the training mesh `mesh`, from weights up to max_staleness versions old:
+    `update` is then a host function (call it, do not jit it)."""
+    transformer = Transformer(model, mesh=mesh)
+    capacity = env.max_turns * config.max_new_tokens
+    loss_fn = make_loss(transformer, config, capacity)
+    optimize = make_optimize(transformer, loss_fn, config, mesh)
+    config = static(config)
+    if config.rollout_mode == "async":
+        from algos import asynchronous  # it builds on grpo, as this module does
+
+        return asynchronous.make_split(
+            config,
+            model,
+            params,
+            mesh,
+            make_rollout=lambda gen_mesh: make_rollout(
+                config, model, env, eos_id, pad_id, gen_mesh
+            ),
+            optimize=optimize,
+            unpack_inputs=unpack_inputs,
+            name="multi-turn GRPO (async)",
+        )
+    rollout = make_rollout(config, model, env, eos_id, pad_id, mesh)
+    monitor = None
+    if config.warn_no_signal_updates > 0:
+        monitor = grpo.no_signal_monitor(
+            "multi-turn GRPO", config.warn_no_signal_updates, dynamic=config.dynamic_sampling
+        )
+
+    def update(state: training.TrainState, inputs: Inputs | None, hp: HParams):
+        reference_params, _ = unpack_inputs(inputs)
+        rollout_key, shuffle_key = jax.random.split(jax.random.fold_in(state.key, state.step))
+        batch, metrics = rollout(state.params, rollout_key, hp)
+        state, step_metrics = optimize(
+            state, batch, hp, shuffle_key, state.params, reference_params
+        )
         metrics.update(jax.tree.map(jnp.mean, step_metrics))
         if monitor is not None:
             jax.debug.callback(monitor, state.step, metrics["zero_variance_fraction"])

@@ -210,3 +210,189 @@ def test_grpo_trainer_refuses_devices_that_do_not_split(tmp_path):
     (line,) = str(error.value).splitlines()
     assert line.startswith("config.generation_mesh_shape: ") and "4 + 8" in line
     assert not (tmp_path / "run").exists()
+
+
+# --- through the script: kill -9 and resume ---------------------------------------------------
+
+# The default tiny model on reverse_digits, staleness 1: every checkpoint (after updates 2 and
+# 4) holds the batch generated ahead by the last version. The subprocess inherits the 8
+# simulated devices, so the default (1, 1, 1) meshes are two devices: one training, one
+# generating.
+ASYNC_SMALL = [
+    "--config.num_steps=4",
+    "--config.batch_size=4",
+    "--config.group_size=4",
+    "--config.rollout_mode=async",
+    "--config.max_staleness=1",
+    "--config.run.num_chunks=2",
+    "--config.run.log_every=1",
+    "--config.task.num_eval=16",
+    "--config.eval_samples=0",
+]
+ASYNC_HEADLINES = ("final_mean_reward", "eval_task_accuracy", "completions", "tokens")
+
+
+@pytest.fixture(scope="module")
+def async_whole(tmp_path_factory):
+    """An uninterrupted async-mode run of grpo.py, and its seconds from first row to exit."""
+    from tests.test_lm_experiment import timed_run
+
+    workdir = str(tmp_path_factory.mktemp("async") / "whole")
+    return workdir, timed_run("grpo.py", workdir, *ASYNC_SMALL)
+
+
+def test_async_run_killed_after_a_checkpoint_with_a_batch_in_flight_resumes_equal(
+    async_whole, tmp_path
+):
+    """SIGKILL right after the first chunk's checkpoint, which holds batch 2, generated ahead by
+    version 1 on the generation device; the same command resumes and ends where the
+    uninterrupted run did: every metrics row (staleness and all), the summary, the parameters."""
+    from tests.script_runs import run_script
+    from tests.test_lm_experiment import QUIET, read_metrics
+    from tests.test_partial_rollouts import assert_same_run, kill_after_first_checkpoint
+
+    whole, parts = async_whole[0], str(tmp_path / "parts")
+    flags = [*ASYNC_SMALL, *QUIET, f"--workdir={parts}"]
+    state = kill_after_first_checkpoint(flags, parts)
+    ahead = state["ahead"] if isinstance(state, dict) else state[4]
+    (batch,) = ahead if isinstance(ahead, list | tuple) else ahead.values()
+    version = batch["version"] if isinstance(batch, dict) else batch[2]
+    assert int(np.asarray(version)) == 1  # the batch in flight, sampled by version 1
+    assert np.asarray(state["step"] if isinstance(state, dict) else state[3]) == 2
+    run_script("grpo.py", *flags)
+    rows = [row for row in read_metrics(parts) if "loss" in row]
+    assert [row["staleness_max"] for row in rows] == [0, 1, 1, 1]
+    assert_same_run(whole, parts, ASYNC_HEADLINES)
+
+
+@pytest.mark.slow
+def test_async_run_killed_at_a_random_moment_resumes_equal(async_whole, tmp_path):
+    """SIGKILL at a random moment after training started (mid-chunk, between the two programs,
+    mid-checkpoint, in the final evaluation), then the same command: the uninterrupted run's
+    rows, summary and parameters."""
+    from tests.script_runs import kill_at_random_moment, run_script
+    from tests.test_lm_experiment import QUIET
+    from tests.test_partial_rollouts import assert_same_run
+
+    (whole, window), parts = async_whole, str(tmp_path / "parts")
+    flags = [*ASYNC_SMALL, *QUIET, f"--workdir={parts}"]
+    for seed in range(3):
+        kill_at_random_moment("grpo.py", *flags, seed=seed, max_delay=0.9 * window)
+        run_script("grpo.py", *flags)
+        assert_same_run(whole, parts, ASYNC_HEADLINES)
+
+
+# --- multi-turn episodes ------------------------------------------------------------------------
+
+MT_SYNC = dict(
+    batch_size=2, group_size=4, max_new_tokens=4, learning_rate=1e-3, credit="turn", gamma=0.9,
+    num_minibatches=2, warn_no_signal_updates=0,
+)  # fmt: skip
+
+
+def _multiturn_updates(config, count, train_devices=None, asynchronous_=True):
+    """`count` multi-turn updates on guess-my-number from the digit-favouring tiny model (the
+    training mesh on `train_devices`, if given): the states and metrics after each. The
+    synchronous update is jitted; the asynchronous one is a host function."""
+    from algos import multiturn
+    from envs.text import multiturn as games
+    from tests.test_multiturn import BYTES, digits_model
+    from tests.test_multiturn import TINY as MT_TINY
+
+    env = games.make_guess_my_number(BYTES, maximum=8, max_turns=4)
+    params, mesh = digits_model(), None
+    if train_devices is not None:
+        mesh = sharding.make_mesh(*config.mesh_shape, devices=train_devices)
+        params = jax.device_put(params, param_shardings(MT_TINY, mesh))
+    algorithm = multiturn.make(config, MT_TINY, env, params, BYTES.eos_id, BYTES.pad_id, mesh)
+    hp = hparams.hparams(config)
+    if mesh is not None:
+        hp = jax.device_put(hp, sharding.replicated(mesh))
+    state = algorithm.init(jax.random.key(0), hp)
+    update = algorithm.update if config.rollout_mode == "async" else jax.jit(algorithm.update)
+    states, metrics = [], []
+    for _ in range(count):
+        state, m = update(state, None, hp)
+        states.append(state)
+        metrics.append(jax.device_get(m))
+    return states, metrics, params
+
+
+def test_multiturn_async_with_bound_zero_equals_synchronous_multiturn_grpo():
+    """Whole episodes played by the generation program from an fp32 copy, bound 0, one device:
+    the same returns, losses, log-prob mismatch and parameters as synchronous multi-turn GRPO,
+    bit for bit."""
+    from algos import multiturn
+
+    sync = multiturn.Config(**MT_SYNC)
+    config = dataclasses.replace(sync, rollout_mode="async", generation_dtype="float32")
+    sync_states, sync_metrics, start = _multiturn_updates(sync, 2)
+    async_states, async_metrics, _ = _multiturn_updates(config, 2)
+    for want, got, m_want, m_got in zip(
+        sync_states, async_states, sync_metrics, async_metrics, strict=True
+    ):
+        _assert_same_params(want.params, got.params)
+        for name in ("return", "turns", "loss", "policy_tokens", "logprob_mismatch_max"):
+            assert m_got[name] == m_want[name], name
+        assert m_got["staleness_max"] == 0 and m_got["offpolicy_token_fraction"] == 0
+    # The sampler's and the trainer's log-probs of the same tokens and fp32 weights agree.
+    assert all(m["logprob_mismatch_max"] < 1e-5 for m in sync_metrics)
+    leaves = zip(jax.tree.leaves(start), jax.tree.leaves(got.params), strict=True)
+    assert max(np.abs(a - b).max() for a, b in leaves) > 1e-5  # the parameters did move
+
+
+def test_multiturn_async_staleness_one_on_a_split_mesh():
+    """2 training + 2 generating devices, bound 1, bf16 copy: episodes played by the last
+    version's weights while the current batch trains (staleness 0, then 1 on), the batch in
+    flight recorded in the state on the training devices; the losses stay finite."""
+    from algos import multiturn
+
+    devices = jax.devices()
+    config = multiturn.Config(
+        **MT_SYNC, rollout_mode="async", max_staleness=1, mesh_shape=(2, 1, 1),
+        generation_mesh_shape=(2, 1, 1),
+    )  # fmt: skip
+    states, metrics, _ = _multiturn_updates(config, 3, train_devices=devices[:2])
+    assert [m["staleness_max"] for m in metrics] == [0, 1, 1]
+    assert [m["offpolicy_token_fraction"] for m in metrics] == [0, 1, 1]
+    assert [int(s.ahead[0].version) for s in states] == [0, 1, 2]
+    train = {d for leaf in jax.tree.leaves(states[-1]) for d in leaf.devices()}
+    assert train == set(devices[:2])
+    size = sum(x.size for x in jax.tree.leaves(states[0].params))
+    assert metrics[0]["reshard_bytes_per_device"] == 2 * size  # bf16
+    for m in metrics:
+        assert np.isfinite(m["loss"]) and 1 <= m["turns"] <= 4
+
+
+@pytest.mark.parametrize(
+    "settings, field",
+    [
+        (dict(rollout_mode="partial"), "rollout_mode"),
+        (dict(rollout_mode="async", max_staleness=-1), "max_staleness"),
+        (dict(rollout_mode="async", generation_dtype="float16"), "generation_dtype"),
+        (dict(rollout_mode="async", generation_mesh_shape=(3, 1, 1)), "generation_mesh_shape"),
+        (dict(max_staleness=1), "max_staleness"),
+    ],
+)
+def test_multiturn_rollout_config_errors_name_the_field(settings, field):
+    from algos import multiturn
+
+    with pytest.raises(ConfigError, match=f"^{field}:"):
+        multiturn.Config(max_new_tokens=4, batch_size=2, group_size=4, **settings)
+
+
+def test_multiturn_script_refuses_devices_that_do_not_split(tmp_path):
+    """experiments/multiturn.py in async mode with meshes the 8 devices cannot hold: one line,
+    exit 2, nothing written."""
+    from tests.script_runs import run_script
+
+    workdir = tmp_path / "run"
+    result = run_script(
+        "multiturn.py", "--config.rollout_mode=async", "--config.mesh_shape=(4,1,1)",
+        "--config.generation_mesh_shape=(8,1,1)", "--config.batch_size=8",
+        f"--workdir={workdir}", check=False,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr[-3000:]
+    (line,) = [line for line in result.stderr.splitlines() if line.strip()]
+    assert line.startswith("error: config.generation_mesh_shape: ") and "4 + 8" in line, line
+    assert not workdir.exists()

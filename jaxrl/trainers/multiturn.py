@@ -19,8 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from algos import multiturn
+from algos import asynchronous, multiturn
 from jaxrl import evaluation, runner
+from jaxrl.config import ConfigError
 from jaxrl.trainers import base, game_play, lm_runs, prompt_rl
 
 config = functools.partial(base.load_config, "multiturn")
@@ -77,6 +78,11 @@ def train(flat: Any, workdir: str | None, kill_after_chunk: int | None) -> base.
     `jaxrl.trainers.base`'s; returns Result(state, summary, run_dir)."""
     run = lm_runs.setup(flat, workdir, multiturn.Config, "multiturn")
     config, mesh, section = run.config, run.mesh, run.flat.task
+    if config.rollout_mode == "async":
+        try:  # the devices split into the training mesh (`mesh`) and the generation mesh
+            asynchronous.split_devices(config)
+        except ConfigError as error:
+            runner.fail(f"config.{error}")
     game = game_play.make_game(section, run.tokenizer)
     params, model, source = lm_runs.initial_params(run)
     turn_tokens = config.max_new_tokens
@@ -127,6 +133,9 @@ def train(flat: Any, workdir: str | None, kill_after_chunk: int | None) -> base.
         units_name="episodes",
         units_per_step=config.batch_size * config.group_size,
         after_chunk=after_chunk,
+        # Async mode's two programs on two meshes are dispatched from the host.
+        chunk=asynchronous.make_chunk if config.rollout_mode == "async" else None,
+        host_loop=config.rollout_mode == "async",
     )
     result = runner.train(job, run.flat.run, run_dir, kill_after_chunk)
     params = result.states.params
