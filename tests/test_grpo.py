@@ -410,10 +410,15 @@ def _optimize_once(config, params, reference=None, lora=False):
         "behaviour_log_probs": jnp.asarray(rng.normal(-3, 0.5, (8, 8)) * completion_mask),
         "fresh_mask": jnp.asarray(completion_mask & (np.arange(8) % 2 == 0)[:, None]),
     }  # fmt: skip
-    model = Transformer(TINY)
+    mesh = None
+    if config.mesh_shape != (1, 1, 1):
+        mesh = sharding.make_mesh(*config.mesh_shape)
+        params = jax.device_put(params, param_shardings(TINY, mesh))
+        reference = None if reference is None else params
+    model = Transformer(TINY, mesh=mesh)
     hp = hparams.hparams(config)
-    optimize = grpo.make_optimize(model, grpo.make_loss(model, config), config, None)
-    init = grpo.training.make_init(params, config, model=TINY if lora else None)
+    optimize = grpo.make_optimize(model, grpo.make_loss(model, config), config, mesh)
+    init = grpo.training.make_init(params, config, mesh, model=TINY if lora else None)
     state = init(jax.random.key(1), hp)
 
     @jax.jit
@@ -431,8 +436,12 @@ def _optimize_once(config, params, reference=None, lora=False):
         # token_mean, two epochs of two minibatches (old log-probs in buckets), a reference
         dict(variant="dapo", num_epochs=2, num_minibatches=2, kl_beta=0.1, entropy_coef=0.01),
         dict(variant="dr_grpo", grad_accum_steps=2, lora_rank=2),  # constant_length, LoRA
+        # 8 simulated devices: 2 sub-batches of 4 completions, each split over 4 batch shards
+        pytest.param(
+            dict(variant="grpo", mesh_shape=(2, 2, 2), length_buckets=2), marks=pytest.mark.slow
+        ),
     ],
-    ids=["sequence_mean", "token_mean_epochs_kl", "constant_length_accum_lora"],
+    ids=["sequence_mean", "token_mean_epochs_kl", "constant_length_accum_lora", "mesh"],
 )
 def test_length_buckets_equal_unbucketed_training(settings):
     """length_buckets only changes the shapes the model runs at: the gradient (its norm), the
@@ -442,10 +451,11 @@ def test_length_buckets_equal_unbucketed_training(settings):
     params = init_params(TINY, jax.random.key(7))
     reference = params if settings.get("kl_beta") else None
     lora = settings.get("lora_rank", 0) > 0
+    settings = dict(settings)
+    buckets = settings.pop("length_buckets", None)
     off = grpo.Config(**base, **settings)
     want_params, want = _optimize_once(off, params, reference, lora)
-    micro = off.micro_batch_size
-    on = grpo.Config(**base, **settings, length_buckets=micro // 2)
+    on = grpo.Config(**base, **settings, length_buckets=buckets or off.micro_batch_size // 2)
     got_params, got = _optimize_once(on, params, reference, lora)
     assert grpo.bucket_lengths(8) == (1, 2, 4, 8)
     for name in want:
