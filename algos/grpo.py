@@ -180,6 +180,34 @@ def validate_rollout_mode(config: Any) -> None:
             )
 
 
+def validate_length_buckets(config: Any) -> None:
+    """Check length_buckets against the micro-batch it splits and the mesh that splits it."""
+    buckets = config.length_buckets
+    require(
+        isinstance(buckets, int) and not isinstance(buckets, bool) and buckets >= 0,
+        "length_buckets",
+        f"got {buckets!r}",
+        "use 0 (off) or a number of sub-batches per micro-batch",
+    )
+    if buckets == 0:
+        return
+    micro = config.micro_batch_size
+    require(
+        micro % buckets == 0,
+        "length_buckets",
+        f"{buckets} does not divide the micro-batch of {micro} completions",
+        f"choose a divisor of {micro}",
+    )
+    shards = training.check_mesh_shape(config.mesh_shape)
+    require(
+        (micro // buckets) % shards == 0,
+        "length_buckets",
+        f"sub-batches of {micro // buckets} completions (micro-batch {micro} / {buckets}) do "
+        f"not split over the mesh's data*fsdp = {shards} batch shards",
+        f"choose length_buckets so that {micro} / length_buckets is a multiple of {shards}",
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class Config(training.TrainConfig):
     """GRPO settings on top of the shared optimisation ones. `batch_size` counts prompts per
@@ -231,6 +259,13 @@ class Config(training.TrainConfig):
     generation_dtype: str = "bfloat16"
     # The oldest policy a trained token may come from, in updates (AReaL's max offpolicyness).
     max_staleness: int = 0
+    # Length-bucketed training (TRL's padding-free, verl's remove-padding, at fixed shapes): 0
+    # trains every row at prompt + max_new_tokens positions. k > 0 sorts each micro-batch's
+    # completions by length and splits them into k sub-batches, each run at the smallest of
+    # max_new_tokens / 8, / 4, / 2, / 1 that holds its longest completion; their gradients sum
+    # to the micro-batch's (same normalisers), so the update is the same up to rounding. The
+    # old and reference log-prob passes run in the same buckets.
+    length_buckets: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mesh_shape", tuple(self.mesh_shape))
@@ -280,6 +315,7 @@ class Config(training.TrainConfig):
         require(self.weight_decay >= 0, "weight_decay", f"got {self.weight_decay}", "use 0 or more")
         validate_dynamic_sampling(self)
         validate_rollout_mode(self)
+        validate_length_buckets(self)
         SamplingConfig(  # validates temperature / top_k / top_p
             self.max_new_tokens, 0, 0, self.temperature, self.top_k, self.top_p
         )
@@ -437,18 +473,29 @@ def k3_kl(log_probs: Array, reference_log_probs: Array) -> Array:
 
 
 def aggregate(
-    per_token: Array, mask: Array, weights: Array, aggregation: str, max_new_tokens: int
+    per_token: Array,
+    mask: Array,
+    weights: Array,
+    aggregation: str,
+    max_new_tokens: int,
+    totals: tuple[Array, Array] | None = None,
 ) -> Array:
     """A scalar from [B, N] per-token values over the masked tokens of sequences with weight 1.
     sequence_mean: mean over kept sequences of each one's token mean; token_mean: one mean over
-    every kept token; constant_length: token sums / max_new_tokens, mean over kept sequences."""
+    every kept token; constant_length: token sums / max_new_tokens, mean over kept sequences.
+
+    `totals` (kept sequences, kept tokens; `normalisers`) replace the counts of these rows by a
+    larger batch's: these rows' share of that batch's value (length buckets sum the shares)."""
     mask = mask.astype(jnp.float32) * weights[:, None]
     summed = jnp.sum(per_token * mask, axis=1)
-    kept = jnp.maximum(weights.sum(), 1.0)
+    if totals is None:
+        kept, tokens = jnp.maximum(weights.sum(), 1.0), jnp.maximum(mask.sum(), 1.0)
+    else:
+        kept, tokens = totals
     if aggregation == "sequence_mean":
         return jnp.sum(summed / jnp.maximum(mask.sum(axis=1), 1.0)) / kept
     if aggregation == "token_mean":
-        return summed.sum() / jnp.maximum(mask.sum(), 1.0)
+        return summed.sum() / tokens
     if aggregation == "constant_length":
         return summed.sum() / (kept * max_new_tokens)
     raise ValueError(f"unknown aggregation {aggregation!r}")
@@ -476,6 +523,7 @@ def policy_loss(
     reference_log_probs: Array | None = None,
     behaviour_log_probs: Array | None = None,
     behaviour_weight_cap: float | None = None,
+    totals: tuple[Array, Array] | None = None,
 ) -> tuple[Array, dict[str, Array]]:
     """The clipped surrogate (plus kl_beta x the k3 KL to the reference, when its log-probs are
     given) over [B, N] completion tokens, aggregated as `aggregation` says. advantages: [B] (one
@@ -489,7 +537,7 @@ def policy_loss(
         -(pi_prox / pi_behav) * min(r * A, clip(r, 1 - lo, 1 + hi) * A),  r = pi / pi_prox.
     With behaviour == proximal the weight is exactly 1 and this is the loss above. With
     `behaviour_weight_cap`, tokens whose weight exceeds it leave the loss (AReaL's cap on
-    the behaviour importance weight)."""
+    the behaviour importance weight). `totals`: `aggregate`'s, for the loss and the metrics."""
     ratio = jnp.exp(log_probs - old_log_probs)
     low, high = 1.0 - clip_low, 1.0 + clip_high
     advantage = advantages if advantages.ndim == 2 else advantages[:, None]
@@ -506,14 +554,14 @@ def policy_loss(
     was_clipped = ((ratio < low) & (advantage < 0)) | ((ratio > high) & (advantage > 0))
     metrics = {
         "clip_fraction": aggregate(
-            was_clipped.astype(jnp.float32), mask, weights, "token_mean", max_new_tokens
+            was_clipped.astype(jnp.float32), mask, weights, "token_mean", max_new_tokens, totals
         )
     }
     if reference_log_probs is not None:
         kl = k3_kl(log_probs, reference_log_probs)
         per_token = per_token + kl_beta * kl
-        metrics["kl"] = aggregate(kl, mask, weights, "token_mean", max_new_tokens)
-    loss = aggregate(per_token, mask, weights, aggregation, max_new_tokens)
+        metrics["kl"] = aggregate(kl, mask, weights, "token_mean", max_new_tokens, totals)
+    loss = aggregate(per_token, mask, weights, aggregation, max_new_tokens, totals)
     return loss, metrics
 
 
@@ -837,12 +885,15 @@ def log_probs_and_entropy(logits: Array, tokens: Array, temperature: float) -> t
     return log_probs, entropy
 
 
-def log_prob_mismatch(sampler: Array, trainer: Array, mask: Array) -> dict[str, Array]:
+def log_prob_mismatch(
+    sampler: Array, trainer: Array, mask: Array, count: Array | None = None
+) -> dict[str, Array]:
     """The gap between the sampler's log-prob of a token and the trainer's for the same token
     and parameters, over the [B, N] tokens `mask` marks: logprob_mismatch_mean and _max of
-    |sampler - trainer| (0 where no token is marked)."""
+    |sampler - trainer| (0 where no token is marked). `count`: the mean's denominator, when
+    these rows are a length bucket of a larger batch."""
     gap = jnp.where(mask, jnp.abs(sampler - trainer), 0.0)
-    count = jnp.maximum(mask.sum(), 1)
+    count = jnp.maximum(mask.sum(), 1) if count is None else count
     return {"logprob_mismatch_mean": gap.sum() / count, "logprob_mismatch_max": gap.max()}
 
 
@@ -859,6 +910,9 @@ def make_loss(model: Transformer, config: Config) -> Callable[..., tuple[Array, 
 
     def loss_fn(params: Any, batch: dict[str, Array], hp: HParams):
         log_probs, entropy = completion_log_probs(model, params, batch, config.temperature)
+        # A length bucket: its share of the micro-batch's loss and metrics (`normalisers`).
+        bucketed = "norm_sequences" in batch
+        totals = (batch["norm_sequences"][0], batch["norm_tokens"][0]) if bucketed else None
         # With one optimizer step per batch of samples the sampling policy is the current one,
         # so its log-probs are these, held constant (the ratio is 1, its gradient is not 0).
         old = batch.get("old_log_probs", jax.lax.stop_gradient(log_probs))
@@ -877,11 +931,21 @@ def make_loss(model: Transformer, config: Config) -> Callable[..., tuple[Array, 
             # Present when the samples may be older than the proximal policy (partial
             # rollouts): AReaL's decoupled objective.
             behaviour_log_probs=batch.get("behaviour_log_probs"),
+            totals=totals,
         )
         if "sampler_log_probs" in batch:
-            metrics.update(log_prob_mismatch(batch["sampler_log_probs"], old, batch["fresh_mask"]))
+            count = batch["norm_fresh"][0] if bucketed else None
+            metrics.update(
+                log_prob_mismatch(batch["sampler_log_probs"], old, batch["fresh_mask"], count)
+            )
+        all_tokens = (None, batch["norm_all_tokens"][0]) if bucketed else None
         metrics["entropy"] = aggregate(
-            entropy, batch["completion_mask"], jnp.ones_like(batch["weights"]), "token_mean", 1
+            entropy,
+            batch["completion_mask"],
+            jnp.ones_like(batch["weights"]),
+            "token_mean",
+            1,
+            all_tokens,
         )
         return loss - hp.entropy_coef * metrics["entropy"], metrics
 
@@ -926,14 +990,98 @@ def unpack_inputs(inputs: Inputs | None) -> Inputs:
     return inputs
 
 
+def bucket_lengths(max_new_tokens: int) -> tuple[int, ...]:
+    """The static completion lengths length buckets run at: max_new_tokens / 8, / 4, / 2 and
+    / 1, rounded up (fewer when they coincide)."""
+    return tuple(sorted({-(-max_new_tokens // d) for d in (8, 4, 2, 1)}))
+
+
+def completion_extent(completion_mask: Array) -> Array:
+    """[B, N] -> [B] the positions each row's completion needs: its last masked one + 1."""
+    positions = jnp.arange(1, completion_mask.shape[1] + 1)
+    return jnp.max(jnp.where(completion_mask, positions, 0), axis=1)
+
+
+def cut_batch(batch: dict[str, Array], length: int) -> dict[str, Array]:
+    """A GRPO batch with its completions cut to their first `length` positions: arrays over the
+    whole sequence [B, prompt + N] keep prompt + length columns, those over the completion
+    [B, N] keep length; per-row ones stay. Causal attention leaves the kept positions' log-probs
+    as they were."""
+    completion = batch["completion_mask"].shape[1]
+    full = batch["tokens"].shape[1]
+    keep = full - completion + length
+
+    def cut(x: Array) -> Array:
+        if x.ndim >= 2 and x.shape[1] == full:
+            return x[:, :keep]
+        if x.ndim >= 2 and x.shape[1] == completion:
+            return x[:, :length]
+        return x
+
+    return {name: cut(x) for name, x in batch.items()}
+
+
+def normalisers(batch: dict[str, Array]) -> dict[str, Array]:
+    """The batch with the denominators of its loss and metrics, computed over all its rows and
+    repeated per row (so they follow the rows into length buckets): kept sequences, kept
+    tokens, all completion tokens, fresh tokens (`aggregate`'s and `log_prob_mismatch`'s)."""
+    rows = batch["weights"].shape[0]
+    mask = batch["completion_mask"].astype(jnp.float32)
+    kept_tokens = jnp.sum(mask * batch["weights"][:, None])
+    values = {
+        "norm_sequences": jnp.maximum(batch["weights"].sum(), 1.0),
+        "norm_tokens": jnp.maximum(kept_tokens, 1.0),
+        "norm_all_tokens": jnp.maximum(mask.sum(), 1.0),
+    }
+    if "fresh_mask" in batch:
+        values["norm_fresh"] = jnp.maximum(batch["fresh_mask"].sum(), 1).astype(jnp.float32)
+    return dict(batch, **{k: jnp.broadcast_to(v, (rows,)) for k, v in values.items()})
+
+
+def make_length_buckets(config: Any, mesh: Any = None) -> training.LengthBuckets | None:
+    """config.length_buckets as `training.LengthBuckets` over GRPO's batches (None when 0)."""
+    if config.length_buckets == 0:
+        return None
+    return training.LengthBuckets(
+        count=config.length_buckets,
+        lengths=bucket_lengths(config.max_new_tokens),
+        row_lengths=lambda batch: completion_extent(batch["completion_mask"]),
+        cut=cut_batch,
+        prepare=normalisers,
+        mesh=mesh,
+    )
+
+
 def make_optimize(transformer: Transformer, loss_fn: Callable, config: Any, mesh: Any) -> Callable:
     """GRPO's optimizer steps on one sampled batch, as every rollout mode takes them:
     `optimize(state, batch, hp, shuffle_key, policy, reference_params) -> (state, step_metrics)`
     adds the old log-probs under `policy` (when samples are reused) and the reference's (when
-    given) to the batch, then runs the minibatch epochs with this update's dropout stream."""
+    given) to the batch, then runs the minibatch epochs with this update's dropout stream.
+    With config.length_buckets > 0 all three run in length buckets (`make_length_buckets`)."""
+    buckets = make_length_buckets(config, mesh)
+    # The no-grad passes split the whole batch into sub-batches as small as training's.
+    parts = config.length_buckets * config.num_minibatches * config.grad_accum_steps
 
     def no_grad_log_probs(params: Any, batch: dict[str, Array]) -> Array:
-        log_probs, _ = completion_log_probs(transformer, params, batch, config.temperature)
+        if buckets is None:
+            log_probs, _ = completion_log_probs(transformer, params, batch, config.temperature)
+            return jax.lax.stop_gradient(log_probs)
+        completion = batch["completion_mask"].shape[1]
+
+        def at_length(part: dict[str, Array]) -> Array:
+            log_probs, _ = completion_log_probs(transformer, params, part, config.temperature)
+            # Zeros past the cut: no completion token sits there.
+            return jnp.pad(log_probs, ((0, 0), (0, completion - log_probs.shape[1])))
+
+        split, index, order = training.split_by_length(batch, buckets, parts)
+        log_probs = jax.lax.map(
+            lambda args: training.at_bucket_length(at_length, buckets, args[1], args[0]),
+            (split, index),
+        )
+        # Back to the batch's row order.
+        log_probs = (
+            log_probs.reshape(-1, completion).at[order].set(log_probs.reshape(-1, completion))
+        )
         return jax.lax.stop_gradient(log_probs)
 
     def optimize(state, batch, hp, shuffle_key, policy, reference_params):
@@ -948,7 +1096,7 @@ def make_optimize(transformer: Transformer, loss_fn: Callable, config: Any, mesh
         )
         return training.minibatch_epochs(
             lambda p, micro_batch: loss_fn(p, micro_batch, hp), state, batch, hp, config,
-            shuffle_key, config.num_epochs, config.num_minibatches, mesh, dropout_key,
+            shuffle_key, config.num_epochs, config.num_minibatches, mesh, dropout_key, buckets,
         )  # fmt: skip
 
     return optimize

@@ -13,6 +13,11 @@ With `lora_rank > 0` the run trains low-rank adapters (`jaxrl.lm.lora`) instead:
 differentiated and only they have optimizer state, and its `params` are the merged parameters, so
 whatever reads a finished run's `state.params` (saving, evaluation, export) sees plain ones.
 `train_step` takes one optimizer step on either kind of state.
+
+With `LengthBuckets` (GRPO's `length_buckets`), each micro-batch's rows are sorted by the length
+they need and split into sub-batches, each run at the smallest of a few static lengths that holds
+its longest row (`jax.lax.switch`: every length compiled, one runs), their gradients summed: the
+padding-free training of TRL and verl, at fixed shapes.
 """
 
 from __future__ import annotations
@@ -314,6 +319,59 @@ def scored_length(*loss_masks: np.ndarray) -> int:
     return widest
 
 
+class LengthBuckets(NamedTuple):
+    """How to train a micro-batch at (buckets of) its rows' own lengths.
+
+    The rows are sorted by `row_lengths` and split into `count` equal sub-batches; each runs at
+    the smallest of `lengths` (static, ascending, the last one the batch's full length) that holds
+    its longest row, `cut(batch, length)` giving the batch at that length. The loss of a
+    sub-batch must be its share of the whole micro-batch's loss, so that the shares' gradients
+    sum to the micro-batch's: `prepare(micro_batch)` adds what the loss needs for that (GRPO: the
+    micro-batch's normalisers), before the split. Metrics of the sub-batches are summed, except
+    those named `*_max`, whose maximum is taken."""
+
+    count: int
+    lengths: tuple[int, ...]
+    row_lengths: Callable[[dict[str, Array]], Array]  # [B] positions each row needs
+    cut: Callable[[dict[str, Array], int], dict[str, Array]]
+    prepare: Callable[[dict[str, Array]], dict[str, Array]]
+    mesh: Any = None  # sub-batches split their rows over its batch axes
+
+
+def split_by_length(
+    batch: dict[str, Array], buckets: LengthBuckets, count: int | None = None
+) -> tuple[dict[str, Array], Array, Array]:
+    """`batch`'s rows [B, ...] sorted by length and split into `count` (default
+    buckets.count) sub-batches [count, B / count, ...]; also each sub-batch's index into
+    buckets.lengths (the shortest that holds its rows) and the sorting order [B]."""
+    count = buckets.count if count is None else count
+    lengths = buckets.row_lengths(batch)
+    order = jnp.argsort(lengths, stable=True)
+    parts = jax.tree.map(lambda x: x[order].reshape(count, -1, *x.shape[1:]), batch)
+    if buckets.mesh is not None:
+        parts = jax.tree.map(
+            lambda x: jax.lax.with_sharding_constraint(x, parts_sharding(buckets.mesh, x.ndim)),
+            parts,
+        )
+    needed = lengths[order].reshape(count, -1).max(axis=1)
+    index = jnp.searchsorted(jnp.asarray(buckets.lengths), needed, side="left")
+    return parts, jnp.minimum(index, len(buckets.lengths) - 1), order
+
+
+def at_bucket_length(
+    fn: Callable[[dict[str, Array]], Any], buckets: LengthBuckets, index: Array, batch: dict
+) -> Any:
+    """`fn(buckets.cut(batch, buckets.lengths[index]))`: one branch per static length, the one
+    `index` picks runs (its outputs must have the same shapes at every length)."""
+    branches = [lambda b, n=n: fn(buckets.cut(b, n)) for n in buckets.lengths]
+    return jax.lax.switch(index, branches, batch)
+
+
+def combine_bucket_metrics(metrics: dict[str, Array]) -> dict[str, Array]:
+    """The sub-batches' metrics [count] as the micro-batch's: sums, or maxima for `*_max`."""
+    return {k: v.max(axis=0) if k.endswith("_max") else v.sum(axis=0) for k, v in metrics.items()}
+
+
 def optimizer_step(
     loss_fn: LossFn,
     params: Any,
@@ -321,10 +379,11 @@ def optimizer_step(
     batch: dict[str, Array],
     hp: HParams,
     config: TrainConfig,
+    buckets: LengthBuckets | None = None,
 ) -> tuple[Any, Any, dict[str, Array]]:
     """One optimizer step (`make_optimizer(hp, config)`) over a batch shaped [grad_accum_steps,
     micro_batch, ...], the gradients averaged over the micro-batches: returns (params, opt_state,
-    metrics).
+    metrics). With `buckets`, each micro-batch's gradient is the sum of its length buckets'.
 
     `metrics` are scalars: the loss function's metrics and `loss` averaged over the micro-batches,
     plus `grad_norm` of the averaged gradient (before clipping).
@@ -332,8 +391,20 @@ def optimizer_step(
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
     def accumulate(grads_sum, micro_batch):
-        (loss, metrics), grads = grad_fn(params, micro_batch)
-        return jax.tree.map(jnp.add, grads_sum, grads), dict(metrics, loss=loss)
+        if buckets is None:
+            (loss, metrics), grads = grad_fn(params, micro_batch)
+            return jax.tree.map(jnp.add, grads_sum, grads), dict(metrics, loss=loss)
+        parts, index, _ = split_by_length(buckets.prepare(micro_batch), buckets)
+
+        def one_bucket(grads_sum, part_and_index):
+            part, i = part_and_index
+            (loss, metrics), grads = at_bucket_length(
+                lambda b: grad_fn(params, b), buckets, i, part
+            )
+            return jax.tree.map(jnp.add, grads_sum, grads), dict(metrics, loss=loss)
+
+        grads_sum, metrics = jax.lax.scan(one_bucket, grads_sum, (parts, index))
+        return grads_sum, combine_bucket_metrics(metrics)
 
     zeros = jax.tree.map(jnp.zeros_like, params)
     grads_sum, metrics = jax.lax.scan(accumulate, zeros, batch)
@@ -352,16 +423,18 @@ def train_step(
     hp: HParams,
     config: TrainConfig,
     dropout_key: Array | None = None,
+    buckets: LengthBuckets | None = None,
 ) -> tuple[TrainState | LoraTrainState, dict[str, Array]]:
-    """`optimizer_step` on what the state trains: its parameters, or (LoRA) its adapters, the
-    loss then seeing the base parameters with the adapters applied. Returns the state with the
-    new parameters (or adapters) and optimizer state, `step` unchanged, and the metrics.
+    """`optimizer_step` (with `buckets`, if given) on what the state trains: its parameters, or
+    (LoRA) its adapters, the loss then seeing the base parameters with the adapters applied.
+    Returns the state with the new parameters (or adapters) and optimizer state, `step`
+    unchanged, and the metrics.
 
     `dropout_key` draws LoRA's dropout masks (one per adapter for this optimizer step); None
     derives it from the state's key and step, which suits one optimizer step per update."""
     if isinstance(state, TrainState):
         params, opt_state, metrics = optimizer_step(
-            loss_fn, state.params, state.opt_state, batch, hp, config
+            loss_fn, state.params, state.opt_state, batch, hp, config, buckets
         )
         return state._replace(params=params, opt_state=opt_state), metrics
 
@@ -375,7 +448,7 @@ def train_step(
         return loss_fn(lora.attach(state.base, adapters, state.scale), micro_batch)
 
     adapters, opt_state, metrics = optimizer_step(
-        adapted_loss, state.adapters, state.opt_state, batch, hp, config
+        adapted_loss, state.adapters, state.opt_state, batch, hp, config, buckets
     )
     return state._replace(adapters=adapters, opt_state=opt_state), metrics
 
@@ -446,17 +519,18 @@ def minibatch_epochs(
     num_minibatches: int,
     mesh: Any = None,
     dropout_key: Array | None = None,
+    buckets: LengthBuckets | None = None,
 ) -> tuple[TrainState | LoraTrainState, dict[str, Array]]:
     """The RL algorithms' optimisation on one rollout (inside jit): num_epochs passes over the
     batch [B, ...], each in its own order from `shuffle_key` (in order with one minibatch), of
-    num_minibatches `train_step`s. With config.lora_dropout > 0, optimizer step i draws its
-    masks from fold_in(dropout_key, i). Returns the state and the steps' metrics stacked
-    [num_epochs, num_minibatches]."""
+    num_minibatches `train_step`s (each micro-batch in length buckets, with `buckets`). With
+    config.lora_dropout > 0, optimizer step i draws its masks from fold_in(dropout_key, i).
+    Returns the state and the steps' metrics stacked [num_epochs, num_minibatches]."""
 
     def optimizer_step(carry, minibatch_and_index):
         minibatch, index = minibatch_and_index
         key = jax.random.fold_in(dropout_key, index) if config.lora_dropout > 0 else None
-        return train_step(loss_fn, carry, minibatch, hp, config, key)
+        return train_step(loss_fn, carry, minibatch, hp, config, key, buckets)
 
     def epoch(carry, epoch_and_key):
         index, epoch_key = epoch_and_key
@@ -513,6 +587,12 @@ def restore_params(path: str, like: Any) -> Any:
 def chunk_sharding(mesh: Any, ndim: int) -> Any:
     """Stacked batches [K, accum, micro_batch, ...]: the micro-batch axis splits over the mesh."""
     spec = jax.sharding.PartitionSpec(None, None, sharding.BATCH_AXES, *([None] * (ndim - 3)))
+    return jax.sharding.NamedSharding(mesh, spec)
+
+
+def parts_sharding(mesh: Any, ndim: int) -> Any:
+    """Length-bucketed sub-batches [count, rows, ...]: the rows split over the mesh."""
+    spec = jax.sharding.PartitionSpec(None, sharding.BATCH_AXES, *([None] * (ndim - 2)))
     return jax.sharding.NamedSharding(mesh, spec)
 
 
