@@ -252,6 +252,22 @@ def test_a_model_field_beside_a_model_is_refused_from_python_too(sft_pair, tmp_p
     assert not (tmp_path / "run").exists()
 
 
+def test_a_preset_model_field_the_checkpoint_agrees_with_is_not_refused(sft_pair):
+    """A preset may set a model field (grpo.py:repeat_digit_long raises the positions for a
+    random start); from a checkpoint that field is ignored only where the checkpoint disagrees:
+    positions it holds (or more) start, more than it holds are the usual one line."""
+    from jaxrl.trainers import lm_runs, sft
+
+    config = sft.config()
+    held = lm_runs.find_checkpoint(sft_pair[0]).model.max_position_embeddings
+    config.init_from = sft_pair[0]
+    config.model.max_position_embeddings = held - 1  # not the tiny model's; the checkpoint holds it
+    assert lm_runs.start_checkpoint(config).model.max_position_embeddings == held
+    config.model.max_position_embeddings = held + 1
+    with pytest.raises(InputError, match="config.model.max_position_embeddings: the architecture"):
+        lm_runs.start_checkpoint(config)
+
+
 @pytest.mark.parametrize(
     "rows, expected",
     [

@@ -516,24 +516,37 @@ def overridden_fields(section: str) -> list[str]:
 def start_checkpoint(flat: ml_collections.ConfigDict) -> Checkpoint:
     """Where a run starts: the config's model (random init) or init_from's, which brings its
     architecture; a model field other than dtype / param_dtype / remat would then be ignored, so
-    it is an error: one given as a flag, or (from Python, where no flag says what was set) one
-    that differs from the config files' tiny model, which no preset changes."""
+    it is an error: one given as a flag, or one that differs from the config files' tiny model
+    (from Python no flag says what was set) unless the checkpoint agrees with it. A preset that
+    raises the tiny model's positions (`grpo.py:repeat_digit_long`) so starts from a checkpoint
+    that has at least as many."""
     if not flat.init_from:
         model = model_config(flat.model)
         return Checkpoint("random", "", model, BYTE, "random init")
-    changed = [f for f in TINY_MODEL if f in flat.model and flat.model[f] != TINY_MODEL[f]]
-    given = list(dict.fromkeys(overridden_fields("model") + changed))
-    ignored = [f for f in given if f not in RUNTIME_FIELDS]
-    if ignored:
+
+    def refuse(field: str) -> None:
         fail(
-            f"config.model.{ignored[0]}: the architecture comes from --config.init_from="
+            f"config.model.{field}: the architecture comes from --config.init_from="
             f"{flat.init_from}, so this flag would be ignored; drop it (only model.dtype, "
             "model.param_dtype and model.remat apply to an imported model)"
         )
+
+    for field in overridden_fields("model"):
+        if field not in RUNTIME_FIELDS:
+            refuse(field)
     try:
         source = find_checkpoint(flat.init_from)
     except (ConfigError, ValueError, OSError) as error:
         fail(f"config.init_from: {error}")
+    for field, tiny in TINY_MODEL.items():
+        if field in RUNTIME_FIELDS or field not in flat.model or flat.model[field] == tiny:
+            continue
+        held = getattr(source.model, field, None)
+        agrees = held == flat.model[field] or (
+            field == "max_position_embeddings" and held is not None and held >= flat.model[field]
+        )
+        if not agrees:
+            refuse(field)
     return source.with_runtime(flat.model)
 
 
