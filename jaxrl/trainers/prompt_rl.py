@@ -749,7 +749,8 @@ def summary_fields(
             "decode_steps_per_update": steps,
         }
     generated_per_update = tokens / config.num_steps
-    # The training pass's tokens: every trained completion at its fixed shape.
+    # The training pass's tokens: every trained completion at its fixed shape (with
+    # length_buckets > 0 the pass runs shorter buckets, so this is an upper bound).
     trained_per_update = (
         completions / config.num_steps * (prompts.prompt_length + config.max_new_tokens)
     )
