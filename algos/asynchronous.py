@@ -23,7 +23,9 @@ The k batches ahead live in the state, moved to the training mesh once generated
 state is one pytree on one mesh: a checkpoint holds the batches in flight and a resumed run
 ends where an uninterrupted one does. With k > 0 the loss is AReaL's decoupled objective: the
 behaviour policy is the sampler's recorded log-prob, the proximal one the weights the update
-starts from.
+starts from; and, since one optimizer step per batch leaves AReaL's clip (around the proximal
+policy) nothing to act on, a token that has moved past the clip since it was sampled gets no
+gradient (`grpo.policy_loss`'s behaviour_clip; without it, staleness 1 stalled reverse_digits).
 
 With k = 0 generate runs before train (batch i is sampled by version i): no overlap, and with
 generation_dtype float32 the samples and the parameters are synchronous GRPO's, bit for bit.
@@ -174,7 +176,11 @@ def make(
     grpo.check_memory(config, model, task)
     config = static(config)
     transformer = Transformer(model, mesh=mesh)
-    optimize = grpo.make_optimize(transformer, grpo.make_loss(transformer, config), config, mesh)
+    # With k > 0 the clip is taken around the behaviour policy too (`grpo.policy_loss`): with
+    # the proximal policy the update's own start, AReaL's clip never acts on one optimizer
+    # step per batch, and stale batches without it stalled reverse_digits (README).
+    loss_fn = grpo.make_loss(transformer, config, behaviour_clip=config.max_staleness > 0)
+    optimize = grpo.make_optimize(transformer, loss_fn, config, mesh)
     return make_split(
         config,
         model,

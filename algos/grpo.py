@@ -524,6 +524,7 @@ def policy_loss(
     behaviour_log_probs: Array | None = None,
     behaviour_weight_cap: float | None = None,
     totals: tuple[Array, Array] | None = None,
+    behaviour_clip: bool = False,
 ) -> tuple[Array, dict[str, Array]]:
     """The clipped surrogate (plus kl_beta x the k3 KL to the reference, when its log-probs are
     given) over [B, N] completion tokens, aggregated as `aggregation` says. advantages: [B] (one
@@ -537,7 +538,16 @@ def policy_loss(
         -(pi_prox / pi_behav) * min(r * A, clip(r, 1 - lo, 1 + hi) * A),  r = pi / pi_prox.
     With behaviour == proximal the weight is exactly 1 and this is the loss above. With
     `behaviour_weight_cap`, tokens whose weight exceeds it leave the loss (AReaL's cap on
-    the behaviour importance weight). `totals`: `aggregate`'s, for the loss and the metrics."""
+    the behaviour importance weight). `totals`: `aggregate`'s, for the loss and the metrics.
+
+    With `behaviour_clip` the trust region also bounds the move away from the behaviour policy:
+    a token whose rho = pi / pi_behav has left [1 - lo, 1 + hi] in the direction its advantage
+    rewards keeps its loss value but gives no gradient (metric behaviour_clip_fraction). When
+    the proximal policy is the current one and each batch gets one optimizer step (r = 1), the
+    clip above never acts, so this is the only trust region: without it a stale sample keeps
+    pushing a token that the updates since its sampling have already moved (async mode's
+    failure to learn reverse_digits, README). The gradient is then PPO's, clipped around the
+    behaviour policy."""
     ratio = jnp.exp(log_probs - old_log_probs)
     low, high = 1.0 - clip_low, 1.0 + clip_high
     advantage = advantages if advantages.ndim == 2 else advantages[:, None]
@@ -549,6 +559,10 @@ def policy_loss(
         per_token = per_token * behaviour_weight
         if behaviour_weight_cap is not None:
             mask = mask & (behaviour_weight <= behaviour_weight_cap)
+        if behaviour_clip:
+            rho = jax.lax.stop_gradient(jnp.exp(log_probs - behaviour_log_probs))
+            beyond = ((rho < low) & (advantage < 0)) | ((rho > high) & (advantage > 0))
+            per_token = jnp.where(beyond, jax.lax.stop_gradient(per_token), per_token)
     # The clip is active where it changed the minimum: the ratio left the trust region in the
     # direction the advantage rewards.
     was_clipped = ((ratio < low) & (advantage < 0)) | ((ratio > high) & (advantage > 0))
@@ -557,6 +571,10 @@ def policy_loss(
             was_clipped.astype(jnp.float32), mask, weights, "token_mean", max_new_tokens, totals
         )
     }
+    if behaviour_log_probs is not None and behaviour_clip:
+        metrics["behaviour_clip_fraction"] = aggregate(
+            beyond.astype(jnp.float32), mask, weights, "token_mean", max_new_tokens, totals
+        )
     if reference_log_probs is not None:
         kl = k3_kl(log_probs, reference_log_probs)
         per_token = per_token + kl_beta * kl
@@ -897,13 +915,15 @@ def log_prob_mismatch(
     return {"logprob_mismatch_mean": gap.sum() / count, "logprob_mismatch_max": gap.max()}
 
 
-def make_loss(model: Transformer, config: Config) -> Callable[..., tuple[Array, dict]]:
+def make_loss(
+    model: Transformer, config: Config, behaviour_clip: bool = False
+) -> Callable[..., tuple[Array, dict]]:
     """`loss_fn(params, batch, hparams) -> (loss, metrics)` on a rollout batch of B completions.
 
     `batch` holds tokens and attention_mask [B, prompt + N], completion_mask [B, N], advantages
     and weights [B], and optionally old_log_probs and reference_log_probs [B, N] (absent: the
     current policy's, held constant; no KL penalty). `metrics`: clip_fraction, entropy and, with a
-    reference, kl.
+    reference, kl. With behaviour_log_probs in the batch, `behaviour_clip` is `policy_loss`'s.
     """
     config = static(config)
     spec = config.spec
@@ -932,6 +952,7 @@ def make_loss(model: Transformer, config: Config) -> Callable[..., tuple[Array, 
             # rollouts): AReaL's decoupled objective.
             behaviour_log_probs=batch.get("behaviour_log_probs"),
             totals=totals,
+            behaviour_clip=behaviour_clip,
         )
         if "sampler_log_probs" in batch:
             count = batch["norm_fresh"][0] if bucketed else None

@@ -169,8 +169,10 @@ def make_loss(model: Transformer, config: Config, capacity: int) -> Callable[...
             aggregation=spec.aggregation, max_new_tokens=capacity, kl_beta=hp.kl_beta,
             reference_log_probs=batch.get("reference_log_probs"),
             # Present when the episodes may be older than the proximal policy (async mode with
-            # max_staleness > 0): AReaL's decoupled objective.
+            # max_staleness > 0): AReaL's decoupled objective, with the clip around the
+            # behaviour policy that one optimizer step per batch needs (`grpo.policy_loss`).
             behaviour_log_probs=batch.get("behaviour_log_probs"),
+            behaviour_clip=config.max_staleness > 0,
         )  # fmt: skip
         if "sampler_log_probs" in batch:
             metrics.update(

@@ -17,7 +17,8 @@ the policy version that sampled each of them. One update, still one compiled pro
                     beyond them wait in their slots; unfinished ones go on next update
     update       <- GRPO's loss; with max_staleness > 0, AReaL's decoupled objective: the
                     behaviour policy is the sampler's recorded log-prob, the proximal one the
-                    parameters the update starts from (`grpo.policy_loss`)
+                    parameters the update starts from, plus a clip around the behaviour policy
+                    (`grpo.policy_loss`'s behaviour_clip)
 
 The policy version of a token is the update (`state.step`) that sampled it; a trained token's
 staleness is the training update's version minus its own. `validate` requires a completion of
@@ -199,7 +200,10 @@ def make(
     `State`; update i draws its prompts and samples from fold_in(state.key, i) as GRPO does."""
     grpo.check_memory(config, model, task)
     transformer = Transformer(model, mesh=mesh)
-    loss_fn = grpo.make_loss(transformer, config)
+    # With max_staleness > 0, the clip around the behaviour policy too (`grpo.policy_loss`):
+    # AReaL's clip, around this update's own start, never acts on one optimizer step per
+    # batch, and without it staleness 1 collapsed reverse_digits after learning it (README).
+    loss_fn = grpo.make_loss(transformer, config, behaviour_clip=config.max_staleness > 0)
     config = static(config)
     optimize = grpo.make_optimize(transformer, loss_fn, config, mesh)
     spec = config.spec

@@ -45,13 +45,13 @@ def _loss_inputs(seed=1, b=8, n=5):
     return logp, prox, behav, adv, mask, weights
 
 
-def _loss(logp, prox, behav, adv, mask, weights, variant, cap=None):
+def _loss(logp, prox, behav, adv, mask, weights, variant, cap=None, behaviour_clip=False):
     return grpo.policy_loss(
         jnp.asarray(logp), jnp.asarray(prox), jnp.asarray(adv), jnp.asarray(mask),
         jnp.asarray(weights), clip_low=0.2, clip_high=0.3,
         aggregation=grpo.VARIANTS[variant].aggregation, max_new_tokens=logp.shape[1],
         behaviour_log_probs=None if behav is None else jnp.asarray(behav),
-        behaviour_weight_cap=cap,
+        behaviour_weight_cap=cap, behaviour_clip=behaviour_clip,
     )  # fmt: skip
 
 
@@ -78,6 +78,34 @@ def test_decoupled_loss_with_behaviour_equal_to_proximal_is_the_grpo_loss(varian
         lambda lp: _loss(lp, prox, behav, adv, mask, weights, variant)[0]
     )(jnp.asarray(logp))
     np.testing.assert_array_equal(np.asarray(grad(prox)), np.asarray(grad(None)))
+
+
+@pytest.mark.parametrize("variant", ["grpo", "dapo", "dr_grpo"])
+def test_behaviour_clip_on_one_step_is_ppo_clipped_around_the_behaviour_policy(variant):
+    """Async mode's loss: one optimizer step per batch, so the proximal policy is the current
+    one (r = 1) and AReaL's clip never acts. With behaviour_clip the gradient is PPO's with the
+    behaviour policy as the old one (a token already moved past the clip since it was sampled
+    gets none); the loss value stays the decoupled objective's."""
+    logp, _, behav, adv, mask, weights = _loss_inputs(seed=3)
+    prox = logp.copy()  # the update's starting parameters are the current ones
+
+    def loss(lp, old, behaviour, clip=False):
+        return _loss(lp, old, behaviour, adv, mask, weights, variant, behaviour_clip=clip)
+
+    def grad(*args):
+        return np.asarray(jax.grad(lambda lp: loss(lp, *args)[0])(jnp.asarray(logp)))
+
+    clipped, metrics = loss(logp, prox, behav, True)
+    coupled, coupled_metrics = loss(logp, behav, None)  # PPO with the sampler as the old policy
+    np.testing.assert_allclose(grad(prox, behav, True), grad(behav, None), rtol=1e-5, atol=1e-7)
+    assert float(clipped) == float(loss(logp, prox, behav)[0])  # the decoupled loss's value
+    assert metrics["clip_fraction"] == 0  # AReaL's clip, around the current policy
+    np.testing.assert_allclose(
+        float(metrics["behaviour_clip_fraction"]), float(coupled_metrics["clip_fraction"])
+    )
+    # Some tokens are beyond the behaviour trust region: without the clip they push on.
+    assert float(metrics["behaviour_clip_fraction"]) > 0.1
+    assert np.abs(grad(prox, behav) - grad(prox, behav, True)).max() > 1e-3
 
 
 def test_log_prob_mismatch_is_over_the_marked_tokens():
