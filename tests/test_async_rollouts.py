@@ -176,10 +176,16 @@ def test_devices_that_do_not_split_are_one_line_error():
     assert train == jax.devices()[:4] and generate == jax.devices()[4:]
 
 
+def short_answer_reward(prompts, completions, answer, **columns):
+    """A host reward (called back per batch shard of the mesh the rollout runs on)."""
+    return [float(len(c) <= len(a) + 1) for c, a in zip(completions, answer, strict=True)]
+
+
 def test_grpo_trainer_runs_async_on_a_split_mesh(tmp_path):
     """`experiments/grpo.py --config.rollout_mode=async` through its trainer: 2 training + 2
-    generating devices, staleness 1; the metrics rows carry the staleness and the reshard's
-    time and bytes, and the checkpoint is the state with its batch in flight."""
+    generating devices, staleness 1, with a host reward (its callbacks on the generation mesh,
+    where the rollout runs); the metrics rows carry the staleness and the reshard's time and
+    bytes, and the checkpoint is the state with its batch in flight."""
     from jaxrl.trainers import grpo as trainer
     from tests.script_runs import read_rows
     from tests.test_trainers import LM_QUIET, configured
@@ -188,9 +194,12 @@ def test_grpo_trainer_runs_async_on_a_split_mesh(tmp_path):
     settings |= {"task.num_eval": 16, "eval_samples": 0, "run.num_chunks": 1, **LM_QUIET}
     settings |= {"rollout_mode": "async", "max_staleness": 1, "mesh_shape": (2, 1, 1)}
     settings |= {"generation_mesh_shape": (2, 1, 1)}
-    result = trainer.train(configured(trainer, None, settings), str(tmp_path / "run"))
+    result = trainer.train(
+        configured(trainer, None, settings), str(tmp_path / "run"), rewards=[short_answer_reward]
+    )
     rows = [row for row in read_rows(result.run_dir) if "loss" in row]
     assert [row["staleness_max"] for row in rows] == [0, 1, 1]
+    assert all("reward_short_answer_reward" in row for row in rows), rows[0].keys()
     assert all(row["reshard_seconds"] > 0 and row["reshard_bytes"] > 0 for row in rows)
     assert result.summary["steps"] == 3
     assert int(result.state.ahead[0].version) == 2

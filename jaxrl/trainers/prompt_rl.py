@@ -288,13 +288,25 @@ def digit_problems_as_prompts(run: lm_runs.Setup) -> PromptData | None:
     )
 
 
+def rollout_mesh(run: lm_runs.Setup) -> Any:
+    """The mesh the rollout (and so a host reward's per-shard callback) runs on: in async mode
+    the generation mesh beside the training one, else the run's mesh."""
+    if getattr(run.config, "rollout_mode", "sync") != "async":
+        return run.mesh
+    from algos import asynchronous
+
+    return asynchronous.generation_mesh(run.config, run.mesh)
+
+
 def host_rewarded_task(
     run: lm_runs.Setup, name: str, table: PromptTable, functions: list[tuple[str, Callable, float]]
 ) -> TextTask:
     """The task of sampling `table`'s prompts, rewarded by the host `functions`."""
     task = prompt_dataset_task(name, table, run.tokenizer)
     for function_name, function, weight in functions:
-        term = grpo.host_reward(function, run.tokenizer, function_name, weight, run.mesh, table)
+        term = grpo.host_reward(
+            function, run.tokenizer, function_name, weight, rollout_mesh(run), table
+        )
         task = task.with_reward(term)
     return task
 
@@ -308,7 +320,9 @@ def text_task(run: lm_runs.Setup) -> TextTask:
     except ConfigError as error:
         runner.fail(f"config.task.{error}")
     for name, function, weight in reward_functions(section):
-        task = task.with_reward(grpo.host_reward(function, run.tokenizer, name, weight, run.mesh))
+        task = task.with_reward(
+            grpo.host_reward(function, run.tokenizer, name, weight, rollout_mesh(run))
+        )
     return task
 
 
