@@ -157,6 +157,9 @@ class State(NamedTuple):
     ahead: tuple[Ahead, ...]
 
 
+MISMATCH_KEYS = ("logprob_mismatch_mean", "logprob_mismatch_max")
+
+
 class Reshard(NamedTuple):
     """The weights of one version in the generation layout, and what moving them cost."""
 
@@ -191,6 +194,11 @@ def make(
         unpack_inputs=grpo.unpack_inputs,
         rollout_data=task.data,
         name=f"GRPO ({config.variant}, async)",
+        make_trainer_log_probs=lambda gen_mesh: (
+            lambda params, batch: grpo.completion_log_probs(
+                Transformer(model, mesh=gen_mesh), params, batch, config.temperature
+            )[0]
+        ),
     )
 
 
@@ -205,6 +213,7 @@ def make_split(
     unpack_inputs: Callable[[Any], tuple[Any, Any]],
     rollout_data: Any = None,
     name: str = "GRPO (async)",
+    make_trainer_log_probs: Callable[[Any], Callable[[Any, dict], Any]] | None = None,
 ) -> Algorithm:
     """The split-mesh schedule over any GRPO-shaped trainer (single completions, conversations):
 
@@ -215,13 +224,31 @@ def make_split(
       step_metrics)`, the synchronous update's optimizer steps on a batch (its loss reads
       `behaviour_log_probs` when present);
     - `unpack_inputs(inputs) -> (reference_params, data)`, `data` the rollout's (a prompt
-      table), `rollout_data` its value at init (for the shapes of the batches ahead).
+      table), `rollout_data` its value at init (for the shapes of the batches ahead);
+    - `make_trainer_log_probs(generation_mesh) -> trainer_log_probs(params, batch) -> [B, N]`,
+      the trainer's forward over a batch: with k > 0 the log-prob mismatch is taken on the
+      generation mesh, right after sampling, under the generation copy's weights (no training
+      step ever holds the weights a batch was sampled with); without it, or with k = 0, the
+      training step takes it.
 
     Update i's rollout key and shuffle key are split from fold_in(state.key, i), as the
     synchronous updates of `grpo.make` and `multiturn.make` split them."""
     lag = config.max_staleness
+    mismatch_at_generation = lag > 0 and make_trainer_log_probs is not None
     train_mesh, gen_mesh = mesh, generation_mesh(config, mesh)
     rollout = make_rollout(gen_mesh)
+    if mismatch_at_generation:
+        trainer_log_probs = make_trainer_log_probs(gen_mesh)
+
+    def sample(gen_params: Any, key: Array, hp: HParams, data: Any) -> tuple[dict, dict]:
+        """The rollout, and with k > 0 its sampler/trainer mismatch under its own weights."""
+        batch, metrics = rollout(gen_params, key, hp, data)
+        if mismatch_at_generation:
+            trainer = trainer_log_probs(gen_params, batch)
+            gap = grpo.log_prob_mismatch(batch["sampler_log_probs"], trainer, batch["fresh_mask"])
+            metrics = dict(metrics, **gap)
+        return batch, metrics
+
     base_init = training.make_init(params, config, train_mesh, model)
     dtype = jnp.dtype(config.generation_dtype)
     monitor = None
@@ -271,7 +298,7 @@ def make_split(
     def generate(gen_params: Any, key: Array, index: Array, hp: HParams, data: Any):
         # Update `index`'s rollout key, as the synchronous update splits it.
         rollout_key = jax.random.split(jax.random.fold_in(key, index))[0]
-        return rollout(gen_params, rollout_key, hp, data)
+        return sample(gen_params, rollout_key, hp, data)
 
     @jax.jit
     def train(state: training.TrainState, ahead: Ahead, hp: HParams, reference_params: Any):
@@ -280,7 +307,7 @@ def make_split(
         _, shuffle_key = jax.random.split(jax.random.fold_in(state.key, state.step))
         batch = dict(ahead.batch)
         # The log-prob mismatch compares sampler and trainer under the same weights: only a
-        # batch of the current version has any.
+        # batch of the current version has any (with k > 0 the generation side measured it).
         batch["fresh_mask"] = batch["fresh_mask"] & (ahead.version == state.step)
         if lag > 0:
             # AReaL's decoupled objective; with the bound at 0 the loss stays GRPO's, bit for bit.
@@ -289,6 +316,8 @@ def make_split(
             state, batch, hp, shuffle_key, state.params, reference_params
         )
         metrics = dict(ahead.metrics)
+        if mismatch_at_generation:
+            step_metrics = {k: v for k, v in step_metrics.items() if k not in MISMATCH_KEYS}
         metrics.update(jax.tree.map(jnp.mean, step_metrics))
         staleness = state.step - ahead.version
         off_policy = (staleness > 0).astype(jnp.float32)
@@ -343,7 +372,7 @@ def make_split(
         return State(state.params, state.opt_state, state.key, state.step, ahead)
 
     def generate_ahead_shapes(params, key, hp, data):
-        batch, metrics = rollout(params, key, hp, data)
+        batch, metrics = sample(params, key, hp, data)
         return Ahead(batch, metrics, jnp.zeros((), jnp.int32))
 
     def update(state: State, inputs: Any, hp: HParams):

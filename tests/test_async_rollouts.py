@@ -114,6 +114,22 @@ def test_staleness_one_on_8_devices_samples_from_the_last_version():
         np.testing.assert_array_equal(jax.device_get(ahead.batch["tokens"]), batch["tokens"])
     for m in metrics:
         assert np.isfinite(m["loss"])
+        # The sampler/trainer mismatch of every batch, taken on the generation devices under the
+        # bf16 copy that sampled it (no training step holds those weights).
+        assert 0 < m["logprob_mismatch_mean"] <= m["logprob_mismatch_max"] < 0.1
+
+
+def test_staleness_one_logs_the_fp32_log_prob_mismatch_every_update():
+    """Bound 1, fp32 generation copy, one device: every update logs the mismatch of its batch
+    (sampler against the trainer's forward under the weights that sampled it), fp32-small."""
+    config = dataclasses.replace(
+        SYNC, rollout_mode="async", max_staleness=1, generation_dtype="float32"
+    )
+    _, metrics = _async_updates(config, 3)
+    assert [m["staleness_max"] for m in metrics] == [0, 1, 1]
+    for m in metrics:
+        assert 0 <= m["logprob_mismatch_mean"] <= m["logprob_mismatch_max"] < 1e-5
+    assert max(m["logprob_mismatch_max"] for m in metrics[1:]) > 0  # measured, not left at 0
 
 
 def test_checkpoint_with_batches_in_flight_resumes_equal_to_an_uninterrupted_run(tmp_path):

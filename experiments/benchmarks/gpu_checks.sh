@@ -5,7 +5,8 @@
 #     bash experiments/benchmarks/gpu_checks.sh [--smoke] [--budget SECONDS] [--second | STEPS]
 #
 # STEPS: a comma list, run in the order given. Default: the first call's (FIRST below: install,
-# gen17, ckpt17, grpo17, dpo17); --second: the second call's (install, partial, gen135, main).
+# gen17, ckpt17, grpo17, dpo17); --second: the second call's (install, psft, psync, ppartial, pasync,
+# gen135, main).
 # The steps:
 #   install  wheels into $SITE (--no-index --no-deps; the image's jax is never touched), the
 #            versions, `import jaxrl`, and experiments/grpo.py for 2 tiny updates on the GPU
@@ -18,10 +19,14 @@
 #   dpo17    dpo_throughput.py on it: ours bf16 against TRL bf16, 8 pairs of 128 + 128 tokens,
 #            MFU against the bf16 matmul peak (issue 35: training >= 35% of the bf16 peak)
 #   gen135   generation.py, SmolLM2-135M shape, bf16, batches 1, 32, 128
-#   partial  repeat_digit (long-tailed lengths): a short SFT, then GRPO from it in each of
-#            $PARTIAL_MODES (sync partial; partial32 = partial with 32 slot groups), 30 updates;
-#            trained tokens/s of each (issue 39); shape $PARTIAL_SHAPE (smollm2, the default,
-#            or 1.7b: its SFT and GRPO checkpoints of ~19 GB each take minutes to write)
+#   psft     issue 39: repeat_digit_long (answers of 1 to 256 digits), SFT of $PARTIAL_SHAPE
+#            (1.7b, the default, or smollm2; byte vocabulary) for $PARTIAL_SFT_STEPS (120) steps
+#            of 32 (lr 3e-4, 10 warmup), so that its completions have the task's long-tailed lengths
+#   psync, ppartial, pasync
+#            GRPO from it (lr 1e-5), $PARTIAL_UPDATES (12) updates, length_buckets=8 in every mode: sync;
+#            partial (budget 64, staleness 4, 24 slot groups); async (staleness 1; one GPU:
+#            both programs on it). Trained tokens/s of each. Checkpoints (~19 GB at 1.7B) go to
+#            /dev/shm when it has 48 GB free; each mode's is deleted after it
 #   main     the README's main command (experiments/ppo.py, CartPole-v1 to 500) (issue 37)
 # Each step runs in its own process group under a time limit (its own, cut to what is left of
 # --budget), so the whole command ends inside the budget; a step that does not fit is skipped
@@ -35,7 +40,7 @@ set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
 FIRST=install,gen17,ckpt17,grpo17,dpo17
-SECOND=install,partial,gen135,main
+SECOND=install,psft,psync,ppartial,pasync,gen135,main
 SMOKE=${GPU_CHECKS_SMOKE:-0}
 BUDGET=540
 STEPS=$FIRST
@@ -66,7 +71,7 @@ while (($#)); do
 done
 for step in ${STEPS//,/ }; do
     case $step in
-    install | gen17 | ckpt17 | grpo17 | dpo17 | gen135 | partial | main) ;;
+    install | gen17 | ckpt17 | grpo17 | dpo17 | gen135 | psft | psync | ppartial | pasync | main) ;;
     *)
         echo "error: gpu_checks.sh: unknown step '$step'; choose from $FIRST,$SECOND" >&2
         exit 2
@@ -93,11 +98,15 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
 # One process uses the GPU at a time (the harness runs workers one after another).
 export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.92}
 CKPT=$WORK/hf_1.7b
-PARTIAL_SHAPE=${PARTIAL_SHAPE:-smollm2}
+PARTIAL_SHAPE=${PARTIAL_SHAPE:-1.7b}
 
 left() { echo $((BUDGET - ($(date +%s) - START))); }
 
 pack() { # the logs and JSON so far, in the one archive the device returns
+    local metrics # a GRPO mode stopped at its limit leaves its metrics in its run directory
+    for metrics in "$(partial_dir)"/{sync,partial,async}/metrics.jsonl; do
+        [[ -f $metrics ]] && cp "$metrics" "$LOGS/partial_$(basename "$(dirname "$metrics")").jsonl"
+    done
     tar -czf "$OUT/checks.tgz.tmp" -C "$WORK" out && mv "$OUT/checks.tgz.tmp" "$OUT/checks.tgz"
 }
 
@@ -193,6 +202,7 @@ EOF
         nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm \
             --format=csv,noheader
     fi
+    ((${INSTALL_RUN:-1})) || return 0 # INSTALL_RUN=0: no tiny run (the later steps run scripts)
     echo "--- experiments/grpo.py, 2 tiny updates (the reverse_digits preset's model)"
     rm -rf "$WORK/grpo_tiny"
     "$PY" experiments/grpo.py --workdir="$WORK/grpo_tiny" --config.num_steps=2 \
@@ -302,52 +312,81 @@ step_dpo17() {
         --peak_dtype bfloat16 $(trl_flags) --out "$LOGS/dpo17.json"
 }
 
-step_partial() {
-    # The model: SmolLM2-135M's shape (or the 1.7B one) with the byte vocabulary of the task.
-    local model
+# Issue 39 on the GPU: repeat_digit_long (answers of 1 to 256 digits) at $PARTIAL_SHAPE, SFT'd
+# briefly so that its completions have the task's long-tailed lengths, then GRPO from it in each
+# rollout mode, every mode with length_buckets=8 so that only the rollout differs.
+partial_dir() { # big checkpoints (~19 GB at 1.7B) go to memory when it has room: writes in seconds
+    local shm_gb
+    shm_gb=$(df -BG --output=avail /dev/shm 2>/dev/null | tail -1 | tr -dc 0-9)
+    if ((SMOKE == 0 && ${shm_gb:-0} >= 48)); then echo /dev/shm/gpu_checks_partial; else
+        echo "$WORK/partial"; fi
+}
+
+partial_model() { # the model flags of $PARTIAL_SHAPE (the byte vocabulary of the task)
+    ((SMOKE)) && return 0 # the presets' tiny model
     case $PARTIAL_SHAPE in
-    smollm2) model="hidden_size=576 intermediate_size=1536 num_layers=30 num_heads=9 num_kv_heads=3" ;;
-    1.7b) model="hidden_size=2048 intermediate_size=8192 num_layers=24 num_heads=32 num_kv_heads=32" ;;
+    smollm2) echo "hidden_size=576 intermediate_size=1536 num_layers=30 num_heads=9 num_kv_heads=3" ;;
+    1.7b) echo "hidden_size=2048 intermediate_size=8192 num_layers=24 num_heads=32 num_kv_heads=32" ;;
     *)
-        echo "PARTIAL_SHAPE=$PARTIAL_SHAPE: choose smollm2 or 1.7b"
+        echo "PARTIAL_SHAPE=$PARTIAL_SHAPE: choose smollm2 or 1.7b" >&2
         return 1
         ;;
     esac
-    local sft_steps=${PARTIAL_SFT_STEPS:-200} updates=${PARTIAL_UPDATES:-30} lr=3e-4
-    [[ $PARTIAL_SHAPE == 1.7b ]] && lr=1e-4
-    local overrides=(--config.model.dtype=bfloat16 --config.run.num_chunks=1
-        --config.run.progress=False --config.run.tensorboard=False)
-    if ((SMOKE)); then
-        model="" # the presets' tiny model
-        sft_steps=2
-        updates=6
-        overrides=(--config.run.num_chunks=1 --config.run.progress=False
-            --config.run.tensorboard=False)
-    fi
-    for field in $model; do overrides+=(--config.model.$field); done
-    rm -rf "$WORK/partial" "$LOGS"/partial_*.jsonl
-    echo "--- SFT on repeat_digit ($sft_steps steps, lr $lr, shape $PARTIAL_SHAPE)"
-    "$PY" experiments/sft.py --config=experiments/configs/sft.py:repeat_digit \
-        --workdir="$WORK/partial/sft" --config.num_steps="$sft_steps" \
-        --config.learning_rate="$lr" "${overrides[@]}" 2>&1 | tail -3
-    [[ -f $WORK/partial/sft/summary.json ]] || return 1
-    local grpo=(--config=experiments/configs/grpo.py:repeat_digit
-        --config.init_from="$WORK/partial/sft" --config.num_steps="$updates"
-        --config.run.num_chunks=1 --config.run.log_every=1 --config.run.progress=False
-        --config.run.tensorboard=False)
-    ((SMOKE)) || grpo+=(--config.model.dtype=bfloat16)
-    local mode
-    for mode in ${PARTIAL_MODES:-sync partial}; do
-        local extra=()
-        [[ $mode != sync ]] && extra=(--config.rollout_mode=partial --config.rollout_budget=12
-            --config.max_staleness=2)
-        [[ $mode == partial32 ]] && extra+=(--config.rollout_groups=32)
-        echo "--- GRPO $mode, $updates updates"
-        "$PY" experiments/grpo.py "${grpo[@]}" "${extra[@]}" \
-            --workdir="$WORK/partial/$mode" 2>&1 | tail -2
-        cp "$WORK/partial/$mode/metrics.jsonl" "$LOGS/partial_$mode.jsonl" || return 1
-    done
 }
+
+step_psft() {
+    local model dir steps=${PARTIAL_SFT_STEPS:-120} lr=3e-4 batch=32
+    model=$(partial_model) || return 1
+    dir=$(partial_dir)
+    local shape=$PARTIAL_SHAPE
+    ((SMOKE)) && steps=2 && batch=8 && shape="the preset's tiny model"
+    local overrides=(--config.run.num_chunks=1 --config.run.progress=False
+        --config.run.tensorboard=False --config.num_steps="$steps" --config.batch_size="$batch"
+        --config.model.dtype=bfloat16 --config.learning_rate="$lr" --config.warmup_steps=10)
+    for field in $model; do overrides+=(--config.model.$field); done
+    rm -rf "$dir" "$LOGS"/partial_*.jsonl
+    mkdir -p "$dir"
+    df -h "$dir" | tail -1
+    echo "--- SFT on repeat_digit_long ($steps steps of $batch, lr $lr, $shape) in $dir"
+    "$PY" experiments/sft.py --config=experiments/configs/sft.py:repeat_digit_long \
+        --workdir="$dir/sft" "${overrides[@]}" 2>&1 | tail -3
+    [[ -f $dir/sft/summary.json ]] || return 1
+    cp "$dir/sft/summary.json" "$LOGS/partial_sft_summary.json"
+}
+
+partial_mode() { # MODE: GRPO from the SFT run in one rollout mode; its metrics to $LOGS
+    local mode=$1 dir updates=${PARTIAL_UPDATES:-12}
+    dir=$(partial_dir)
+    [[ -f $dir/sft/summary.json ]] || {
+        echo "no SFT run in $dir: run psft first"
+        return 1
+    }
+    ((SMOKE)) && updates=6
+    local grpo=(--config=experiments/configs/grpo.py:repeat_digit_long
+        --config.init_from="$dir/sft" --config.num_steps="$updates" --config.length_buckets=8
+        --config.run.num_chunks=1 --config.run.log_every=1 --config.run.progress=False
+        --config.run.tensorboard=False --config.run.keep_checkpoints=1
+        --config.model.dtype=bfloat16)
+    # A small step at 1.7B: the modes are compared on the SFT model's length distribution.
+    ((SMOKE)) || grpo+=(--config.learning_rate=1e-5)
+    case $mode in
+    sync) ;;
+    partial) grpo+=(--config.rollout_mode=partial --config.rollout_budget=64
+        --config.max_staleness=4 --config.rollout_groups=24) ;;
+    async) grpo+=(--config.rollout_mode=async --config.max_staleness=1) ;;
+    esac
+    echo "--- GRPO $mode, $updates updates"
+    rm -rf "${dir:?}/$mode"
+    "$PY" experiments/grpo.py "${grpo[@]}" --workdir="$dir/$mode" 2>&1 | tail -3
+    local rc=0
+    cp "$dir/$mode/metrics.jsonl" "$LOGS/partial_$mode.jsonl" || rc=1
+    rm -rf "${dir:?}/$mode" # its checkpoint: room for the next mode's
+    return $rc
+}
+
+step_psync() { partial_mode sync; }
+step_ppartial() { partial_mode partial; }
+step_pasync() { partial_mode async; }
 
 step_main() {
     if ((SMOKE)); then
@@ -368,7 +407,8 @@ echo "gpu_checks.sh: steps $STEPS, budget $BUDGET s, smoke $SMOKE, logs in $LOGS
     "$OUT/checks.tgz ($(date -u +%Y-%m-%dT%H:%M:%SZ))"
 echo "--- gpu_checks.sh $STEPS, budget $BUDGET s ($(date -u +%H:%M:%S) UTC)" >>"$LOGS/summary.txt"
 declare -A LIMIT=([install]=120 [gen17]=150 [ckpt17]=120 [grpo17]=280 [dpo17]=150
-    [gen135]=90 [partial]=240 [main]=150)
+    [gen135]=90 [psft]=170 [psync]=150 [ppartial]=150
+    [pasync]=190 [main]=150)
 for step in ${STEPS//,/ }; do
     step "$step" "${LIMIT[$step]}"
 done

@@ -5,8 +5,9 @@
 
 Issue 35: decoding step / roofline at batch 32 and 128 (gen17, gen135; want <= 2), GRPO seconds
 per update ours against TRL bf16 (grpo17; want TRL / ours >= 4), DPO MFU against the bf16 matmul
-peak (dpo17; want >= 35%). Issue 39: trained tokens/s of sync and partial GRPO on repeat_digit
-(partial_*.jsonl, the updates after the first `--skip`). Standard library only."""
+peak (dpo17; want >= 35%). Issue 39: trained tokens/s of sync, partial and async GRPO on
+repeat_digit_long (partial_*.jsonl, the updates after the first `--skip`). Standard library
+only."""
 
 from __future__ import annotations
 
