@@ -942,6 +942,13 @@ def evaluate_seeds(
     return jax.jit(jax.vmap(evaluate))(states, keys)
 
 
+def compile_note(summary: dict[str, Any]) -> str:
+    """The end line's compile time: its seconds, or where it went when not timed apart."""
+    if summary.get("compile_seconds") is None:
+        return "compiled within the first updates"
+    return f"compile {summary['compile_seconds']:.0f}s"
+
+
 def summary_fields(job: Job, result: RunResult, eval_seconds: float = 0.0) -> dict[str, Any]:
     """The summary keys every script writes: algo, num_seeds, wall and compile time, steps and
     their rate (of this process, excluding what a resumed run had done before), resume point."""
@@ -951,7 +958,8 @@ def summary_fields(job: Job, result: RunResult, eval_seconds: float = 0.0) -> di
         "algo": job.name,
         "num_seeds": job.num_runs,
         "wall_seconds": round(result.compile_seconds + result.train_seconds + eval_seconds, 2),
-        "compile_seconds": round(result.compile_seconds, 2),
+        # A host loop's programs compile inside its first updates: not timed apart (null).
+        "compile_seconds": None if job.host_loop else round(result.compile_seconds, 2),
         "steps": job.num_steps,
         "steps_per_second": round(ran * job.num_runs / seconds, 3),
         "resumed_from_step": result.resumed_from_step,

@@ -177,7 +177,7 @@ def train(flat: Any, workdir: str | None, kill_after_chunk: int | None) -> base.
         f"{title}: eval_success {final['eval_success']:.3f} (start {initial['eval_success']:.3f}; "
         f"change 95% CI [{low:+.3f}, {high:+.3f}]), greedy {final['eval_success_greedy']:.3f} "
         f"(start {initial['eval_success_greedy']:.3f}) after {config.num_steps} updates in "
-        f"{summary['wall_seconds']:.0f}s (compile {summary['compile_seconds']:.0f}s). "
+        f"{summary['wall_seconds']:.0f}s ({runner.compile_note(summary)}). "
         f"Run directory: {run_dir.path}"
     )
     return base.Result(result.states, summary, run_dir.path)

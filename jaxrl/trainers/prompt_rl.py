@@ -827,7 +827,7 @@ def write_plots_and_report(
         f"{title}: final_mean_reward {summary['final_mean_reward']:.3f}, eval_task_accuracy "
         f"{final.accuracy:.3f} (start: {initial.accuracy:.3f}; change 95% CI "
         f"[{change[0]:+.3f}, {change[1]:+.3f}]) after {run.config.num_steps} updates "
-        f"in {summary['wall_seconds']:.0f}s (compile {summary['compile_seconds']:.0f}s). "
+        f"in {summary['wall_seconds']:.0f}s ({runner.compile_note(summary)}). "
         f"Run directory: {run_dir.path}"
     )
 
