@@ -133,6 +133,10 @@ def start_conversations(
         # write column shared (a caller may move the cache and this with it).
         "origin": jnp.full((batch,), origin, jnp.int32),
         "version": jnp.zeros((), jnp.int32),
+        # Rows that write their record in every turn, spoken or not (holes while others
+        # speak); the others write only while they speak (a conversation kept, ended, while
+        # others go on: partial rollouts).
+        "writing": jnp.ones((batch,), bool),
     }
 
 
@@ -160,12 +164,10 @@ def conversation_steps(
     env: Any,
     config: SamplingConfig,
     message_type: Any,
-    record_ended: bool = True,
 ) -> ConversationSteps:
     """The turn loop over a conversation state, under `params`. Every row writes its record
-    at the cache's write column less its `origin`; with `record_ended` False a row that was
-    already done when a turn began writes nothing (a conversation kept, ended, while others go
-    on: partial rollouts), else it writes holes as the others speak."""
+    at the cache's write column less its `origin`; a row already done when a turn begins writes
+    holes while the others speak only if it is marked `writing`."""
     batch_rows = lambda carry: carry["done"].shape[0]  # noqa: E731
     env_step = env.step if getattr(env, "batched", False) else jax.vmap(env.step)
     message_width, budget, max_turns = env.max_message_tokens, config.max_new_tokens, env.max_turns
@@ -239,7 +241,7 @@ def conversation_steps(
     def one_turn(carry: dict) -> dict:
         batch = batch_rows(carry)
         speaking = ~carry["done"]
-        writing = jnp.ones_like(speaking) if record_ended else speaking
+        writing = carry["writing"] | speaking
         turn = {
             "carry": carry,
             "said": jnp.full((batch, budget), config.pad_id, jnp.int32),

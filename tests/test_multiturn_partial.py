@@ -1,0 +1,195 @@
+"""Partial rollouts of multi-turn episodes (issue 39, item 4; algos/multiturn_partial.py):
+conversations carried across updates. With the bound at 0 they are synchronous multi-turn GRPO
+bit for bit; over a longer run with a budget of one turn, conversations carry over, staleness
+stays within its bound, and a carried conversation's recorded log-probs are the trainer's; a
+checkpoint taken mid-conversation resumes equal to an uninterrupted run."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from algos import multiturn
+from envs.text import multiturn as games
+from jaxrl import hparams
+from jaxrl.config import ConfigError
+from jaxrl.lm import dialogue
+from jaxrl.lm.model import Transformer
+from tests.test_multiturn import BYTES, TINY, digits_model
+
+ENV = games.make_guess_my_number(BYTES, maximum=8, max_turns=4)
+SYNC = multiturn.Config(
+    batch_size=2, group_size=4, max_new_tokens=4, learning_rate=1e-3, credit="turn", gamma=0.9
+)
+# One turn per update: a conversation of 4 turns spans 4 updates, so its first tokens are 3
+# versions old when it trains.
+CARRIED = dataclasses.replace(
+    SYNC, rollout_mode="partial", rollout_budget=1, max_staleness=3, temperature=1.5
+)
+
+
+def run_updates(config, count, learning_rate=None, state=None, seed=0):
+    """`count` jitted updates from `state` (or a fresh one); the states and metrics after each."""
+    params = digits_model()
+    algorithm = multiturn.make(config, TINY, ENV, params, BYTES.eos_id, BYTES.pad_id)
+    hp = hparams.hparams(config)
+    if learning_rate is not None:
+        hp = hp._replace(learning_rate=jnp.float32(learning_rate))
+    state = algorithm.init(jax.random.key(seed), hp) if state is None else state
+    update = jax.jit(algorithm.update)
+    states, metrics = [], []
+    for _ in range(count):
+        state, m = update(state, None, hp)
+        states.append(state)
+        metrics.append(jax.device_get(m))
+    return algorithm, hp, states, metrics
+
+
+def test_partial_with_bound_zero_equals_synchronous_multiturn_grpo():
+    """Staleness 0 and a budget of max_turns (rollout_budget 0): every conversation starts and
+    ends in one update; the same conversations (tokens, loss mask, sampler log-probs, rewards)
+    and the same parameters after each of 2 updates, bit for bit (fp32)."""
+    partial_config = dataclasses.replace(SYNC, rollout_mode="partial")
+    _, _, sync_states, sync_metrics = run_updates(SYNC, 2)
+    _, _, states, metrics = run_updates(partial_config, 2)
+    rollout = jax.jit(multiturn.make_rollout(SYNC, TINY, ENV, BYTES.eos_id, BYTES.pad_id))
+    hp = hparams.hparams(SYNC)
+    params = digits_model()
+    for i in range(2):
+        key = jax.random.split(jax.random.fold_in(sync_states[i].key, i))[0]
+        batch, _ = rollout(params, key, hp)
+        conversations = states[i].slots.conversations
+        record = conversations["record"]
+        np.testing.assert_array_equal(record["mask"], batch["mask"])
+        real = np.asarray(batch["mask"])
+        np.testing.assert_array_equal(np.asarray(record["tokens"])[real], batch["tokens"][real])
+        np.testing.assert_array_equal(
+            np.asarray(record["positions"])[real], batch["positions"][real]
+        )
+        gathered = dialogue.policy_tokens(
+            dialogue.episodes_of(dict(conversations, record=record)),
+            ENV.max_turns * SYNC.max_new_tokens,
+        )
+        np.testing.assert_array_equal(gathered.tokens, batch["targets"])
+        np.testing.assert_array_equal(gathered.valid, batch["valid"])
+        np.testing.assert_array_equal(gathered.sampled_log_probs, batch["sampler_log_probs"])
+        assert batch["valid"].sum() > 20
+        for a, b in zip(
+            jax.tree.leaves(sync_states[i].params), jax.tree.leaves(states[i].params), strict=True
+        ):
+            np.testing.assert_array_equal(a, b)
+        moved = max(
+            float(np.abs(a - b).max())
+            for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(states[i].params), strict=True)
+        )
+        assert moved > 1e-5  # the update did change the parameters
+        params = states[i].params
+        assert metrics[i]["trained_groups"] == 2 and metrics[i]["staleness_max"] == 0
+        assert metrics[i]["carried_conversations"] == 0
+        for name in ("loss", "return", "logprob_mismatch_mean", "logprob_mismatch_max"):
+            assert metrics[i][name] == sync_metrics[i][name], name
+        assert metrics[i]["logprob_mismatch_max"] < 1e-5
+
+
+def test_conversations_carry_over_within_the_staleness_bound():
+    """Ten updates of one turn each (bound 3): conversations are carried across updates, no
+    trained token is older than the bound, every group trains once it ended (none dropped),
+    and the sampler's and the trainer's log-probs of fresh tokens agree (fp32)."""
+    _, _, states, metrics = run_updates(CARRIED, 10)
+    ages = [float(m["staleness_max"]) for m in metrics]
+    assert max(ages) <= 3, ages
+    assert max(ages) >= 1, ages  # conversations trained after more than one update
+    assert any(m["carried_conversations"] > 0 for m in metrics)
+    assert sum(m["trained_groups"] for m in metrics) >= 4
+    for m in metrics:
+        assert m["dropped_groups"] == 0 and m["trained_groups"] <= 2
+        # A budget of one turn: at most one turn's columns (4 tokens, an end, a message).
+        assert m["decode_columns"] <= SYNC.max_new_tokens + 1 + ENV.max_message_tokens
+        histogram = sum(m[f"staleness_{age}"] for age in range(4))
+        assert m["trained_tokens"] == 0 or abs(histogram - 1) < 1e-6
+        assert 0 <= m["offpolicy_token_fraction"] <= 1
+        assert m["logprob_mismatch_max"] < 1e-4, m["logprob_mismatch_max"]
+    # A slot's conversation spans updates: some live slot started before the last update.
+    slots = states[-1].slots
+    live, started = np.asarray(slots.live), np.asarray(slots.started)
+    assert (live & (started < len(states) - 1)).any()
+    versions = np.asarray(slots.conversations["record"]["versions"])
+    policy = np.asarray(slots.conversations["record"]["policy_mask"])
+    assert np.all(versions[policy] < len(states))
+
+
+def test_carried_conversations_continue_where_they_stopped():
+    """With the parameters held (a learning rate too small to move fp32 weights), the
+    log-prob every slot's sampler recorded for each policy token, whichever update spoke it,
+    equals the trainer's recomputed from the whole recorded conversation: the cache moved left
+    between updates and refilled slots lost nothing of a carried conversation."""
+    _, _, states, _ = run_updates(CARRIED, 6, learning_rate=1e-30)
+    conversations = states[-1].slots.conversations
+    record = conversations["record"]
+    episodes = dialogue.episodes_of(conversations)
+    gathered = dialogue.policy_tokens(episodes, ENV.max_turns * SYNC.max_new_tokens)
+    params = digits_model()
+    recomputed = dialogue.policy_log_probs(
+        Transformer(TINY), params, episodes, gathered, CARRIED.temperature
+    )
+    versions = np.asarray(record["versions"])[np.asarray(record["policy_mask"])]
+    assert len(set(versions.tolist())) >= 3  # tokens spoken in several updates
+    spans = [
+        len(set(np.asarray(record["versions"])[row][np.asarray(record["policy_mask"])[row]]))
+        for row in range(versions.shape[0] and np.asarray(record["mask"]).shape[0])
+    ]
+    assert max(spans) >= 2, spans  # some conversation was spoken over more than one update
+    valid = np.asarray(gathered.valid)
+    gap = np.abs(np.asarray(recomputed) - np.asarray(gathered.sampled_log_probs))[valid]
+    assert gap.max() < 1e-4, gap.max()
+
+
+def test_checkpoint_mid_conversation_resumes_equal_to_an_uninterrupted_run(tmp_path):
+    """The carried conversations are part of the state: saved after update 2 (conversations
+    half played), restored into a fresh state and run on, the run ends where an uninterrupted
+    one does."""
+    from jaxrl.checkpoint import Checkpointer
+
+    algorithm, hp, states, _ = run_updates(CARRIED, 2)
+    state = states[-1]
+    live, done = np.asarray(state.slots.live), np.asarray(state.slots.conversations["done"])
+    assert (live & ~done).any()  # conversations carried mid-play
+    checkpoints = Checkpointer(str(tmp_path / "checkpoints"))
+    checkpoints.save(2, state, {})
+    update = jax.jit(algorithm.update)
+    uninterrupted = state
+    for _ in range(3):
+        uninterrupted, _ = update(uninterrupted, None, hp)
+    resumed, _ = checkpoints.restore(algorithm.init(jax.random.key(0), hp))
+    for _ in range(3):
+        resumed, _ = update(resumed, None, hp)
+    for a, b in zip(jax.tree.leaves(uninterrupted), jax.tree.leaves(resumed), strict=True):
+        if jnp.issubdtype(a.dtype, jax.dtypes.prng_key):
+            a, b = jax.random.key_data(a), jax.random.key_data(b)
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize(
+    "settings, field, message",
+    [
+        (dict(rollout_budget=5, max_staleness=3), "rollout_budget", "more than a game's"),
+        (dict(rollout_budget=1, max_staleness=2), "max_staleness", "raise max_staleness to 3"),
+        (dict(rollout_budget=-1), "rollout_budget", "whole number"),
+        (dict(rollout_groups=1), "rollout_groups", "fewer than the batch_size"),
+    ],
+)
+def test_partial_config_errors_name_the_field(settings, field, message):
+    """One-line errors naming the field: from the Config, or from make (the game's turns)."""
+    with pytest.raises(ConfigError, match=f"^{field}:.*{message}"):
+        config = dataclasses.replace(SYNC, rollout_mode="partial", **settings)
+        multiturn.make(config, TINY, ENV, digits_model(), BYTES.eos_id, BYTES.pad_id)
+
+
+def test_a_turn_budget_is_not_checked_against_max_new_tokens():
+    """rollout_budget counts turns here: 3 turns with 2-token turns is a valid Config."""
+    config = multiturn.Config(
+        max_new_tokens=2, rollout_mode="partial", rollout_budget=3, max_staleness=1
+    )
+    assert config.rollout_budget == 3
