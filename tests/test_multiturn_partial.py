@@ -23,6 +23,22 @@ ENV = games.make_guess_my_number(BYTES, maximum=8, max_turns=4)
 SYNC = multiturn.Config(
     batch_size=2, group_size=4, max_new_tokens=4, learning_rate=1e-3, credit="turn", gamma=0.9
 )
+
+
+def ends_early(env):
+    """`env` whose game also ends after 1 + secret % 4 turns: a game's conversations all last
+    as long, and games last 1 to 4 turns, so slots free at different updates and new games
+    start beside conversations carried mid-game."""
+
+    def step(state, utterance):
+        state, message, reward, done = env.step(state, utterance)
+        done = done | (state.turn >= 1 + state.secret % 4)
+        return state._replace(done=done), message, reward, done
+
+    return env._replace(step=step)
+
+
+STAGGERED = ends_early(ENV)
 # One turn per update: a conversation of 4 turns spans 4 updates, so its first tokens are 3
 # versions old when it trains.
 CARRIED = dataclasses.replace(
@@ -30,10 +46,10 @@ CARRIED = dataclasses.replace(
 )
 
 
-def run_updates(config, count, hp=None, state=None, update=None):
+def run_updates(config, count, hp=None, state=None, update=None, env=ENV):
     """`count` jitted updates from `state` (or a fresh one, seed 0); the algorithm, the
     hyper-parameters, the jitted update, and the states and metrics after each."""
-    algorithm = multiturn.make(config, TINY, ENV, digits_model(), BYTES.eos_id, BYTES.pad_id)
+    algorithm = multiturn.make(config, TINY, env, digits_model(), BYTES.eos_id, BYTES.pad_id)
     hp = hparams.hparams(config) if hp is None else hp
     state = algorithm.init(jax.random.key(0), hp) if state is None else state
     update = jax.jit(algorithm.update) if update is None else update
@@ -47,8 +63,8 @@ def run_updates(config, count, hp=None, state=None, update=None):
 
 @pytest.fixture(scope="module")
 def carried_run():
-    """Ten updates of CARRIED (one compile, shared by the tests below)."""
-    return run_updates(CARRIED, 10)
+    """Ten updates of CARRIED on STAGGERED (one compile, shared by the tests below)."""
+    return run_updates(CARRIED, 10, env=STAGGERED)
 
 
 def test_partial_with_bound_zero_equals_synchronous_multiturn_grpo():
@@ -98,9 +114,9 @@ def test_partial_with_bound_zero_equals_synchronous_multiturn_grpo():
 
 
 def test_conversations_carry_over_within_the_staleness_bound(carried_run):
-    """Ten updates of one turn each (bound 3): conversations are carried across updates, no
-    trained token is older than the bound, every group trains once it ended (none dropped),
-    and the sampler's and the trainer's log-probs of fresh tokens agree (fp32)."""
+    """Ten updates of one turn each (bound 3) on games of 1 to 4 turns: conversations are
+    carried across updates, freed slots take new games beside them, no trained token is older
+    than the bound, every group trains once it ended (none dropped)."""
     *_, states, metrics = carried_run
     ages = [float(m["staleness_max"]) for m in metrics]
     assert max(ages) <= 3, ages
@@ -115,6 +131,8 @@ def test_conversations_carry_over_within_the_staleness_bound(carried_run):
         assert m["trained_tokens"] == 0 or abs(histogram - 1) < 1e-6
         assert 0 <= m["offpolicy_token_fraction"] <= 1
         assert m["logprob_mismatch_max"] < 1e-4, m["logprob_mismatch_max"]
+    # Slots freed at different updates: new games beside conversations carried mid-game.
+    assert any(len(set(np.asarray(state.slots.started).tolist())) > 1 for state in states)
     # A slot's conversation spans updates: some live slot started before the last update.
     slots = states[-1].slots
     live, started = np.asarray(slots.live), np.asarray(slots.started)
@@ -131,7 +149,7 @@ def test_carried_conversations_continue_where_they_stopped(carried_run):
     between updates and refilled slots lost nothing of a carried conversation."""
     _, _, update, _, _ = carried_run
     held = hparams.hparams(dataclasses.replace(CARRIED, learning_rate=1e-30))
-    *_, states, _ = run_updates(CARRIED, 6, hp=held, update=update)
+    *_, states, _ = run_updates(CARRIED, 6, hp=held, update=update, env=STAGGERED)
     leaves = jax.tree.leaves(digits_model()), jax.tree.leaves(states[-1].params)
     assert max(float(np.abs(a - b).max()) for a, b in zip(*leaves, strict=True)) < 1e-20
     params = digits_model()
@@ -171,7 +189,9 @@ def test_checkpoint_mid_conversation_resumes_equal_to_an_uninterrupted_run(carri
     checkpoints = Checkpointer(str(tmp_path / "checkpoints"))
     checkpoints.save(2, state, {})
     resumed, _ = checkpoints.restore(algorithm.init(jax.random.key(0), hp))
-    *_, resumed_states, _ = run_updates(CARRIED, 3, hp=hp, state=resumed, update=update)
+    *_, resumed_states, _ = run_updates(
+        CARRIED, 3, hp=hp, state=resumed, update=update, env=STAGGERED
+    )
     uninterrupted = states[4]
     for a, b in zip(
         jax.tree.leaves(uninterrupted), jax.tree.leaves(resumed_states[-1]), strict=True
