@@ -338,7 +338,9 @@ def make(
 
     With rollout_mode=async (`algos.asynchronous`) the episodes are played on the generation
     mesh beside the training mesh `mesh`, from weights up to max_staleness versions old:
-    `update` is then a host function (call it, do not jit it)."""
+    `update` is then a host function (call it, do not jit it). With rollout_mode=partial
+    (`algos.multiturn_partial`) conversations are carried across updates in the state's slots,
+    rollout_budget turns per update."""
     transformer = Transformer(model, mesh=mesh)
     capacity = env.max_turns * config.max_new_tokens
     loss_fn = make_loss(transformer, config, capacity)
