@@ -40,9 +40,15 @@ def ends_early(env):
 
 STAGGERED = ends_early(ENV)
 # One turn per update: a conversation of 4 turns spans 4 updates, so its first tokens are 3
-# versions old when it trains.
+# versions old when it trains. 3 games in the slots, 2 trained per update (APRIL's
+# over-provisioning).
 CARRIED = dataclasses.replace(
-    SYNC, rollout_mode="partial", rollout_budget=1, max_staleness=3, temperature=1.5
+    SYNC,
+    rollout_mode="partial",
+    rollout_budget=1,
+    max_staleness=3,
+    temperature=1.5,
+    rollout_groups=3,
 )
 
 
