@@ -11,7 +11,8 @@ token (the behaviour policy's) and the policy version (update) that sampled it. 
 still one compiled program:
 
     refill   <- slots whose conversation trained (or was dropped) last update, and every slot
-                at the start, get a new game: reset, opening prefilled
+                at the start, get a new game: reset, opening prefilled (at fixed shapes: every
+                update resets and prefills a game per slot and keeps those of free slots)
     turns    <- every conversation not over speaks at most `rollout_budget` turns (the game
                 answers each), fewer once every one is over
     train    <- the batch_size groups (the games' group_size conversations) whose members all
