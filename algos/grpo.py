@@ -59,7 +59,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -247,6 +247,8 @@ class Config(training.TrainConfig):
     # their KV-cache slot and continue in the next update, freed slots take new prompts.
     rollout_mode: str = "sync"
     rollout_budget: int = 0  # decode steps per update in partial mode; 0 means max_new_tokens
+    # What rollout_budget counts (not a field): multi-turn GRPO's budget counts turns.
+    rollout_budget_unit: ClassVar[str] = "decode steps"
     # Prompt groups decoded at once in partial mode (APRIL's over-provisioning): decoding stops
     # once batch_size of them have ended, which train; 0 means batch_size.
     rollout_groups: int = 0

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -51,6 +51,9 @@ class Config(grpo.Config):
     episodes of each, `max_new_tokens` the most tokens of one turn."""
 
     credit: str = "episode"  # "episode" (the return) or "turn" (discounted return per turn)
+    # rollout_mode=partial carries conversations across updates (`algos.multiturn_partial`);
+    # its rollout_budget counts turns per update (0: the game's max_turns).
+    rollout_budget_unit: ClassVar[str] = "turns"
     gamma: float = swept(1.0)  # the per-turn discount of credit="turn"
 
     def __post_init__(self) -> None:
@@ -81,13 +84,6 @@ class Config(grpo.Config):
             "drop it",
         )
         require(self.lora_rank == 0, "lora_rank", "LoRA is not built for multi-turn yet", "use 0")
-        require(
-            self.rollout_mode != "partial",
-            "rollout_mode",
-            "partial rollouts (a conversation carried across updates) are not built for "
-            "multi-turn episodes",
-            "use rollout_mode=sync, or async (whole episodes generated ahead on their own devices)",
-        )
 
 
 # --- credit over turns ---------------------------------------------------------------------------
@@ -220,6 +216,43 @@ def keep_varied_games(config: Config, episodes: dialogue.Episodes) -> tuple[Any,
     return kept, grpo.selection_metrics(varied, varied[keep])
 
 
+def training_batch(
+    config: Config, episodes: dialogue.Episodes, hp: HParams, capacity: int, max_turns: int
+) -> tuple[dict[str, Array], dialogue.PolicyTokens]:
+    """The batch an update trains on from batch_size x group_size episodes (a game's group_size
+    adjacent), their credit assigned (`credit`), and the policy's tokens gathered."""
+    games, group = config.batch_size, config.group_size
+    gathered = dialogue.policy_tokens(episodes, capacity)
+    returns = episodes.rewards.sum(axis=1)
+    if config.credit == "episode":
+        advantages = grpo.group_advantages(
+            returns.reshape(games, group), config.spec.baseline, config.spec.scale_by_std,
+            config.std_eps,
+        ).reshape(-1)  # fmt: skip
+        per_token = jnp.where(gathered.valid, advantages[:, None], 0.0)
+    else:
+        turn_returns = discounted_turn_returns(episodes.rewards, episodes.spoke, hp.gamma)
+        shape = (games, group, max_turns)
+        per_turn = turn_advantages(
+            turn_returns.reshape(shape), episodes.spoke.reshape(shape),
+            config.spec.baseline, config.spec.scale_by_std, config.std_eps,
+        ).reshape(games * group, max_turns)  # fmt: skip
+        per_token = token_advantages(per_turn, gathered.turn_index, gathered.valid)
+    grouped = returns.reshape(games, group)
+    varied = jnp.repeat(jnp.std(grouped, axis=1) > 0, group)
+    weights = varied if config.spec.drop_zero_variance_groups else jnp.ones_like(varied)
+    batch = {
+        "tokens": episodes.tokens, "mask": episodes.mask, "positions": episodes.positions,
+        "predictors": gathered.predictors, "targets": gathered.tokens,
+        "valid": gathered.valid, "advantages": per_token,
+        "weights": weights.astype(jnp.float32),
+        # The sampler's log-probs of the policy's tokens: the behaviour policy of async and
+        # partial mode's decoupled loss, and the logprob_mismatch metrics against the trainer's.
+        "sampler_log_probs": gathered.sampled_log_probs, "fresh_mask": gathered.valid,
+    }  # fmt: skip
+    return batch, gathered
+
+
 def make_rollout(
     config: Config, model: ModelConfig, env: Any, eos_id: int, pad_id: int, mesh: Any = None
 ) -> Callable[..., tuple[dict[str, Array], dict[str, Array]]]:
@@ -230,7 +263,7 @@ def make_rollout(
     config = static(config)
     capacity = env.max_turns * config.max_new_tokens
     sampling = config.sampling(eos_id, pad_id)
-    games, group = config.batch_size, config.group_size
+    group = config.group_size
 
     def rollout(policy: Any, key: Array, hp: HParams, data: Any = None):
         del data
@@ -245,34 +278,7 @@ def make_rollout(
         if config.dynamic_sampling:
             episodes, selected = keep_varied_games(config, episodes)
             drawn_metrics.update(selected)
-        gathered = dialogue.policy_tokens(episodes, capacity)
-        returns = episodes.rewards.sum(axis=1)
-        if config.credit == "episode":
-            advantages = grpo.group_advantages(
-                returns.reshape(games, group), config.spec.baseline, config.spec.scale_by_std,
-                config.std_eps,
-            ).reshape(-1)  # fmt: skip
-            per_token = jnp.where(gathered.valid, advantages[:, None], 0.0)
-        else:
-            turn_returns = discounted_turn_returns(episodes.rewards, episodes.spoke, hp.gamma)
-            shape = (games, group, env.max_turns)
-            per_turn = turn_advantages(
-                turn_returns.reshape(shape), episodes.spoke.reshape(shape),
-                config.spec.baseline, config.spec.scale_by_std, config.std_eps,
-            ).reshape(games * group, env.max_turns)  # fmt: skip
-            per_token = token_advantages(per_turn, gathered.turn_index, gathered.valid)
-        grouped = returns.reshape(games, group)
-        varied = jnp.repeat(jnp.std(grouped, axis=1) > 0, group)
-        weights = varied if config.spec.drop_zero_variance_groups else jnp.ones_like(varied)
-        batch = {
-            "tokens": episodes.tokens, "mask": episodes.mask, "positions": episodes.positions,
-            "predictors": gathered.predictors, "targets": gathered.tokens,
-            "valid": gathered.valid, "advantages": per_token,
-            "weights": weights.astype(jnp.float32),
-            # The sampler's log-probs of the policy's tokens: the behaviour policy of async
-            # mode's decoupled loss, and the logprob_mismatch metrics against the trainer's.
-            "sampler_log_probs": gathered.sampled_log_probs, "fresh_mask": gathered.valid,
-        }  # fmt: skip
+        batch, gathered = training_batch(config, episodes, hp, capacity, env.max_turns)
         metrics = drawn_metrics | {"policy_tokens": gathered.valid.sum(axis=1).mean()}
         return batch, metrics
 
@@ -332,7 +338,9 @@ def make(
 
     With rollout_mode=async (`algos.asynchronous`) the episodes are played on the generation
     mesh beside the training mesh `mesh`, from weights up to max_staleness versions old:
-    `update` is then a host function (call it, do not jit it)."""
+    `update` is then a host function (call it, do not jit it). With rollout_mode=partial
+    (`algos.multiturn_partial`) conversations are carried across updates in the state's slots,
+    rollout_budget turns per update."""
     transformer = Transformer(model, mesh=mesh)
     capacity = env.max_turns * config.max_new_tokens
     loss_fn = make_loss(transformer, config, capacity)
@@ -352,6 +360,12 @@ def make(
             optimize=optimize,
             unpack_inputs=unpack_inputs,
             name="multi-turn GRPO (async)",
+        )
+    if config.rollout_mode == "partial":
+        from algos import multiturn_partial  # it builds on this module
+
+        return multiturn_partial.make(
+            config, model, env, params, eos_id, pad_id, mesh, optimize=optimize
         )
     rollout = make_rollout(config, model, env, eos_id, pad_id, mesh)
     monitor = None

@@ -79,13 +79,6 @@ def validate(config: Any) -> None:
             "use a whole number, 0 or more",
         )
     require(
-        config.rollout_budget <= config.max_new_tokens,
-        "rollout_budget",
-        f"got {config.rollout_budget}, more decode steps than a completion of "
-        f"max_new_tokens={config.max_new_tokens} can take",
-        f"use at most {config.max_new_tokens} (0 means max_new_tokens)",
-    )
-    require(
         config.rollout_groups == 0 or config.rollout_groups >= config.batch_size,
         "rollout_groups",
         f"got {config.rollout_groups}, fewer than the batch_size={config.batch_size} groups an "
@@ -118,6 +111,15 @@ def validate(config: Any) -> None:
         "rollout_mode",
         "partial rollouts do not generate ReMax's greedy baseline",
         "use rollout_mode=sync with variant=remax",
+    )
+    if config.rollout_budget_unit != "decode steps":
+        return  # the budget counts something else (turns: `algos.multiturn_partial`)
+    require(
+        config.rollout_budget <= config.max_new_tokens,
+        "rollout_budget",
+        f"got {config.rollout_budget}, more decode steps than a completion of "
+        f"max_new_tokens={config.max_new_tokens} can take",
+        f"use at most {config.max_new_tokens} (0 means max_new_tokens)",
     )
     updates = math.ceil(config.max_new_tokens / budget(config))
     require(
@@ -190,6 +192,44 @@ def cache_axes(model: ModelConfig) -> tuple[list, list, Any]:
     batch = [differing(a, b) for a, b in zip(base, more_rows, strict=True)]
     sequence = [differing(a, b) for a, b in zip(base, longer, strict=True)]
     return batch, sequence, treedef
+
+
+def move_cache_left(model: ModelConfig, cache: Any, shift: Array) -> Any:
+    """The cache's columns moved left by `shift` along each leaf's sequence axis (read off
+    `init_cache`); what falls off the left comes back on the right, where the next writes go."""
+    _, sequence_axes, cache_tree = cache_axes(model)
+    leaves = jax.tree.leaves(cache)
+    moved = [
+        leaf if axis is None else jnp.roll(leaf, -shift, axis=axis)
+        for axis, leaf in zip(sequence_axes, leaves, strict=True)
+    ]
+    return jax.tree.unflatten(cache_tree, moved)
+
+
+def choose_groups(complete: Array, started: Array, groups: int) -> tuple[Array, Array, Array]:
+    """Of the slot groups, those that train now: the `groups` ended ones (`complete`) that
+    started first (`started`, per group), fewer when fewer ended. Returns the chosen groups'
+    indices [groups], whether each trains (else it takes part at weight 0), and the slot groups
+    freed by training."""
+    order = jnp.where(complete, started, jnp.iinfo(jnp.int32).max)
+    chosen = jnp.argsort(order, stable=True)[:groups]
+    trains = complete[chosen]
+    freed = jnp.zeros(complete.shape, bool).at[chosen].set(trains)
+    return chosen, trains, freed
+
+
+def staleness_metrics(staleness: Array, trained: Array, max_staleness: int) -> dict[str, Array]:
+    """Per update: the trained tokens' staleness (the training version minus the version that
+    sampled each) as mean, max, off-policy fraction and a histogram `staleness_<age>`."""
+    count = jnp.maximum(trained.sum(), 1).astype(jnp.float32)
+    metrics = {
+        "staleness_mean": jnp.sum(staleness * trained) / count,
+        "staleness_max": jnp.max(jnp.where(trained, staleness, 0)).astype(jnp.float32),
+        "offpolicy_token_fraction": jnp.sum((staleness > 0) & trained) / count,
+    }
+    for age in range(max_staleness + 1):
+        metrics[f"staleness_{age}"] = jnp.sum((staleness == age) & trained) / count
+    return metrics
 
 
 def make(
@@ -268,11 +308,10 @@ def make(
     def refill(slots: Slots, generation_params: Any, prompts: PromptBatch, version: Array):
         """Move the cache left by the last update's steps, then give every free group one of
         `prompts` (group g the g-th), prefilled once and shared by its rows."""
-        cache = map_cache(
-            lambda b, s, leaf: leaf if s is None else jnp.roll(leaf, -slots.shift, axis=s),
-            slots.cache,
+        cache = dict(
+            move_cache_left(model, slots.cache, slots.shift),
+            index=jnp.asarray(where.start, jnp.int32),
         )
-        cache = dict(cache, index=jnp.asarray(where.start, jnp.int32))
         fresh = dict(init_cache(model, slot_groups, where.length))
         fresh["index"] = jnp.asarray(where.start - prompt_length, jnp.int32)
         positions = positions_from_mask(prompts.mask.astype(bool))
@@ -386,11 +425,8 @@ def make(
         # Groups whose rows all ended train now (up to batch_size of them, the oldest first);
         # the rest go on, or wait, in their slots until the next update.
         complete = jnp.all((slots.live & slots.done).reshape(slot_groups, group_size), axis=1)
-        order = jnp.where(complete, slots.started[::group_size], jnp.iinfo(jnp.int32).max)
-        chosen = jnp.argsort(order, stable=True)[:groups]
+        chosen, trains, freed = choose_groups(complete, slots.started[::group_size], groups)
         chosen_rows = (chosen[:, None] * group_size + jnp.arange(group_size)).reshape(-1)
-        trains = complete[chosen]  # [batch_size] each chosen group ended (else weight 0)
-        freed = jnp.zeros((slot_groups,), bool).at[chosen].set(trains)
         take = lambda x: jnp.take(x, chosen_rows, axis=0)  # noqa: E731
         picked = jax.tree.map(take, (slots.prompts, slots.tokens, slots.log_probs, slots.mask))
         grouped, tokens, log_probs, mask = picked
@@ -451,7 +487,6 @@ def make(
 
         staleness = version - versions
         trained_tokens = trained_mask.sum()
-        tokens_count = jnp.maximum(trained_tokens, 1).astype(jnp.float32)
         trained_groups = jnp.maximum(trains.sum(), 1)
         ended_with_eos = jnp.any(mask & (tokens == task.eos_id), axis=1)
         metrics.update(
@@ -466,12 +501,8 @@ def make(
             trained_tokens=trained_tokens.astype(jnp.float32),
             decode_steps=slots.shift.astype(jnp.float32),
             dropped_groups=too_old.sum().astype(jnp.float32) / group_size,
-            staleness_mean=jnp.sum(staleness * trained_mask) / tokens_count,
-            staleness_max=jnp.max(jnp.where(trained_mask, staleness, 0)).astype(jnp.float32),
-            offpolicy_token_fraction=jnp.sum((staleness > 0) & trained_mask) / tokens_count,
         )
-        for age in range(config.max_staleness + 1):
-            metrics[f"staleness_{age}"] = jnp.sum((staleness == age) & trained_mask) / tokens_count
+        metrics.update(staleness_metrics(staleness, trained_mask, config.max_staleness))
         freed_rows = jnp.repeat(freed, group_size, total_repeat_length=rows)
         slots = slots._replace(live=slots.live & ~freed_rows)
         state = State(train_state.params, train_state.opt_state, state.key, state.step + 1, slots)

@@ -394,7 +394,8 @@ def test_multiturn_async_staleness_one_on_a_split_mesh():
 @pytest.mark.parametrize(
     "settings, field",
     [
-        (dict(rollout_mode="partial"), "rollout_mode"),
+        # Partial mode is built for conversations (tests/test_multiturn_partial.py).
+        (dict(rollout_mode="partial", rollout_groups=1), "rollout_groups"),
         (dict(rollout_mode="async", max_staleness=-1), "max_staleness"),
         (dict(rollout_mode="async", generation_dtype="float16"), "generation_dtype"),
         (dict(rollout_mode="async", generation_mesh_shape=(3, 1, 1)), "generation_mesh_shape"),

@@ -358,6 +358,11 @@ CASES = [
     ("multiturn.py", "--config.task.game=chess", "config.task.game: unknown game 'chess'"),
     ("multiturn.py", "--config.task.max_turns=0", "config.task.max_turns: got 0"),
     ("multiturn.py", "--config.credit=step", "config.credit: unknown credit"),
+    (
+        "multiturn.py",
+        "--config.rollout_mode=partial --config.rollout_budget=1 --config.task.max_turns=3",
+        "config.max_staleness: a conversation of max_turns=3 takes 3 updates of 1 turns",
+    ),
     ("multiturn.py", "--config.gamma=0.9", "config.gamma: is read only by credit=turn"),
     (
         "multiturn.py",

@@ -69,14 +69,43 @@ def converse(
     every episode is done or `env.max_turns` have been spoken. Returns the episodes and the
     environments' final states."""
     model = Transformer(model_config, mesh=mesh, rules=rules)
-    batch = reset_keys.shape[0]
-    # A host environment takes the batch at once; a JAX one is written for one episode.
-    env_reset = env.reset if getattr(env, "batched", False) else jax.vmap(env.reset)
-    env_step = env.step if getattr(env, "batched", False) else jax.vmap(env.step)
-    env_state, opening = env_reset(reset_keys)
-    opening_width, message_width = opening.ids.shape[1], env.max_message_tokens
-    budget = config.max_new_tokens
-    size = episode_length(opening_width, env.max_turns, budget, message_width)
+    env_state, opening = env_reset(env)(reset_keys)
+    opening_width = opening.ids.shape[1]
+    size = episode_length(
+        opening_width, env.max_turns, config.max_new_tokens, env.max_message_tokens
+    )
+    steps = conversation_steps(model, params, env, config, type(opening))
+    carry = start_conversations(model_config, env, config, env_state, sample_keys, size, size, 0)
+    carry = steps.feed(
+        carry, opening.ids, jnp.arange(opening_width)[None] < opening.length[:, None]
+    )
+    carry = jax.lax.while_loop(lambda c: ~jnp.all(c["done"]), steps.one_turn, carry)
+    return episodes_of(carry), carry["env"]
+
+
+def env_reset(env: Any) -> Any:
+    """`env.reset` over a batch of reset keys (a host environment takes the batch itself)."""
+    return env.reset if getattr(env, "batched", False) else jax.vmap(env.reset)
+
+
+def start_conversations(
+    model_config: ModelConfig,
+    env: Any,
+    config: SamplingConfig,
+    env_state: Any,
+    sample_keys: Array,
+    size: int,
+    cache_length: int,
+    origin: Array,
+    versions: bool = False,
+) -> dict:
+    """The state of B conversations before their opening is fed (`ConversationSteps.feed`): an
+    empty record of `size` (`episode_length`) slots per row, an empty KV cache of `cache_length`
+    columns whose write column is `origin` (where each row's record begins in the cache), the
+    environments' states and the policy's per-row sampling keys. With `versions` the record
+    also holds the policy version of each policy token (`carry["version"]`, set by the
+    caller)."""
+    batch = sample_keys.shape[0]
     record = {
         "tokens": jnp.full((batch, size), config.pad_id, jnp.int32),
         "mask": jnp.zeros((batch, size), bool),
@@ -85,47 +114,98 @@ def converse(
         "log_probs": jnp.zeros((batch, size), jnp.float32),
         "turn_index": jnp.full((batch, size), -1, jnp.int32),
     }
+    if versions:
+        record["versions"] = jnp.zeros((batch, size), jnp.int32)
+    cache = dict(init_cache(model_config, batch, cache_length))
+    cache["index"] = jnp.asarray(origin, jnp.int32)
+    return {
+        "cache": cache,
+        "record": record,
+        "logits": jnp.zeros((batch, model_config.vocab_size), jnp.float32),
+        "position": jnp.zeros((batch,), jnp.int32),
+        "env": env_state,
+        "done": jnp.zeros((batch,), bool),
+        "turn": jnp.zeros((batch,), jnp.int32),
+        "rewards": jnp.zeros((batch, env.max_turns), jnp.float32),
+        "spoke": jnp.zeros((batch, env.max_turns), bool),
+        "keys": sample_keys,
+        # The cache column of each row's record slot 0: the record is per row, the cache's
+        # write column shared (a caller may move the cache and this with it).
+        "origin": jnp.full((batch,), origin, jnp.int32),
+        "version": jnp.zeros((), jnp.int32),
+        # Rows that write their record in every turn, spoken or not (holes while others
+        # speak); the others write only while they speak (a conversation kept, ended, while
+        # others go on: partial rollouts).
+        "writing": jnp.ones((batch,), bool),
+    }
 
-    def write(record: dict, column: Array, **values: Array) -> dict:
-        """Record [B, T] values at slots column..column+T (the slots the cache just got)."""
+
+class ConversationSteps(NamedTuple):
+    """The turn loop's pieces over a conversation state (`start_conversations`'s dict):
+    `feed(carry, tokens, real)` prefills a message, `one_turn(carry)` has every row not done
+    speak one turn and the environment answer it."""
+
+    feed: Any
+    one_turn: Any
+
+
+def episodes_of(carry: dict) -> Episodes:
+    """The conversations' record as `Episodes` (`length`: the cache columns used)."""
+    record = {name: value for name, value in carry["record"].items() if name != "versions"}
+    return Episodes(
+        **record, rewards=carry["rewards"], spoke=carry["spoke"], done=carry["done"],
+        length=carry["cache"]["index"] - jnp.min(carry["origin"]),
+    )  # fmt: skip
+
+
+def conversation_steps(
+    model: Transformer,
+    params: Any,
+    env: Any,
+    config: SamplingConfig,
+    message_type: Any,
+) -> ConversationSteps:
+    """The turn loop over a conversation state, under `params`. Every row writes its record
+    at the cache's write column less its `origin`; a row already done when a turn begins writes
+    holes while the others speak only if it is marked `writing`."""
+    batch_rows = lambda carry: carry["done"].shape[0]  # noqa: E731
+    env_step = env.step if getattr(env, "batched", False) else jax.vmap(env.step)
+    message_width, budget, max_turns = env.max_message_tokens, config.max_new_tokens, env.max_turns
+
+    def write(carry: dict, writing: Array, **values: Array) -> dict:
+        """Record [B, W] values at each row's slots column..column+W (the cache's columns
+        just written, less the row's origin), for the rows `writing`."""
+        columns = carry["cache"]["index"] - carry["origin"]
+
+        def put(array: Array, value: Array) -> Array:
+            placed = jax.vmap(lambda row, v, c: jax.lax.dynamic_update_slice(row, v, (c,)))(
+                array, value.astype(array.dtype), columns
+            )
+            return jnp.where(writing[:, None], placed, array)
+
         return {
-            name: jax.lax.dynamic_update_slice(array, values[name].astype(array.dtype), (0, column))
-            if name in values
-            else array
-            for name, array in record.items()
+            name: put(array, values[name]) if name in values else array
+            for name, array in carry["record"].items()
         }
 
-    def feed(carry: dict, tokens: Array, real: Array) -> dict:
+    def feed(carry: dict, tokens: Array, real: Array, writing: Array | None = None) -> dict:
         """Prefill a right-padded message [B, W] (rows with real tokens only): record it, extend
         the cache, and keep the logits after each row's last real token."""
-        start = carry["cache"]["index"]
+        writing = jnp.ones(tokens.shape[:1], bool) if writing is None else writing
         positions = carry["position"][:, None] + jnp.cumsum(real, axis=1) - 1
         last = jnp.maximum(jnp.sum(real, axis=1) - 1, 0)[:, None]
         logits, cache = model.apply(
             {"params": params}, tokens, positions, real, carry["cache"], logit_positions=last
         )
         spoke = jnp.any(real, axis=1)
+        record = write(carry, writing, tokens=tokens, mask=real, positions=positions)
         return dict(
             carry,
             cache=cache,
-            record=write(carry["record"], start, tokens=tokens, mask=real, positions=positions),
+            record=record,
             logits=jnp.where(spoke[:, None], logits[:, 0], carry["logits"]),
             position=carry["position"] + jnp.sum(real, axis=1),
         )
-
-    carry = {
-        "cache": init_cache(model_config, batch, size),
-        "record": record,
-        "logits": jnp.zeros((batch, model_config.vocab_size), jnp.float32),
-        "position": jnp.zeros((batch,), jnp.int32),
-        "env": env_state,
-        "done": jnp.zeros((batch,), bool),
-        "turn": jnp.zeros((), jnp.int32),
-        "rewards": jnp.zeros((batch, env.max_turns), jnp.float32),
-        "spoke": jnp.zeros((batch, env.max_turns), bool),
-        "keys": sample_keys,
-    }
-    carry = feed(carry, opening.ids, jnp.arange(opening_width)[None] < opening.length[:, None])
 
     def speak_one(state: dict) -> dict:
         """Sample one token per row still speaking this turn, record it, feed it back."""
@@ -137,17 +217,17 @@ def converse(
         token, log_prob = token[:, 0], log_prob[:, 0]
         alive = ~ended
         token = jnp.where(alive, token, config.pad_id)
-        column = carry["cache"]["index"]
         positions = carry["position"]
-        logits, cache = model.apply(
-            {"params": params}, token[:, None], positions[:, None], alive[:, None], carry["cache"]
-        )
         record = write(
-            carry["record"], column, tokens=token[:, None], mask=alive[:, None],
+            carry, state["writing"], tokens=token[:, None], mask=alive[:, None],
             positions=positions[:, None], policy_mask=alive[:, None],
             log_probs=jnp.where(alive, log_prob, 0.0)[:, None],
             turn_index=jnp.where(alive, carry["turn"], -1)[:, None],
+            versions=jnp.broadcast_to(carry["version"], token.shape)[:, None],
         )  # fmt: skip
+        logits, cache = model.apply(
+            {"params": params}, token[:, None], positions[:, None], alive[:, None], carry["cache"]
+        )
         carry = dict(
             carry, cache=cache, record=record, keys=keys[:, 0],
             logits=jnp.where(alive[:, None], logits[:, -1], carry["logits"]),
@@ -155,15 +235,18 @@ def converse(
         )  # fmt: skip
         said = jax.lax.dynamic_update_slice(said, token[:, None], (0, state["step"]))
         finished = ended | (alive & (token == config.eos_id))
-        return {"carry": carry, "said": said, "ended": finished, "step": state["step"] + 1,
-                "length": state["length"] + alive}  # fmt: skip
+        return dict(state, carry=carry, said=said, ended=finished, step=state["step"] + 1,
+                    length=state["length"] + alive)  # fmt: skip
 
     def one_turn(carry: dict) -> dict:
+        batch = batch_rows(carry)
         speaking = ~carry["done"]
+        writing = carry["writing"] | speaking
         turn = {
             "carry": carry,
             "said": jnp.full((batch, budget), config.pad_id, jnp.int32),
             "ended": ~speaking,
+            "writing": writing,
             "step": jnp.zeros((), jnp.int32),
             "length": jnp.zeros((batch,), jnp.int32),
         }
@@ -174,27 +257,26 @@ def converse(
         # A turn cut off by the budget gets its end-of-turn token (context, not policy): a row
         # still speaking when the loop stopped never said it.
         unfinished = speaking & ~turn["ended"]
-        carry = feed(carry, jnp.full((batch, 1), config.eos_id, jnp.int32), unfinished[:, None])
-        utterance = type(opening)(said, length)
+        eos = jnp.full((batch, 1), config.eos_id, jnp.int32)
+        carry = feed(carry, eos, unfinished[:, None], writing)
+        utterance = message_type(said, length)
         env_state, message, reward, done = env_step(carry["env"], utterance)
-        index = carry["turn"]
+        # Each row's own turn counter: rows carried across updates are at different turns.
+        rows, index = jnp.arange(batch), carry["turn"]
+        at = jnp.minimum(index, max_turns - 1)
+        over = done | (index + 1 >= max_turns)
         carry = dict(
-            carry, env=env_state, done=carry["done"] | done,
-            rewards=carry["rewards"].at[:, index].set(jnp.where(speaking, reward, 0.0)),
-            spoke=carry["spoke"].at[:, index].set(speaking), turn=index + 1,
+            carry, env=env_state, done=carry["done"] | (speaking & over),
+            rewards=carry["rewards"].at[rows, at].set(
+                jnp.where(speaking, reward, carry["rewards"][rows, at])
+            ),
+            spoke=carry["spoke"].at[rows, at].set(speaking | carry["spoke"][rows, at]),
+            turn=index + speaking,
         )  # fmt: skip
         real = (jnp.arange(message_width)[None] < message.length[:, None]) & ~carry["done"][:, None]
-        return feed(carry, message.ids, real)
+        return feed(carry, message.ids, real, writing)
 
-    carry = jax.lax.while_loop(
-        lambda c: (c["turn"] < env.max_turns) & ~jnp.all(c["done"]), one_turn, carry
-    )
-    record = carry["record"]
-    episodes = Episodes(
-        **record, rewards=carry["rewards"], spoke=carry["spoke"], done=carry["done"],
-        length=carry["cache"]["index"],
-    )  # fmt: skip
-    return episodes, carry["env"]
+    return ConversationSteps(feed, one_turn)
 
 
 class PolicyTokens(NamedTuple):

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from algos import asynchronous, multiturn
+from algos import asynchronous, multiturn, multiturn_partial
 from jaxrl import evaluation, runner
 from jaxrl.config import ConfigError
 from jaxrl.trainers import base, game_play, lm_runs, prompt_rl
@@ -84,6 +84,11 @@ def train(flat: Any, workdir: str | None, kill_after_chunk: int | None) -> base.
         except ConfigError as error:
             runner.fail(f"config.{error}")
     game = game_play.make_game(section, run.tokenizer)
+    if config.rollout_mode == "partial":
+        try:  # the turn budget and the staleness bound against the game's max_turns
+            multiturn_partial.validate_env(config, game.env)
+        except ConfigError as error:
+            runner.fail(f"config.{error}")
     params, model, source = lm_runs.initial_params(run)
     turn_tokens = config.max_new_tokens
     evaluate = game_play.evaluator(section, game, model, run.tokenizer, turn_tokens, mesh)
@@ -150,14 +155,19 @@ def train(flat: Any, workdir: str | None, kill_after_chunk: int | None) -> base.
     rows = prompt_rl.last_rows(run_dir, FINAL_WINDOW, config.num_steps, run.flat.run.log_every)
     public = lambda row: {k: v for k, v in row.items() if not k.startswith("_")}  # noqa: E731
     change = final["_success"] - initial["_success"]  # paired: the same games and keys
+    episodes_per_update = config.batch_size * config.group_size
+    if config.rollout_mode == "partial":  # the episodes trained on, not batch_size per update
+        log_every = run.flat.run.log_every
+        every = runner.block_length(config.num_steps, log_every)  # updates per metrics row
+        trained = prompt_rl.last_rows(run_dir, config.num_steps, config.num_steps, log_every)
+        groups = round(sum(row["trained_groups"] for row in trained) * every)
+        episodes_per_update = groups * config.group_size / config.num_steps
     summary |= {
         "task": section.game,
         "init_from": source,
         "credit": config.credit,
-        "episodes": config.num_steps * config.batch_size * config.group_size,
-        "episodes_per_second": round(
-            summary["steps_per_second"] * config.batch_size * config.group_size, 3
-        ),
+        "episodes": round(config.num_steps * episodes_per_update),
+        "episodes_per_second": round(summary["steps_per_second"] * episodes_per_update, 3),
         "final_success": float(np.mean([row["success"] for row in rows])),
         **public(final),
         **{f"initial_{key}": value for key, value in public(initial).items()},
