@@ -360,6 +360,13 @@ def make(
             optimize=optimize,
             unpack_inputs=unpack_inputs,
             name="multi-turn GRPO (async)",
+            make_trainer_log_probs=lambda gen_mesh: (
+                lambda params, batch: grpo.log_probs_and_entropy(
+                    policy_logits_of(Transformer(model, mesh=gen_mesh), params, batch),
+                    batch["targets"],
+                    config.temperature,
+                )[0]
+            ),
         )
     if config.rollout_mode == "partial":
         from algos import multiturn_partial  # it builds on this module

@@ -389,6 +389,8 @@ def test_multiturn_async_staleness_one_on_a_split_mesh():
     assert metrics[0]["reshard_bytes_per_device"] == 2 * size  # bf16
     for m in metrics:
         assert np.isfinite(m["loss"]) and 1 <= m["turns"] <= 4
+        # Every batch's sampler/trainer mismatch under its bf16 copy, taken where it was played.
+        assert 0 < m["logprob_mismatch_mean"] <= m["logprob_mismatch_max"] < 0.1
 
 
 @pytest.mark.parametrize(
