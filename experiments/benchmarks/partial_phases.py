@@ -2,7 +2,7 @@
 rollouts, as trained (issue 39; the README's "Length-bucketed training" profile).
 
 Each figure is a separately compiled piece, timed after warm-up updates from the SFT run:
-- the whole update (`grpo.make`'s, jitted), mean over --updates updates;
+- the whole update (`grpo.make`'s, jitted), median over --updates updates;
 - the same update with `grpo.make_optimize` replaced by a no-op (rollout, scoring, bookkeeping);
 - GRPO's optimizer steps alone (`grpo.make_optimize`) on batches captured from steady-state
   updates, as run and with the explicit no-grad old / proximal log-prob pass forced;
@@ -108,7 +108,10 @@ def main() -> None:
             for name in ("decode_steps", "trained_groups", "trained_tokens", "completion_length")
             if name in rows[0]
         }
-        print(json.dumps(dict(piece=label, ms=round(1e3 * np.mean(times), 2), **means)), flush=True)
+        # The median: a few updates of a run can take seconds (seen once, cause not found).
+        ms = {"ms": np.median(times), "mean_ms": np.mean(times), "max_ms": np.max(times)}
+        ms = {name: round(1e3 * value, 2) for name, value in ms.items()}
+        print(json.dumps(dict(piece=label, **ms, **means)), flush=True)
         return float(np.mean(times)), state
 
     updates("whole update", stub=False)
@@ -130,15 +133,15 @@ def main() -> None:
         print(json.dumps(dict(piece=label, ms=round(1e3 * np.mean(times), 2))), flush=True)
 
     # One decode step and the prefill at this mode's shapes.
-    prompt_length = prompts.task.sample_prompts(jax.random.key(1), 1, task_data).tokens.shape[1]
+    groups = config.rollout_groups if args.mode == "partial" else config.batch_size
+    batch = prompts.task.sample_prompts(jax.random.key(1), groups, task_data)
+    prompt_length = batch.tokens.shape[1]  # the update's: prompts padded as a batch
     if args.mode == "partial":
-        groups = config.rollout_groups
         columns = partial.geometry(prompt_length, config.max_new_tokens, args.budget).length
     else:
-        groups, columns = config.batch_size, prompt_length + config.max_new_tokens
+        columns = prompt_length + config.max_new_tokens
     rows = groups * config.group_size
     weights = generation_copy(params, model)
-    batch = prompts.task.sample_prompts(jax.random.key(1), groups, task_data)
 
     @jax.jit
     def prefill(weights, tokens, mask):
