@@ -1080,7 +1080,11 @@ def make_optimize(transformer: Transformer, loss_fn: Callable, config: Any, mesh
     `optimize(state, batch, hp, shuffle_key, policy, reference_params) -> (state, step_metrics)`
     adds the old log-probs under `policy` (when samples are reused) and the reference's (when
     given) to the batch, then runs the minibatch epochs with this update's dropout stream.
-    With config.length_buckets > 0 all three run in length buckets (`make_length_buckets`)."""
+    With config.length_buckets > 0 all three run in length buckets (`make_length_buckets`).
+    With one optimizer step per batch no old log-prob pass runs: those log-probs are the
+    loss's own, held constant (`make_loss`), and so are the proximal policy's of AReaL's
+    decoupled objective in partial and async mode (the parameters the update starts from);
+    forcing the pass changes nothing but the time (test_partial_rollouts)."""
     buckets = make_length_buckets(config, mesh)
     # The no-grad passes split the whole batch into sub-batches as small as training's.
     parts = config.length_buckets * config.num_minibatches * config.grad_accum_steps

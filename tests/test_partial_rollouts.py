@@ -208,17 +208,25 @@ def test_partial_with_bound_zero_equals_synchronous_grpo_on_8_devices():
             np.testing.assert_array_equal(a, b)
 
 
+CARRYING = grpo.Config(
+    batch_size=4, group_size=4, max_new_tokens=12, learning_rate=3e-3,
+    rollout_mode="partial", rollout_budget=4, max_staleness=2, temperature=1.5,
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def carrying_run():
+    """8 partial updates of CARRYING (samples carried over, up to 2 versions old)."""
+    return _updates(CARRYING, 8)
+
+
 @pytest.mark.parametrize("rollout_groups", [0, 8])
-def test_staleness_never_exceeds_the_bound_and_groups_carry_over(rollout_groups):
+def test_staleness_never_exceeds_the_bound_and_groups_carry_over(rollout_groups, carrying_run):
     """Over 8 updates: no trained token older than the bound, some carried over. With as many
     slots as the batch (0) no group waits, so none is dropped; over-provisioned (8 groups of
     slots for 4 trained) decoding stops once 4 have ended and at most 4 train."""
-    config = grpo.Config(
-        batch_size=4, group_size=4, max_new_tokens=12, learning_rate=3e-3,
-        rollout_mode="partial", rollout_budget=4, max_staleness=2, temperature=1.5,
-        rollout_groups=rollout_groups,
-    )  # fmt: skip
-    states, metrics = _updates(config, 8)
+    config = dataclasses.replace(CARRYING, rollout_groups=rollout_groups)
+    states, metrics = carrying_run if rollout_groups == 0 else _updates(config, 8)
     ages = [m["staleness_max"] for m in metrics]
     assert max(ages) <= 2, ages
     assert max(ages) >= 1, ages  # some groups did carry over
@@ -483,3 +491,24 @@ def test_partial_with_length_buckets_equals_unbucketed():
         # by a few 1e-3 x lr on rounding; three updates.
         assert max(np.abs(a - b).max() for a, b in zip(*leaves, strict=True)) < 3 * 5e-3 * 3e-3
     assert sum(m["trained_groups"] for m in plain) >= 4  # something trained
+
+
+def test_proximal_log_probs_are_the_loss_pass_held_constant(monkeypatch, carrying_run):
+    """With one optimizer step per batch the proximal policy of the decoupled objective is the
+    parameters the update starts from, so no forward pass of its own is run: the loss holds its
+    own log-probs constant (`grpo.make_loss`). Forcing the explicit no-grad pass over the
+    trained batch (as when samples are reused) gives the same parameters and metrics over
+    3 partial updates with carried, older samples."""
+    assert not CARRYING.reuses_samples
+    skipped_states, skipped = (run[:3] for run in carrying_run)
+    monkeypatch.setattr(grpo.Config, "reuses_samples", property(lambda self: True))
+    explicit_states, explicit = _updates(CARRYING, 3)
+    assert max(m["staleness_max"] for m in skipped) >= 1  # the decoupled objective acted
+    for want, got, want_metrics, got_metrics in zip(
+        explicit_states, skipped_states, explicit, skipped, strict=True
+    ):
+        np.testing.assert_array_equal(got.slots.tokens, want.slots.tokens)
+        for name in want_metrics:
+            np.testing.assert_allclose(got_metrics[name], want_metrics[name], 1e-6, 1e-6, name)
+        leaves = jax.tree.leaves(got.params), jax.tree.leaves(want.params)
+        assert max(np.abs(a - b).max() for a, b in zip(*leaves, strict=True)) < 1e-6
