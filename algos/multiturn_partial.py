@@ -292,20 +292,9 @@ def make(
             # With the bound at 0 every token is the proximal policy's and the loss stays
             # multi-turn GRPO's, bit for bit.
             batch["behaviour_log_probs"] = gathered.sampled_log_probs
-        train_state = training.TrainState(state.params, state.opt_state, state.key, state.step)
-
-        def train(train_state: training.TrainState):
-            train_state, step_metrics = optimize(
-                train_state, batch, hp, shuffle_key, train_state.params, reference_params
-            )
-            return train_state, jax.tree.map(jnp.mean, step_metrics)
-
-        def skip(train_state: training.TrainState):
-            # No group ended: no optimizer step (Adam would move on zero gradients).
-            shapes = jax.eval_shape(train, train_state)[1]
-            return train_state, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-
-        train_state, metrics = jax.lax.cond(jnp.any(trains), train, skip, train_state)
+        train_state, metrics = partial.train_if_any(
+            optimize, state, batch, hp, shuffle_key, reference_params, jnp.any(trains)
+        )
 
         weight = trained_rows.astype(jnp.float32)
         count = jnp.maximum(weight.sum(), 1.0)

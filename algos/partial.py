@@ -232,6 +232,33 @@ def staleness_metrics(staleness: Array, trained: Array, max_staleness: int) -> d
     return metrics
 
 
+def train_if_any(
+    optimize: Any,
+    state: Any,
+    batch: dict[str, Array],
+    hp: HParams,
+    shuffle_key: Array,
+    reference_params: Any,
+    any_ended: Array,
+) -> tuple[training.TrainState, dict[str, Array]]:
+    """The optimizer steps on `batch` when some group ended (`any_ended`); otherwise none, since
+    Adam would move the parameters on zero gradients, and zeros for the step metrics. `state`
+    holds params, opt_state, key and step; the returned state only those."""
+    start = training.TrainState(state.params, state.opt_state, state.key, state.step)
+
+    def train(train_state: training.TrainState):
+        train_state, step_metrics = optimize(
+            train_state, batch, hp, shuffle_key, train_state.params, reference_params
+        )
+        return train_state, jax.tree.map(jnp.mean, step_metrics)
+
+    def skip(train_state: training.TrainState):
+        shapes = jax.eval_shape(train, train_state)[1]
+        return train_state, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+    return jax.lax.cond(any_ended, train, skip, start)
+
+
 def make(
     config: grpo.Config, model: ModelConfig, task: TextTask, params: Any, mesh: Any = None
 ) -> Algorithm:
@@ -468,21 +495,9 @@ def make(
             # Older samples: AReaL's decoupled objective. With the bound at 0 every token is
             # the proximal policy's and the loss stays GRPO's, bit for bit.
             batch["behaviour_log_probs"] = log_probs
-        train_state = training.TrainState(state.params, state.opt_state, state.key, state.step)
-
-        def train(train_state: training.TrainState):
-            train_state, step_metrics = optimize(
-                train_state, batch, hp, shuffle_key, train_state.params, reference_params
-            )
-            return train_state, jax.tree.map(jnp.mean, step_metrics)
-
-        def skip(train_state: training.TrainState):
-            # No group ended: no optimizer step (Adam would move the parameters on zero
-            # gradients), and zeros for the step metrics.
-            shapes = jax.eval_shape(train, train_state)[1]
-            return train_state, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-
-        train_state, step_metrics = jax.lax.cond(jnp.any(trains), train, skip, train_state)
+        train_state, step_metrics = train_if_any(
+            optimize, state, batch, hp, shuffle_key, reference_params, jnp.any(trains)
+        )
         metrics.update(step_metrics)
 
         staleness = version - versions
