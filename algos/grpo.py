@@ -246,7 +246,11 @@ class Config(training.TrainConfig):
     # most rollout_budget steps; groups whose completions all ended train, unfinished ones keep
     # their KV-cache slot and continue in the next update, freed slots take new prompts.
     rollout_mode: str = "sync"
-    rollout_budget: int = 0  # decode steps per update in partial mode; 0 means max_new_tokens
+    # Decode steps per update in partial mode; 0 means max_new_tokens. The KV cache holds the
+    # prompt + budget x (1 + floor((max_new_tokens - 1) / budget)) columns (`partial.geometry`):
+    # synchronous GRPO's prompt + max_new_tokens when the budget divides max_new_tokens, up to
+    # budget - 1 more otherwise, and every decode step reads them all (README, the profile).
+    rollout_budget: int = 0
     # What rollout_budget counts (not a field): multi-turn GRPO's budget counts turns.
     rollout_budget_unit: ClassVar[str] = "decode steps"
     # Prompt groups decoded at once in partial mode (APRIL's over-provisioning): decoding stops
