@@ -71,6 +71,16 @@ def exit_on_input_error() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def config_errors() -> Iterator[None]:
+    """A check of the config against what only the run knows (the devices, the game): a
+    `ConfigError` raised inside stops the run as `fail("config.<field>: ...")`, one line."""
+    try:
+        yield
+    except ConfigError as error:
+        fail(f"config.{error}")
+
+
+@contextlib.contextmanager
 def host_failures_as_input_errors() -> Iterator[None]:
     """A user's function that failed inside a compiled program (a host callback) reaches here
     as the exception JAX wraps it in: it becomes the one line `report_host_failure` says."""

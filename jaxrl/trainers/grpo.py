@@ -19,7 +19,6 @@ import jax
 
 from algos import asynchronous, grpo
 from jaxrl import runner, sharding
-from jaxrl.config import ConfigError
 from jaxrl.trainers import base, lm_runs, prompt_rl
 
 config = functools.partial(base.load_config, "grpo")
@@ -34,10 +33,8 @@ def train(flat: Any, workdir: str | None, kill_after_chunk: int | None) -> base.
     run = lm_runs.setup(flat, workdir, grpo.Config, "grpo")
     config, mesh = run.config, run.mesh
     if config.rollout_mode == "async":
-        try:  # the devices split into the training mesh (`mesh`) and the generation mesh
+        with runner.config_errors():  # the devices split into the training and generation meshes
             asynchronous.split_devices(config)
-        except ConfigError as error:
-            runner.fail(f"config.{error}")
     prompts = prompt_rl.read_task(run)
     params, model, source = lm_runs.initial_params(run)
     evaluate = prompt_rl.evaluator(run, model, prompts)

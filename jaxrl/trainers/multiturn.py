@@ -21,7 +21,6 @@ import numpy as np
 
 from algos import asynchronous, multiturn, multiturn_partial
 from jaxrl import evaluation, runner
-from jaxrl.config import ConfigError
 from jaxrl.trainers import base, game_play, lm_runs, prompt_rl
 
 config = functools.partial(base.load_config, "multiturn")
@@ -79,16 +78,12 @@ def train(flat: Any, workdir: str | None, kill_after_chunk: int | None) -> base.
     run = lm_runs.setup(flat, workdir, multiturn.Config, "multiturn")
     config, mesh, section = run.config, run.mesh, run.flat.task
     if config.rollout_mode == "async":
-        try:  # the devices split into the training mesh (`mesh`) and the generation mesh
+        with runner.config_errors():  # the devices split into the training and generation meshes
             asynchronous.split_devices(config)
-        except ConfigError as error:
-            runner.fail(f"config.{error}")
     game = game_play.make_game(section, run.tokenizer)
     if config.rollout_mode == "partial":
-        try:  # the turn budget and the staleness bound against the game's max_turns
+        with runner.config_errors():  # the turn budget and the staleness bound against max_turns
             multiturn_partial.validate_env(config, game.env)
-        except ConfigError as error:
-            runner.fail(f"config.{error}")
     params, model, source = lm_runs.initial_params(run)
     turn_tokens = config.max_new_tokens
     evaluate = game_play.evaluator(section, game, model, run.tokenizer, turn_tokens, mesh)
