@@ -24,7 +24,7 @@
 #            of 32 (lr 3e-4, 10 warmup), so that its completions have the task's long-tailed lengths
 #   psync, ppartial, pasync
 #            GRPO from it (lr 1e-5), $PARTIAL_UPDATES (12) updates, length_buckets=8 in every mode: sync;
-#            partial (budget 64, staleness 4, 24 slot groups); async (staleness 1; one GPU:
+#            partial (budget $PARTIAL_BUDGET (64), staleness 4, 24 slot groups); async (staleness 1; one GPU:
 #            both programs on it). Trained tokens/s of each. Checkpoints (~19 GB at 1.7B) go to
 #            /dev/shm when it has 48 GB free; each mode's is deleted after it
 #   main     the README's main command (experiments/ppo.py, CartPole-v1 to 500) (issue 37)
@@ -131,6 +131,9 @@ step() { # NAME LIMIT: runs the function step_NAME in its own process group, at 
     rc=$?
     kill -- "-$watcher" 2>/dev/null
     wait "$watcher" 2>/dev/null
+    # A step killed at its limit ends its shell first; its Python may still hold the GPU's memory
+    # for seconds (on 2026-11-26 the next step then died allocating), so wait for the whole group.
+    for _ in $(seq 60); do kill -0 -- "-$pid" 2>/dev/null || break; sleep 0.5; done
     sleep 0.2 # tee's last lines
     local what="rc $rc"
     ((rc == 143 || rc == 137)) && what="killed at its limit"
@@ -371,7 +374,7 @@ partial_mode() { # MODE: GRPO from the SFT run in one rollout mode; its metrics 
     ((SMOKE)) || grpo+=(--config.learning_rate=1e-5)
     case $mode in
     sync) ;;
-    partial) grpo+=(--config.rollout_mode=partial --config.rollout_budget=64
+    partial) grpo+=(--config.rollout_mode=partial --config.rollout_budget=${PARTIAL_BUDGET:-64}
         --config.max_staleness=4 --config.rollout_groups=24) ;;
     async) grpo+=(--config.rollout_mode=async --config.max_staleness=1) ;;
     esac
