@@ -208,6 +208,35 @@ def validate_length_buckets(config: Any) -> None:
     )
 
 
+def validate_decode_row_buckets(config: Any) -> None:
+    """Check decode_row_buckets against the rows one sampler call decodes and the mesh."""
+    buckets = config.decode_row_buckets
+    require(
+        isinstance(buckets, int) and not isinstance(buckets, bool) and buckets >= 0,
+        "decode_row_buckets",
+        f"got {buckets!r}",
+        "use 0 (off) or a number of row buckets",
+    )
+    if buckets == 0:
+        return
+    require(
+        config.rollout_budget_unit == "decode steps",
+        "decode_row_buckets",
+        "multi-turn episodes decode every conversation's turn together",
+        "use 0 with multi-turn GRPO",
+    )
+    groups = config.rollout_groups if config.rollout_mode == "partial" else 0
+    rows = (groups or config.batch_size) * config.group_size
+    shards = training.check_mesh_shape(config.mesh_shape)
+    require(
+        rows % (buckets * shards) == 0,
+        "decode_row_buckets",
+        f"{buckets} buckets of the {rows} rows a rollout decodes do not split evenly over "
+        f"the mesh's data*fsdp = {shards} batch shards",
+        f"choose a number of buckets that divides {rows // shards}",
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class Config(training.TrainConfig):
     """GRPO settings on top of the shared optimisation ones. `batch_size` counts prompts per
@@ -272,6 +301,12 @@ class Config(training.TrainConfig):
     # to the micro-batch's (same normalisers), so the update is the same up to rounding. The
     # old and reference log-prob passes run in the same buckets.
     length_buckets: int = 0
+    # Decode row buckets: 0 decodes every row until the last one ends (rows that ended compute
+    # padding). k > 0 gathers the rows still sampling into the smallest of rows x 1/k, 2/k,
+    # ..., 1 that holds them (`sampler.decode_live_rows`): the same samples, up to the
+    # rounding of a smaller matmul. It pays where a decode step costs about its rows (a CPU);
+    # on a GPU a step mostly reads the weights, whatever its rows.
+    decode_row_buckets: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mesh_shape", tuple(self.mesh_shape))
@@ -322,6 +357,7 @@ class Config(training.TrainConfig):
         validate_dynamic_sampling(self)
         validate_rollout_mode(self)
         validate_length_buckets(self)
+        validate_decode_row_buckets(self)
         SamplingConfig(  # validates temperature / top_k / top_p
             self.max_new_tokens, 0, 0, self.temperature, self.top_k, self.top_p
         )
@@ -717,7 +753,15 @@ def make_rollout(
         # Each prompt is prefilled once; its G samples share its KV cache.
         completion = generate_in_chunks(
             lambda tokens, mask, key: generate(
-                model, params, tokens, mask, key, sampling, mesh, group_size=config.group_size
+                model,
+                params,
+                tokens,
+                mask,
+                key,
+                sampling,
+                mesh,
+                group_size=config.group_size,
+                row_buckets=config.decode_row_buckets,
             ),
             prompts.tokens,
             prompts.mask,

@@ -57,7 +57,14 @@ from jaxrl.config import require
 from jaxrl.hparams import HParams, static
 from jaxrl.lm import training
 from jaxrl.lm.model import ModelConfig, Transformer, init_cache, positions_from_mask
-from jaxrl.lm.sampler import Completion, generation_copy, sample_token
+from jaxrl.lm.sampler import (
+    Completion,
+    cache_axes,
+    decode_live_rows,
+    generation_copy,
+    row_draws,
+    sample_token,
+)
 from jaxrl.loop import Algorithm
 
 Array = jax.Array
@@ -176,22 +183,6 @@ def geometry(prompt_length: int, max_new_tokens: int, steps: int) -> Geometry:
     carried = steps * ((max_new_tokens - 1) // steps)
     start = prompt_length + carried
     return Geometry(start, start + steps)
-
-
-def cache_axes(model: ModelConfig) -> tuple[list, list, Any]:
-    """For each leaf of the model's cache (flattened): its batch axis and its sequence axis
-    (None for a leaf without one), read off `init_cache`'s shapes; and the tree structure."""
-    shape = lambda rows, length: jax.eval_shape(lambda: init_cache(model, rows, length))  # noqa: E731
-    base, treedef = jax.tree.flatten(shape(3, 5))
-    more_rows, longer = jax.tree.leaves(shape(7, 5)), jax.tree.leaves(shape(3, 11))
-
-    def differing(a: Any, b: Any) -> int | None:
-        axes = [i for i, (x, y) in enumerate(zip(a.shape, b.shape, strict=True)) if x != y]
-        return axes[0] if axes else None
-
-    batch = [differing(a, b) for a, b in zip(base, more_rows, strict=True)]
-    sequence = [differing(a, b) for a, b in zip(base, longer, strict=True)]
-    return batch, sequence, treedef
 
 
 def move_cache_left(model: ModelConfig, cache: Any, shift: Array) -> Any:
@@ -383,8 +374,10 @@ def make(
 
     def decode(slots: Slots, generation_params: Any, key: Array, version: Array) -> Slots:
         """At most `steps` decode steps for every live, unfinished row; stops early once none
-        is left. Step i samples with the i-th split of `key`, as the synchronous sampler does."""
+        is left. Step i samples with the i-th split of `key`, as the synchronous sampler does.
+        With decode_row_buckets, only the rows still sampling are decoded (`decode_live_rows`)."""
         columns = jnp.arange(new_tokens)
+        alive_of = lambda carry: carry[2].live & ~carry[2].done  # noqa: E731
 
         def unfinished(carry: tuple) -> Array:
             step, _, s = carry
@@ -399,37 +392,51 @@ def make(
             enough = (ended.sum() >= groups) & ~jnp.any(at_risk)
             return (step < steps) & jnp.any(alive) & ~enough
 
-        def one_step(carry: tuple) -> tuple:
+        def one_step(carry: tuple, cache: Any, logits: Array, decoded: Array | None) -> tuple:
+            # `decoded`: the slot rows this step decodes (None: all); `cache` and `logits` theirs.
             step, key, s = carry
+            at = (lambda x: x) if decoded is None else (lambda x: x[decoded])  # noqa: E731
+            put = (  # noqa: E731
+                (lambda _, x: x) if decoded is None else (lambda full, x: full.at[decoded].set(x))
+            )
             key, sample_key = jax.random.split(key)
-            token, log_prob = sample_token(s.logits, sample_key, sampling)
-            alive = s.live & ~s.done
+            draws = row_draws(sample_key, rows, decoded)
+            token, log_prob = sample_token(logits, sample_key, sampling, draws)
+            alive = at(s.live & ~s.done)
             token = jnp.where(alive, token, sampling.pad_id)
-            here = (columns[None] == s.length[:, None]) & alive[:, None]
-            length = s.length + alive
-            ended = (token == sampling.eos_id) | (length >= new_tokens)
+            length = at(s.length)
+            here = (columns[None] == length[:, None]) & alive[:, None]
+            ended = (token == sampling.eos_id) | (length + alive >= new_tokens)
             logits, cache = transformer.apply(
                 {"params": generation_params},
                 token[:, None],
-                s.position[:, None],
+                at(s.position)[:, None],
                 alive[:, None],
-                s.cache,
+                cache,
             )
             s = s._replace(
-                cache=cache,
-                logits=logits[:, -1],
                 position=s.position + 1,
-                length=length,
-                done=s.done | (alive & ended),
-                tokens=jnp.where(here, token[:, None], s.tokens),
-                log_probs=jnp.where(here, log_prob[:, None], s.log_probs),
-                mask=s.mask | here,
-                versions=jnp.where(here, version, s.versions),
+                length=put(s.length, length + alive),
+                done=put(s.done, at(s.done) | (alive & ended)),
+                tokens=put(s.tokens, jnp.where(here, token[:, None], at(s.tokens))),
+                log_probs=put(s.log_probs, jnp.where(here, log_prob[:, None], at(s.log_probs))),
+                mask=put(s.mask, at(s.mask) | here),
+                versions=put(s.versions, jnp.where(here, version, at(s.versions))),
             )
-            return step + 1, key, s
+            return (step + 1, key, s), cache, logits[:, -1]
 
-        taken, _, slots = jax.lax.while_loop(unfinished, one_step, (jnp.int32(0), key, slots))
-        return slots._replace(shift=taken)
+        carried = slots._replace(cache=None, logits=None)
+        (taken, _, slots), cache, logits = decode_live_rows(
+            model,
+            one_step,
+            unfinished,
+            alive_of,
+            (jnp.int32(0), key, carried),
+            slots.cache,
+            slots.logits,
+            config.decode_row_buckets,
+        )
+        return slots._replace(cache=cache, logits=logits, shift=taken)
 
     def update(state: State, inputs: grpo.Inputs | None, hp: HParams):
         reference_params, task_data = grpo.unpack_inputs(inputs)

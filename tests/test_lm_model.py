@@ -258,3 +258,26 @@ def test_a_group_shares_its_prompt_prefill():
     np.testing.assert_allclose(shared.log_probs, unshared.log_probs, atol=1e-5)
     # Within a group the samples differ: they are G draws, not one draw copied.
     assert len({tuple(row) for row in np.asarray(shared.tokens[:group])}) > 1
+
+
+def test_decode_row_buckets_sample_what_decoding_every_row_samples():
+    # 16 rows, half of which end (EOS) at different steps: with 4 row buckets the decode steps
+    # gather the rows still sampling into 12 or 8 rows, and the samples are the same.
+    prompts = np.tile(np.array([[PAD, 3, 4, 5], [6, 7, 8, 9]]), (8, 1))
+    config = SamplingConfig(max_new_tokens=60, eos_id=EOS, pad_id=PAD, temperature=1.0)
+    params = init_params(CONFIG, jax.random.key(1))
+    key = jax.random.key(5)
+
+    def sample(buckets):
+        run = jax.jit(lambda p, t, m, k: generate(CONFIG, p, t, m, k, config, row_buckets=buckets))
+        return run(params, prompts, prompts != PAD, key)
+
+    every, bucketed = sample(0), sample(4)
+    lengths = np.asarray(every.lengths)
+    # Rows ended at many different steps, 4 by step 30 and 8 before the last: the 12- and 8-row
+    # buckets ran.
+    assert np.sum(lengths <= 30) >= 4 and np.sum(lengths < 60) >= 8, lengths
+    np.testing.assert_array_equal(bucketed.tokens, every.tokens)
+    np.testing.assert_array_equal(bucketed.mask, every.mask)
+    np.testing.assert_array_equal(bucketed.lengths, every.lengths)
+    np.testing.assert_allclose(bucketed.log_probs, every.log_probs, atol=1e-5)

@@ -73,9 +73,12 @@ def _filter_logits(logits: Array, top_k: int, top_p: float) -> Array:
     return logits
 
 
-def sample_token(logits: Array, key: Array, config: SamplingConfig) -> tuple[Array, Array]:
+def sample_token(
+    logits: Array, key: Array, config: SamplingConfig, draws: Array | None = None
+) -> tuple[Array, Array]:
     """Pick one token per row from [B, V] logits; return it and its log-prob under the model at
     the sampling temperature (before top-k/top-p truncation: the policy the update sees).
+    `draws` [B, 1], when given, are the rows' uniform draws in place of `key`'s (`row_draws`).
 
     Sampling inverts the cumulative distribution with one uniform draw per row: the token is
     the first whose running mass reaches u * total. That is the same distribution as the
@@ -94,7 +97,9 @@ def sample_token(logits: Array, key: Array, config: SamplingConfig) -> tuple[Arr
         kept = _filter_logits(scaled, config.top_k, config.top_p)
         mass = jnp.cumsum(jnp.exp(kept - peak), axis=-1)
         # 1 - u lies in (0, 1], so the target is positive and the chosen token has mass.
-        target = (1.0 - jax.random.uniform(key, (scaled.shape[0], 1))) * mass[:, -1:]
+        if draws is None:
+            draws = jax.random.uniform(key, (scaled.shape[0], 1))
+        target = (1.0 - draws) * mass[:, -1:]
         token = jnp.minimum(jnp.sum(mass < target, axis=-1), vocab - 1)
     picked = jnp.take_along_axis(scaled, token[:, None], axis=-1)[:, 0]
     return token.astype(jnp.int32), picked - peak[:, 0] - log_total
@@ -111,6 +116,110 @@ def generation_copy(params: Any, model_config: ModelConfig) -> Any:
     )
 
 
+def row_draws(key: Array, batch: int, rows: Array | None) -> Array | None:
+    """The uniform draws `sample_token` makes from `key` for a batch of `batch` rows, taken at
+    `rows` (None: all rows, drawn by `sample_token` itself). Decoding a subset of the rows then
+    samples exactly what decoding all of them would have sampled for those rows."""
+    if rows is None:
+        return None
+    return jax.random.uniform(key, (batch, 1))[rows]
+
+
+def cache_axes(model: ModelConfig) -> tuple[list, list, Any]:
+    """For each leaf of the model's cache (flattened): its batch axis and its sequence axis
+    (None for a leaf without one), read off `init_cache`'s shapes; and the tree structure."""
+    shape = lambda rows, length: jax.eval_shape(lambda: init_cache(model, rows, length))  # noqa: E731
+    base, treedef = jax.tree.flatten(shape(3, 5))
+    more_rows, longer = jax.tree.leaves(shape(7, 5)), jax.tree.leaves(shape(3, 11))
+
+    def differing(a: Any, b: Any) -> int | None:
+        axes = [i for i, (x, y) in enumerate(zip(a.shape, b.shape, strict=True)) if x != y]
+        return axes[0] if axes else None
+
+    batch = [differing(a, b) for a, b in zip(base, more_rows, strict=True)]
+    sequence = [differing(a, b) for a, b in zip(base, longer, strict=True)]
+    return batch, sequence, treedef
+
+
+def row_bucket_sizes(rows: int, buckets: int) -> tuple[int, ...]:
+    """The row counts a decode step may run at with `buckets` row buckets: rows x i / buckets
+    for i = 1 ... buckets (validated to divide evenly), smallest first."""
+    return tuple(rows * i // buckets for i in range(1, buckets + 1))
+
+
+def decode_live_rows(
+    model: ModelConfig,
+    body: Any,
+    go_on: Any,
+    alive_of: Any,
+    carry: Any,
+    cache: Any,
+    logits: Array,
+    buckets: int = 0,
+) -> tuple[Any, Any, Array]:
+    """`while go_on(carry): carry, cache, logits = body(carry, cache, logits, rows)`.
+
+    With buckets = 0, `rows` is None and every step runs the model on all B rows of the cache
+    and of `logits` [B, V]: rows that ended keep computing padding until the loop ends. With
+    buckets > 0 (decode row buckets), the loop runs in phases: each gathers the rows still
+    alive (`alive_of(carry)` [B]) into the smallest of `row_bucket_sizes` that holds them,
+    decodes them there until so few are left that a smaller bucket holds them, and puts them
+    back. `body` then sees the R rows' cache and logits, and `rows` [R] (their indices, alive
+    ones first; the rest are ended rows decoding padding): it reads and writes the carry's
+    per-row arrays at `rows`, and samples with `row_draws`. On a CPU, where a decode step
+    costs about its rows, this saves the ended rows' work; the shapes stay fixed (one compiled
+    branch per bucket, chosen by `lax.switch`, as length buckets are for training). Rows outside
+    the bucket are not written: they have ended, and nothing reads their cache again before a
+    new prompt replaces it."""
+    if buckets == 0:
+        loop = lambda c: body(*c, None)  # noqa: E731
+        return jax.lax.while_loop(lambda c: go_on(c[0]), loop, (carry, cache, logits))
+    batch_axes, _, cache_tree = cache_axes(model)
+    total = logits.shape[0]
+    sizes = row_bucket_sizes(total, buckets)
+
+    def gather(full: Any, rows: Array) -> Any:
+        leaves = jax.tree.leaves(full)
+        taken = [
+            leaf if axis is None else jnp.take(leaf, rows, axis=axis)
+            for axis, leaf in zip(batch_axes, leaves, strict=True)
+        ]
+        return jax.tree.unflatten(cache_tree, taken)
+
+    def put_back(full: Any, part: Any, rows: Array) -> Any:
+        leaves = zip(batch_axes, jax.tree.leaves(full), jax.tree.leaves(part), strict=True)
+        moved = [
+            new if axis is None else old.at[(slice(None),) * axis + (rows,)].set(new)
+            for axis, old, new in leaves
+        ]
+        return jax.tree.unflatten(cache_tree, moved)
+
+    def phase(size: int, smaller: int) -> Any:
+        def run(state: tuple) -> tuple:
+            carry, cache, logits = state
+            more = lambda s: go_on(s[0]) & (jnp.sum(alive_of(s[0])) > smaller)  # noqa: E731
+            if size == total:  # every row: no gather
+                return jax.lax.while_loop(more, lambda s: body(*s, None), state)
+            rows = jnp.argsort(~alive_of(carry), stable=True)[:size]
+            part = (carry, gather(cache, rows), logits[rows])
+            carry, part_cache, part_logits = jax.lax.while_loop(
+                more, lambda s: body(*s, rows), part
+            )
+            return carry, put_back(cache, part_cache, rows), logits.at[rows].set(part_logits)
+
+        return run
+
+    branches = [phase(size, smaller) for size, smaller in zip(sizes, (0, *sizes[:-1]), strict=True)]
+
+    def one_phase(state: tuple) -> tuple:
+        alive = jnp.sum(alive_of(state[0]))
+        which = jnp.minimum(jnp.searchsorted(jnp.asarray(sizes), alive), len(sizes) - 1)
+        return jax.lax.switch(which, branches, state)
+
+    keep_going = lambda s: go_on(s[0]) & jnp.any(alive_of(s[0]))  # noqa: E731
+    return jax.lax.while_loop(keep_going, one_phase, (carry, cache, logits))
+
+
 def generate(
     model_config: ModelConfig,
     params: Any,
@@ -121,13 +230,16 @@ def generate(
     mesh: Any = None,
     rules: Any = None,
     group_size: int = 1,
+    row_buckets: int = 0,
 ) -> Completion:
     """Sample `config.max_new_tokens` tokens after each left-padded prompt (pure; jit it).
 
     With `group_size` G > 1, each prompt gets G completions, rows p*G ... p*G + G - 1 of the
     result (the layout of `jnp.repeat(prompts, G, axis=0)`, and the same samples for the same
     key): the prompts are prefilled once and their KV cache repeated for the G samples, so a
-    group's prompt is read and computed once rather than G times."""
+    group's prompt is read and computed once rather than G times. With `row_buckets` > 0 the
+    decode steps run only on the rows still sampling (`decode_live_rows`): the same samples,
+    up to the rounding of a smaller matmul."""
     model = Transformer(model_config, mesh=mesh, rules=rules)
     params = generation_copy(params, model_config)
     prompts, prompt_length = prompt_tokens.shape
@@ -154,8 +266,6 @@ def generate(
         logits, positions = share(logits), share(positions)
     first = {
         "step": jnp.zeros((), jnp.int32),
-        "cache": cache,
-        "logits": logits[:, -1],
         "position": positions[:, -1] + 1,
         "done": jnp.zeros((batch,), bool),
         "tokens": jnp.full((batch, steps), config.pad_id, jnp.int32),
@@ -167,30 +277,42 @@ def generate(
     def not_finished(state: dict) -> Array:
         return (state["step"] < steps) & ~jnp.all(state["done"])
 
-    def decode_one(state: dict) -> dict:
+    def decode_one(state: dict, cache: Any, logits: Array, rows: Array | None) -> tuple:
+        # `rows`: the rows this step decodes (None: all); `cache` and `logits` are theirs.
+        at = (lambda x: x) if rows is None else (lambda x: x[rows])  # noqa: E731
         key, sample_key = jax.random.split(state["key"])
-        token, log_prob = sample_token(state["logits"], sample_key, config)
-        alive = ~state["done"]
+        draws = row_draws(sample_key, batch, rows)
+        token, log_prob = sample_token(logits, sample_key, config, draws)
+        alive = ~at(state["done"])
         token = jnp.where(alive, token, config.pad_id)
         step = state["step"]
+        written = (slice(None) if rows is None else rows, step)
         new = dict(state, key=key, step=step + 1)
-        new["tokens"] = state["tokens"].at[:, step].set(token)
-        new["log_probs"] = state["log_probs"].at[:, step].set(jnp.where(alive, log_prob, 0.0))
-        new["mask"] = state["mask"].at[:, step].set(alive)
-        new["done"] = state["done"] | (token == config.eos_id)
+        new["tokens"] = state["tokens"].at[written].set(token)
+        new["log_probs"] = state["log_probs"].at[written].set(jnp.where(alive, log_prob, 0.0))
+        new["mask"] = state["mask"].at[written].set(alive)
+        new["done"] = state["done"].at[written[0]].set(at(state["done"]) | (token == config.eos_id))
         # Feed the token back; rows already finished write a masked-out slot.
-        logits, new["cache"] = model.apply(
+        logits, cache = model.apply(
             {"params": params},
             token[:, None],
-            state["position"][:, None],
+            at(state["position"])[:, None],
             alive[:, None],
-            state["cache"],
+            cache,
         )
-        new["logits"] = logits[:, -1]
         new["position"] = state["position"] + 1
-        return new
+        return new, cache, logits[:, -1]
 
-    final = jax.lax.while_loop(not_finished, decode_one, first)
+    final, _, _ = decode_live_rows(
+        model_config,
+        decode_one,
+        not_finished,
+        lambda state: ~state["done"],
+        first,
+        cache,
+        logits[:, -1],
+        row_buckets,
+    )
     return Completion(
         tokens=final["tokens"],
         log_probs=final["log_probs"],
