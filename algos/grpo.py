@@ -68,7 +68,7 @@ from jax.experimental import io_callback
 
 from envs.text import PromptBatch, RewardTerm, TextTask
 from jaxrl import host, sharding
-from jaxrl.config import require, require_in_range, require_positive
+from jaxrl.config import require, require_count, require_in_range, require_positive
 from jaxrl.hparams import HParams, static, swept
 from jaxrl.lm import lora, memory, training
 from jaxrl.lm.model import ModelConfig, Transformer, head_log_probs
@@ -182,13 +182,10 @@ def validate_rollout_mode(config: Any) -> None:
 
 def validate_length_buckets(config: Any) -> None:
     """Check length_buckets against the micro-batch it splits and the mesh that splits it."""
-    buckets = config.length_buckets
-    require(
-        isinstance(buckets, int) and not isinstance(buckets, bool) and buckets >= 0,
-        "length_buckets",
-        f"got {buckets!r}",
-        "use 0 (off) or a number of sub-batches per micro-batch",
+    require_count(
+        config, "length_buckets", "use 0 (off) or a number of sub-batches per micro-batch"
     )
+    buckets = config.length_buckets
     if buckets == 0:
         return
     micro = config.micro_batch_size
@@ -210,13 +207,8 @@ def validate_length_buckets(config: Any) -> None:
 
 def validate_decode_row_buckets(config: Any) -> None:
     """Check decode_row_buckets against the rows one sampler call decodes and the mesh."""
+    require_count(config, "decode_row_buckets", "use 0 (off) or a number of row buckets")
     buckets = config.decode_row_buckets
-    require(
-        isinstance(buckets, int) and not isinstance(buckets, bool) and buckets >= 0,
-        "decode_row_buckets",
-        f"got {buckets!r}",
-        "use 0 (off) or a number of row buckets",
-    )
     if buckets == 0:
         return
     require(

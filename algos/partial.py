@@ -53,7 +53,7 @@ import jax.numpy as jnp
 from algos import grpo
 from envs.text import PromptBatch, TextTask
 from jaxrl import sharding
-from jaxrl.config import require
+from jaxrl.config import require, require_count
 from jaxrl.hparams import HParams, static
 from jaxrl.lm import training
 from jaxrl.lm.model import ModelConfig, Transformer, init_cache, positions_from_mask
@@ -78,13 +78,7 @@ def budget(config: Any) -> int:
 def validate(config: Any) -> None:
     """Partial mode's checks on a GRPO Config (called from its __post_init__)."""
     for name in ("rollout_budget", "rollout_groups", "max_staleness"):
-        value = getattr(config, name)
-        require(
-            isinstance(value, int) and not isinstance(value, bool) and value >= 0,
-            name,
-            f"got {value!r}",
-            "use a whole number, 0 or more",
-        )
+        require_count(config, name, "use a whole number, 0 or more")
     require(
         config.rollout_groups == 0 or config.rollout_groups >= config.batch_size,
         "rollout_groups",

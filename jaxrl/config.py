@@ -62,6 +62,17 @@ def require_non_negative(config: Any, *fields: str) -> None:
         require(value >= 0, field, f"must be >= 0, got {value}", f"set {field} >= 0")
 
 
+def require_count(config: Any, field: str, fix: str) -> None:
+    """Require the attribute `field` of `config` to be a whole number >= 0 (not a bool)."""
+    value = getattr(config, field)
+    require(
+        isinstance(value, int) and not isinstance(value, bool) and value >= 0,
+        field,
+        f"got {value!r}",
+        fix,
+    )
+
+
 def require_in_range(config: Any, field: str, low: float, high: float) -> None:
     """Require the attribute `field` of `config` to lie in the closed interval [low, high]."""
     value = getattr(config, field)
