@@ -527,6 +527,24 @@ def test_partial_with_decode_row_buckets_samples_the_same(carrying_run):
     )
 
 
+def test_decode_row_buckets_on_8_devices_equal_one_device():
+    """Sync and partial GRPO with 4 decode row buckets on a (2, 2, 2) mesh of 8 simulated
+    devices (rows gathered across the batch shards): the same samples as on one device, the
+    parameters equal to rounding, over 2 updates."""
+    mesh_shape = (2, 2, 2)
+    sync = dataclasses.replace(CARRYING, rollout_mode="sync", rollout_budget=0, max_staleness=0)
+    for config in (sync, CARRYING):
+        config = dataclasses.replace(config, decode_row_buckets=4)
+        one, _ = _updates(config, 2)
+        sharded = dataclasses.replace(config, mesh_shape=mesh_shape)
+        eight, _ = _updates(sharded, 2, mesh=sharding.make_mesh(*mesh_shape))
+        for want, got in zip(one, eight, strict=True):
+            if config.rollout_mode == "partial":
+                np.testing.assert_array_equal(jax.device_get(got.slots.tokens), want.slots.tokens)
+            leaves = jax.tree.leaves(jax.device_get(got.params)), jax.tree.leaves(want.params)
+            assert max(np.abs(a - b).max() for a, b in zip(*leaves, strict=True)) < 2 * 5e-3 * 3e-3
+
+
 def test_proximal_log_probs_are_the_loss_pass_held_constant(monkeypatch, carrying_run):
     """With one optimizer step per batch the proximal policy of the decoupled objective is the
     parameters the update starts from, so no forward pass of its own is run: the loss holds its
