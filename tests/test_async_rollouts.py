@@ -44,11 +44,14 @@ def _assert_same_params(a, b):
         np.testing.assert_array_equal(x, y)
 
 
-def test_async_with_bound_zero_equals_synchronous_grpo_on_one_device():
+@pytest.mark.parametrize("buckets", [{}, dict(length_buckets=4, decode_row_buckets=4)])
+def test_async_with_bound_zero_equals_synchronous_grpo_on_one_device(buckets):
     """Staleness 0 and an fp32 generation copy on one device (both meshes are that device, the
-    programs take turns): the same rewards, losses and parameters as synchronous GRPO."""
-    config = dataclasses.replace(SYNC, rollout_mode="async", generation_dtype="float32")
-    sync_states, sync_metrics = _updates(SYNC, 2)
+    programs take turns): the same rewards, losses and parameters as synchronous GRPO; also
+    with length buckets in training and row buckets in decoding, in both."""
+    sync = dataclasses.replace(SYNC, **buckets)
+    config = dataclasses.replace(sync, rollout_mode="async", generation_dtype="float32")
+    sync_states, sync_metrics = _updates(sync, 2)
     async_states, async_metrics = _async_updates(config, 2)
     for want, got, m_want, m_got in zip(
         sync_states, async_states, sync_metrics, async_metrics, strict=True
