@@ -54,6 +54,7 @@ from jaxrl.config import require
 from jaxrl.hparams import HParams, static
 from jaxrl.lm import dialogue, training
 from jaxrl.lm.model import ModelConfig, Transformer
+from jaxrl.lm.sampler import map_cache
 from jaxrl.loop import Algorithm
 
 Array = jax.Array
@@ -153,7 +154,6 @@ def make(
     turn_columns = config.max_new_tokens + 1 + env.max_message_tokens
     start = opening_width + turns * ((env.max_turns - 1) // turns) * turn_columns
     cache_length = start + turns * turn_columns
-    batch_axes, _, cache_tree = partial.cache_axes(model)
     base_init = training.make_init(params, config, mesh, model)
 
     def pick(free: Array, new: Any, old: Any) -> Any:
@@ -166,18 +166,7 @@ def make(
             shape[axis] = rows
             return jnp.where(free.reshape(shape), n, o)
 
-        cache = jax.tree.unflatten(
-            cache_tree,
-            [
-                by_axis(a, n, o)
-                for a, n, o in zip(
-                    batch_axes,
-                    jax.tree.leaves(new["cache"]),
-                    jax.tree.leaves(old["cache"]),
-                    strict=True,
-                )
-            ],
-        )
+        cache = map_cache(model, lambda a, _, n, o: by_axis(a, n, o), new["cache"], old["cache"])
         rest = {k: v for k, v in new.items() if k != "cache"}
         olds = {k: v for k, v in old.items() if k != "cache"}
         rest = jax.tree.map(lambda n, o: by_axis(0 if o.ndim else None, n, o), rest, olds)

@@ -59,9 +59,9 @@ from jaxrl.lm import training
 from jaxrl.lm.model import ModelConfig, Transformer, init_cache, positions_from_mask
 from jaxrl.lm.sampler import (
     Completion,
-    cache_axes,
     decode_live_rows,
     generation_copy,
+    map_cache,
     row_draws,
     sample_token,
 )
@@ -182,13 +182,8 @@ def geometry(prompt_length: int, max_new_tokens: int, steps: int) -> Geometry:
 def move_cache_left(model: ModelConfig, cache: Any, shift: Array) -> Any:
     """The cache's columns moved left by `shift` along each leaf's sequence axis (read off
     `init_cache`); what falls off the left comes back on the right, where the next writes go."""
-    _, sequence_axes, cache_tree = cache_axes(model)
-    leaves = jax.tree.leaves(cache)
-    moved = [
-        leaf if axis is None else jnp.roll(leaf, -shift, axis=axis)
-        for axis, leaf in zip(sequence_axes, leaves, strict=True)
-    ]
-    return jax.tree.unflatten(cache_tree, moved)
+    roll = lambda _, axis, leaf: leaf if axis is None else jnp.roll(leaf, -shift, axis=axis)  # noqa: E731
+    return map_cache(model, roll, cache)
 
 
 def choose_groups(complete: Array, started: Array, groups: int) -> tuple[Array, Array, Array]:
@@ -268,14 +263,7 @@ def make(
     )
     prompt_length = prompt_shape.tokens.shape[1]
     where = geometry(prompt_length, new_tokens, steps)
-    batch_axes, sequence_axes, cache_tree = cache_axes(model)
     base_init = training.make_init(params, config, mesh, model)
-
-    def map_cache(fn: Any, *caches: Any) -> Any:
-        """fn(batch_axis, sequence_axis, *leaves) over the caches' leaves."""
-        leaves = [jax.tree.leaves(c) for c in caches]
-        out = [fn(b, s, *ls) for b, s, *ls in zip(batch_axes, sequence_axes, *leaves, strict=True)]
-        return jax.tree.unflatten(cache_tree, out)
 
     def empty_slots() -> Slots:
         per_row = lambda s: jnp.zeros((rows, *s.shape[1:]), s.dtype)  # noqa: E731
@@ -306,7 +294,9 @@ def make(
             axes = [sharding.BATCH_AXES if i == axis else None for i in range(ndim)]
             return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*axes))
 
-        cache = map_cache(lambda b, s, leaf: jax.device_put(leaf, spec(leaf.ndim, b)), slots.cache)
+        cache = map_cache(
+            model, lambda b, s, leaf: jax.device_put(leaf, spec(leaf.ndim, b)), slots.cache
+        )
         rest = jax.tree.map(
             lambda x: jax.device_put(x, spec(x.ndim, 0 if x.ndim else None)),
             slots._replace(cache=None),
@@ -344,6 +334,7 @@ def make(
             return jnp.where(free.reshape(shape), new, old)
 
         cache = map_cache(
+            model,
             lambda b, s, new, old: old if b is None else pick(share(new, b), old, b),
             fresh,
             cache,

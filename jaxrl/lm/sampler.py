@@ -141,6 +141,18 @@ def cache_axes(model: ModelConfig) -> tuple[list, list, Any]:
     return batch, sequence, treedef
 
 
+def map_cache(model: ModelConfig, fn: Any, *caches: Any) -> Any:
+    """`fn(batch_axis, sequence_axis, *leaves)` over the leaves of caches of `model` (the
+    axes from `cache_axes`, None for a leaf without one), as a cache of the same structure."""
+    batch_axes, sequence_axes, cache_tree = cache_axes(model)
+    leaves = [jax.tree.leaves(cache) for cache in caches]
+    out = [
+        fn(batch, sequence, *each)
+        for batch, sequence, *each in zip(batch_axes, sequence_axes, *leaves, strict=True)
+    ]
+    return jax.tree.unflatten(cache_tree, out)
+
+
 def row_bucket_sizes(rows: int, buckets: int) -> tuple[int, ...]:
     """The row counts a decode step may run at with `buckets` row buckets: rows x i / buckets
     for i = 1 ... buckets (validated to divide evenly), smallest first."""
@@ -174,25 +186,18 @@ def decode_live_rows(
     if buckets == 0:
         loop = lambda c: body(*c, None)  # noqa: E731
         return jax.lax.while_loop(lambda c: go_on(c[0]), loop, (carry, cache, logits))
-    batch_axes, _, cache_tree = cache_axes(model)
     total = logits.shape[0]
     sizes = row_bucket_sizes(total, buckets)
 
     def gather(full: Any, rows: Array) -> Any:
-        leaves = jax.tree.leaves(full)
-        taken = [
-            leaf if axis is None else jnp.take(leaf, rows, axis=axis)
-            for axis, leaf in zip(batch_axes, leaves, strict=True)
-        ]
-        return jax.tree.unflatten(cache_tree, taken)
+        take = lambda axis, _, leaf: leaf if axis is None else jnp.take(leaf, rows, axis=axis)  # noqa: E731
+        return map_cache(model, take, full)
 
     def put_back(full: Any, part: Any, rows: Array) -> Any:
-        leaves = zip(batch_axes, jax.tree.leaves(full), jax.tree.leaves(part), strict=True)
-        moved = [
-            new if axis is None else old.at[(slice(None),) * axis + (rows,)].set(new)
-            for axis, old, new in leaves
-        ]
-        return jax.tree.unflatten(cache_tree, moved)
+        def put(axis: int | None, _: Any, old: Array, new: Array) -> Array:
+            return new if axis is None else old.at[(slice(None),) * axis + (rows,)].set(new)
+
+        return map_cache(model, put, full, part)
 
     def phase(size: int, smaller: int) -> Any:
         def run(state: tuple) -> tuple:
