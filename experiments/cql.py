@@ -26,7 +26,7 @@ from absl import flags  # noqa: E402
 from jaxrl import runner  # noqa: E402
 from jaxrl.trainers import base, cql  # noqa: E402
 
-FLAGS = runner.define_flags("cql.py:pendulum")
+FLAGS = runner.define_flags(__file__, "cql.py:pendulum")
 flags.FLAGS.set_default("num_seeds", 3)
 if __name__ == "__main__":
     runner.main(lambda argv: base.run_script(FLAGS, cql.train))

@@ -34,7 +34,7 @@ extras.require("lm", "experiments/dpo.py")
 
 from jaxrl.trainers import base, dpo  # noqa: E402
 
-FLAGS = runner.define_flags("dpo.py", seeds=False)
+FLAGS = runner.define_flags(__file__, "dpo.py", seeds=False)
 
 if __name__ == "__main__":
     runner.main(lambda argv: base.run_script(FLAGS, dpo.train))

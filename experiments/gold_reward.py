@@ -89,7 +89,7 @@ T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 
 
 def model_config() -> ModelConfig:
     """The GRPO reverse-digits preset's tiny model."""
-    from experiments.configs.grpo import get_config
+    from jaxrl.trainers.presets.grpo import get_config
 
     return ModelConfig(**get_config("reverse_digits").model.to_dict())
 

@@ -35,7 +35,7 @@ extras.require("lm", "experiments/grpo.py")
 
 from jaxrl.trainers import base, grpo  # noqa: E402
 
-FLAGS = runner.define_flags("grpo.py", seeds=False)
+FLAGS = runner.define_flags(__file__, "grpo.py", seeds=False)
 
 if __name__ == "__main__":
     runner.main(lambda argv: base.run_script(FLAGS, grpo.train))

@@ -22,7 +22,7 @@ from jaxrl.trainers import base, mappo  # noqa: E402
 # A missing optional extra is one error line, before flags are parsed or anything compiles.
 extras.require("marl", "experiments/mappo.py")
 
-FLAGS = runner.define_flags("mappo.py:mappo_spread")
+FLAGS = runner.define_flags(__file__, "mappo.py:mappo_spread")
 
 if __name__ == "__main__":
     runner.main(lambda argv: base.run_script(FLAGS, mappo.train))

@@ -38,7 +38,7 @@ extras.require("lm", "experiments/multiturn.py")
 
 from jaxrl.trainers import base, multiturn  # noqa: E402
 
-FLAGS = runner.define_flags("multiturn.py", seeds=False)
+FLAGS = runner.define_flags(__file__, "multiturn.py", seeds=False)
 
 if __name__ == "__main__":
     runner.main(lambda argv: base.run_script(FLAGS, multiturn.train))

@@ -29,7 +29,7 @@ extras.require("lm", "experiments/online_dpo.py")
 
 from jaxrl.trainers import base, online_dpo  # noqa: E402
 
-FLAGS = runner.define_flags("online_dpo.py", seeds=False)
+FLAGS = runner.define_flags(__file__, "online_dpo.py", seeds=False)
 
 if __name__ == "__main__":
     runner.main(lambda argv: base.run_script(FLAGS, online_dpo.train))

@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from jaxrl import runner  # noqa: E402
 from jaxrl.trainers import base, ppo  # noqa: E402
 
-FLAGS = runner.define_flags("ppo.py:cartpole")
+FLAGS = runner.define_flags(__file__, "ppo.py:cartpole")
 
 if __name__ == "__main__":
     runner.main(lambda argv: base.run_script(FLAGS, ppo.train))

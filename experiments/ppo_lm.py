@@ -41,7 +41,7 @@ extras.require("lm", "experiments/ppo_lm.py")
 
 from jaxrl.trainers import base, ppo_lm  # noqa: E402
 
-FLAGS = runner.define_flags("ppo_lm.py", seeds=False)
+FLAGS = runner.define_flags(__file__, "ppo_lm.py", seeds=False)
 
 if __name__ == "__main__":
     runner.main(lambda argv: base.run_script(FLAGS, ppo_lm.train))

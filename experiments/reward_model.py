@@ -30,7 +30,7 @@ extras.require("lm", "experiments/reward_model.py")
 
 from jaxrl.trainers import base, reward_model  # noqa: E402
 
-FLAGS = runner.define_flags("reward_model.py", seeds=False)
+FLAGS = runner.define_flags(__file__, "reward_model.py", seeds=False)
 
 if __name__ == "__main__":
     runner.main(lambda argv: base.run_script(FLAGS, reward_model.train))

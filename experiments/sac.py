@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from jaxrl import runner  # noqa: E402
 from jaxrl.trainers import base, sac  # noqa: E402
 
-FLAGS = runner.define_flags("sac.py:pendulum")
+FLAGS = runner.define_flags(__file__, "sac.py:pendulum")
 
 if __name__ == "__main__":
     runner.main(lambda argv: base.run_script(FLAGS, sac.train))

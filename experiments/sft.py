@@ -40,7 +40,7 @@ extras.require("lm", "experiments/sft.py")
 
 from jaxrl.trainers import base, sft  # noqa: E402
 
-FLAGS = runner.define_flags("sft.py", seeds=False)
+FLAGS = runner.define_flags(__file__, "sft.py", seeds=False)
 
 if __name__ == "__main__":
     runner.main(lambda argv: base.run_script(FLAGS, sft.train))

@@ -42,9 +42,6 @@ from jaxrl.checkpoint import Checkpointer, DamagedCheckpointError
 from jaxrl.config import ConfigError, InputError
 from jaxrl.logging import MetricsSink, RunDirectory, to_jsonable
 
-# Scripts run as `python experiments/x.py` from a clone; configs and defaults are found from here.
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 
 def fail(message: str, abrupt: bool = False) -> NoReturn:
     """Stop with one clear line: raise `InputError(message)` (bad inputs are the user's to fix,
@@ -138,10 +135,11 @@ def load_named(spec: str) -> Any:
 # Flags and configs
 
 
-def define_flags(default_config: str, seeds: bool = True) -> dict[str, Any]:
-    """The flags every script takes: --config (an ml_collections file and preset under
-    experiments/configs, fields overridable as --config.X=V), --workdir and --kill_after_chunk;
-    with `seeds`, also --num_seeds and --seed (control scripts, whose seeds are vmapped).
+def define_flags(script: str, default_config: str, seeds: bool = True) -> dict[str, Any]:
+    """The flags every script takes: --config (an ml_collections file and preset, by default
+    `default_config` in the `configs` folder beside `script`, fields overridable as
+    --config.X=V), --workdir and --kill_after_chunk; with `seeds`, also --num_seeds and --seed
+    (control scripts, whose seeds are vmapped).
 
     ml_collections loads the default config and applies --config.X overrides while the flag is
     defined, so a mistyped field fails here, at import: it becomes one `error:` line."""
@@ -151,7 +149,7 @@ def define_flags(default_config: str, seeds: bool = True) -> dict[str, Any]:
     try:
         config = config_flags.DEFINE_config_file(
             "config",
-            os.path.join(REPO_ROOT, "experiments", "configs", default_config),
+            os.path.join(os.path.dirname(os.path.abspath(script)), "configs", default_config),
             "Config file and preset (FILE:PRESET); override fields with --config.X=V.",
             lock_config=True,
         )
@@ -444,7 +442,9 @@ def check_same_script(run_dir: RunDirectory, workdir: str) -> None:
     except (OSError, ValueError, KeyError, IndexError, TypeError):
         return  # no record: the settings' comparison decides
     current = os.path.basename(sys.argv[0])
-    scripts = os.listdir(os.path.join(REPO_ROOT, "experiments"))
+    # The scripts beside the one running (experiments/); from Python, whatever runs it.
+    here = os.path.dirname(os.path.abspath(sys.argv[0]))
+    scripts = os.listdir(here) if os.path.isdir(here) else []
     if earlier != current and earlier in scripts and current in scripts:
         algo = earlier.removesuffix(".py").upper().replace("_LM", "-LM").replace("_", " ")
         fail(

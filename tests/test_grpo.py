@@ -369,8 +369,8 @@ def test_grpo_learns_reverse_three_digits_from_random_init():
     finishes; if a change of the engine's numerics moves it, pick another that does and say
     so, rather than lowering the threshold."""
     seed = 5
-    from experiments.configs.grpo import get_config
-    from experiments.configs.lm import for_start
+    from jaxrl.trainers.presets.grpo import get_config
+    from jaxrl.trainers.presets.lm import for_start
 
     flat = for_start(get_config("reverse_digits"), pretrained=False)
     fields = {k: v for k, v in flat.items() if k in grpo.Config.__dataclass_fields__}

@@ -10,10 +10,10 @@ import pytest
 
 from algos import grpo, ppo_lm, reward_model, sft
 from envs.text.task import supervised_batch
-from experiments.configs.grpo import get_config
 from jaxrl import hparams, loop, sharding
 from jaxrl.config import ConfigError
 from jaxrl.lm.model import ModelConfig, Transformer, init_params, param_shardings
+from jaxrl.trainers.presets.grpo import get_config
 from tests.test_grpo import TEXT_TASK, TINY
 
 # --- the pure pieces against NumPy -------------------------------------------------------------

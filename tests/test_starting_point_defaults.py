@@ -13,9 +13,9 @@ import os
 import numpy as np
 import pytest
 
-from experiments.configs import lm as lm_configs
 from jaxrl.lm.model import ModelConfig
 from jaxrl.trainers import lm_runs
+from jaxrl.trainers.presets import lm as lm_configs
 
 TINY = ModelConfig(259, 64, 128, 2, 4, 2)
 CONFIG_FILES = ("sft", "dpo", "grpo", "multiturn", "ppo_lm", "online_dpo", "reward_model")
@@ -27,13 +27,13 @@ def checkpoint(pretrained: bool) -> lm_runs.Checkpoint:
 
 
 def config_of(name: str, preset: str | None = None):
-    module = importlib.import_module(f"experiments.configs.{name}")
+    module = importlib.import_module(f"jaxrl.trainers.presets.{name}")
     return module.get_config(preset) if preset else module.get_config()
 
 
 @pytest.mark.parametrize("name", CONFIG_FILES)
 def test_each_preset_resolves_to_valid_configs_from_either_start(name):
-    module = importlib.import_module(f"experiments.configs.{name}")
+    module = importlib.import_module(f"jaxrl.trainers.presets.{name}")
     algorithm = importlib.import_module(f"algos.{name}")
     presets = getattr(module, "PRESETS", {}) | getattr(module, "GAMES", {})
     assert presets

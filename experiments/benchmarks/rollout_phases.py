@@ -50,10 +50,10 @@ def main() -> None:
     from algos import grpo
     from envs.text import make_task
     from experiments.benchmarks.lm_shapes import MODEL_SHAPES
-    from experiments.configs.lm import TINY_MODEL
     from jaxrl import hparams
     from jaxrl.lm.model import ModelConfig, init_params
     from jaxrl.lm.tokenizer import ByteTokenizer
+    from jaxrl.trainers.presets.lm import TINY_MODEL
 
     digit_task = make_task("repeat_digit", num_digits=args.num_digits)
     task = digit_task.text_task(ByteTokenizer())

@@ -6,7 +6,7 @@
 
 `train(config=None, workdir=None, *, <user parts>) -> Result`, for every algorithm:
 - `config`: the algorithm's ml_collections config: None (the script's default preset), a preset
-  name of `experiments/configs/<algo>.py` ("word_problems"), or a ConfigDict (`<algo>.config(
+  name of `jaxrl.trainers.presets.<algo>` ("word_problems"), or a ConfigDict (`<algo>.config(
   preset)` returns one to edit: `config.num_steps = 4`). It is copied, never changed.
 - `workdir`: the run directory (None: runs/<name>-<date>-<time>). An existing one is resumed from
   its newest checkpoint, with the same settings; a larger `num_steps` extends a finished run.
@@ -57,9 +57,9 @@ class Result(NamedTuple):
 
 
 def load_config(algo: str, preset: str | None = None) -> ml_collections.ConfigDict:
-    """`experiments/configs/<algo>.py`'s config for `preset` (None: the file's default), locked
+    """`jaxrl.trainers.presets.<algo>`'s config for `preset` (None: the file's default), locked
     like the scripts' --config (a mistyped field is an error, not a new setting)."""
-    module = importlib.import_module(f"experiments.configs.{algo}")
+    module = importlib.import_module(f"jaxrl.trainers.presets.{algo}")
     config = module.get_config() if preset is None else module.get_config(preset)
     config.lock()
     return config

@@ -26,7 +26,6 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
-from experiments.configs.lm import TINY_MODEL, for_start, starting_point_defaults
 from jaxrl import hparams, runner, sharding
 from jaxrl.config import ConfigError
 from jaxrl.lm import ByteTokenizer, Tokenizer, load_tokenizer, training
@@ -35,6 +34,7 @@ from jaxrl.lm.sampler import SamplingConfig, generate
 from jaxrl.logging import RunDirectory
 from jaxrl.loop import Algorithm
 from jaxrl.runner import fail
+from jaxrl.trainers.presets.lm import TINY_MODEL, for_start, starting_point_defaults
 
 if TYPE_CHECKING:  # envs imports gymnax (2 s): generate.py and export.py never need it
     from envs.text import DigitTask
