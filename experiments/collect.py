@@ -33,7 +33,9 @@ import jax  # noqa: E402
 import tensorflow_datasets as tfds  # noqa: E402
 from absl import flags, logging  # noqa: E402
 
-from jaxrl import runner  # noqa: E402
+from jaxrl import (
+    cli,  # noqa: E402
+)
 from jaxrl.data import normalized_score  # noqa: E402
 from jaxrl.data.collect import episode_returns  # noqa: E402
 from jaxrl.data.rlds_builder import DEFAULT_VERSION, build_episode_dataset, build_path  # noqa: E402
@@ -241,4 +243,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    runner.main(main)
+    cli.main(main)

@@ -34,7 +34,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import flags  # noqa: E402
 
-from jaxrl import runner  # noqa: E402
+from jaxrl import (
+    cli,  # noqa: E402
+)
 from jaxrl.comparison import compare  # noqa: E402
 
 _OUT_DIR = flags.DEFINE_string(
@@ -84,4 +86,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    runner.main(main, positional=True)
+    cli.main(main, positional=True)

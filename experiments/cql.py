@@ -23,10 +23,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import flags  # noqa: E402
 
-from jaxrl import runner  # noqa: E402
+from jaxrl import (
+    cli,  # noqa: E402
+)
 from jaxrl.trainers import base, cql  # noqa: E402
 
-FLAGS = runner.define_flags(__file__, "cql.py:pendulum")
+FLAGS = cli.define_flags(__file__, "cql.py:pendulum")
 flags.FLAGS.set_default("num_seeds", 3)
 if __name__ == "__main__":
-    runner.main(lambda argv: base.run_script(FLAGS, cql.train))
+    cli.main(lambda argv: base.run_script(FLAGS, cql.train))

@@ -28,9 +28,16 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import flags  # noqa: E402
 
-from jaxrl import extras, runner  # noqa: E402
-from jaxrl.config import ConfigError  # noqa: E402
-from jaxrl.lm import ByteTokenizer, load_tokenizer  # noqa: E402
+from jaxrl import cli, extras  # noqa: E402
+from jaxrl.config import (
+    ConfigError,  # noqa: E402
+    fail,
+)
+from jaxrl.lm import (  # noqa: E402
+    ByteTokenizer,
+    checkpoints,  # noqa: E402
+    load_tokenizer,
+)
 from jaxrl.lm.model import ModelConfig  # noqa: E402
 from jaxrl.trainers import lm_runs  # noqa: E402
 
@@ -85,15 +92,15 @@ def byte_tokenizer_files(model: ModelConfig) -> tuple[dict, dict]:
     return json.loads(tokenizer.to_str()), config
 
 
-def tokenizer_files(source: lm_runs.Checkpoint) -> dict[str, Any]:
+def tokenizer_files(source: checkpoints.Checkpoint) -> dict[str, Any]:
     """{file name: JSON contents or text} of the run's tokenizer, tokenizer_config.json completed
     with what transformers needs (tokenizer class, special tokens, chat template)."""
-    if source.tokenizer == lm_runs.BYTE:
+    if source.tokenizer == checkpoints.BYTE:
         tokenizer_json, config = byte_tokenizer_files(source.model)
         return {"tokenizer.json": tokenizer_json, "tokenizer_config.json": config}
     tokenizer = load_tokenizer(source.tokenizer)  # checks the files before anything is written
     path = os.path.join(source.tokenizer, "tokenizer_config.json")
-    config = lm_runs.read_json(path) if os.path.isfile(path) else {}
+    config = checkpoints.read_json(path) if os.path.isfile(path) else {}
     config.setdefault("tokenizer_class", "PreTrainedTokenizerFast")
     for name, token in tokenizer.special_tokens.items():
         config.setdefault(name, token)
@@ -111,14 +118,14 @@ def tokenizer_files(source: lm_runs.Checkpoint) -> dict[str, Any]:
     return files
 
 
-def special_ids(source: lm_runs.Checkpoint) -> dict[str, int]:
+def special_ids(source: checkpoints.Checkpoint) -> dict[str, int]:
     """bos/eos/pad ids the run recorded (model.json), else its tokenizer's."""
-    record_path = os.path.join(source.path, lm_runs.MODEL_FILE)
+    record_path = os.path.join(source.path, checkpoints.MODEL_FILE)
     if os.path.isfile(record_path):
-        ids = lm_runs.read_json(record_path).get("special_token_ids")
+        ids = checkpoints.read_json(record_path).get("special_token_ids")
         if isinstance(ids, dict) and ids:
             return {k: int(v) for k, v in ids.items()}
-    return lm_runs.special_token_ids(load_tokenizer(source.tokenizer))
+    return checkpoints.special_token_ids(load_tokenizer(source.tokenizer))
 
 
 def write_directory(staging: str, model: ModelConfig, params: Any, files: dict, ids: dict) -> None:
@@ -131,13 +138,13 @@ def write_directory(staging: str, model: ModelConfig, params: Any, files: dict, 
         if isinstance(contents, str):
             shutil.copyfile(contents, target)
         else:
-            lm_runs.write_json(target, contents)
+            checkpoints.write_json(target, contents)
     copied = files.get("tokenizer.json")
     if isinstance(copied, str):  # named templates beside a copied tokenizer.json go along
-        extra = os.path.join(os.path.dirname(copied), lm_runs.CHAT_TEMPLATES_DIR)
+        extra = os.path.join(os.path.dirname(copied), checkpoints.CHAT_TEMPLATES_DIR)
         if os.path.isdir(extra):
-            shutil.copytree(extra, os.path.join(staging, lm_runs.CHAT_TEMPLATES_DIR))
-    lm_runs.write_json(os.path.join(staging, "generation_config.json"), dict(ids))
+            shutil.copytree(extra, os.path.join(staging, checkpoints.CHAT_TEMPLATES_DIR))
+    checkpoints.write_json(os.path.join(staging, "generation_config.json"), dict(ids))
 
 
 def replace_directory(staging: str, out: str, overwrite: bool) -> None:
@@ -156,22 +163,20 @@ def replace_directory(staging: str, out: str, overwrite: bool) -> None:
 
 def main(argv: list[str]) -> None:
     if not _RUN.value:
-        runner.fail("--run: missing; pass the run directory to export, e.g. --run=runs/sft")
+        fail("--run: missing; pass the run directory to export, e.g. --run=runs/sft")
     if not _OUT.value:
-        runner.fail("--out: missing; pass the directory to write, e.g. --out=exports/sft")
+        fail("--out: missing; pass the directory to write, e.g. --out=exports/sft")
     out = os.path.abspath(_OUT.value)
     if os.path.exists(out) and not os.path.isdir(out):
-        runner.fail(f"--out={_OUT.value}: is a file; pass a directory path")
+        fail(f"--out={_OUT.value}: is a file; pass a directory path")
     if os.path.isdir(out) and os.listdir(out) and not _OVERWRITE.value:
-        runner.fail(
-            f"--out={_OUT.value}: exists and is not empty; pass a new directory or --overwrite"
-        )
+        fail(f"--out={_OUT.value}: exists and is not empty; pass a new directory or --overwrite")
     try:
-        source = lm_runs.find_checkpoint(_RUN.value)
+        source = checkpoints.find_checkpoint(_RUN.value)
     except (ConfigError, ValueError, OSError) as error:
-        runner.fail(f"--run: {error}")
+        fail(f"--run: {error}")
     if source.kind != "run":
-        runner.fail(
+        fail(
             f"--run={_RUN.value}: is a {'GGUF file' if source.kind == 'gguf' else 'Hugging Face'}"
             " checkpoint, not a run directory; pass a run of sft.py, dpo.py or grpo.py (to "
             "convert a GGUF file: python -m jaxrl.lm.gguf IN.gguf OUT_DIR)"
@@ -183,11 +188,11 @@ def main(argv: list[str]) -> None:
         files = tokenizer_files(source)
         ids = special_ids(source)
     except (ConfigError, ValueError, OSError) as error:
-        runner.fail(f"--run={_RUN.value}: tokenizer: {error}")
+        fail(f"--run={_RUN.value}: tokenizer: {error}")
 
     start = time.perf_counter()
     mesh = lm_runs.make_mesh((1, 1, 1))
-    params = lm_runs.load_params(source, model, mesh)
+    params = checkpoints.load_params(source, model, mesh)
     parent = os.path.dirname(out)
     os.makedirs(parent, exist_ok=True)
     staging = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.tmp-", dir=parent)
@@ -205,4 +210,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    runner.main(main)
+    cli.main(main)

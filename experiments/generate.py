@@ -33,9 +33,15 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from absl import flags  # noqa: E402
 
-from jaxrl import extras, runner, sharding  # noqa: E402
-from jaxrl.config import ConfigError  # noqa: E402
-from jaxrl.lm import load_tokenizer  # noqa: E402
+from jaxrl import cli, extras, sharding  # noqa: E402
+from jaxrl.config import (
+    ConfigError,  # noqa: E402
+    fail,
+)
+from jaxrl.lm import (
+    checkpoints,  # noqa: E402
+    load_tokenizer,  # noqa: E402
+)
 from jaxrl.lm.sampler import SamplingConfig, generate  # noqa: E402
 from jaxrl.trainers import lm_runs  # noqa: E402
 
@@ -64,7 +70,7 @@ _JSONL = flags.DEFINE_bool("jsonl", False, "Print one JSON object per completion
 def read_prompts(path: str) -> list[Any]:
     """The `prompt` of every row of a JSONL file (a string or a list of chat messages)."""
     if not os.path.isfile(path):
-        runner.fail(f"--prompts_file={path}: no such file; pass a JSONL file with a prompt column")
+        fail(f"--prompts_file={path}: no such file; pass a JSONL file with a prompt column")
     prompts = []
     with open(path, encoding="utf-8") as f:
         for number, line in enumerate(f, 1):
@@ -74,20 +80,20 @@ def read_prompts(path: str) -> list[Any]:
             try:
                 row = json.loads(line)
             except ValueError as error:
-                runner.fail(f"{where}: not JSON ({error}); write one JSON object per line")
+                fail(f"{where}: not JSON ({error}); write one JSON object per line")
             prompt = row.get("prompt") if isinstance(row, dict) else None
             messages_ok = isinstance(prompt, list) and all(
                 isinstance(m, dict) and isinstance(m.get("role"), str) and "content" in m
                 for m in prompt
             )
             if not (isinstance(prompt, str) or (messages_ok and prompt)):
-                runner.fail(
+                fail(
                     f"{where}: `prompt` must be a string or a non-empty list of "
                     '{"role": ..., "content": ...} messages; fix that row'
                 )
             prompts.append(prompt)
     if not prompts:
-        runner.fail(f'--prompts_file={path}: holds no rows; add lines like {{"prompt": "..."}}')
+        fail(f'--prompts_file={path}: holds no rows; add lines like {{"prompt": "..."}}')
     return prompts
 
 
@@ -104,7 +110,7 @@ def prompt_ids(prompts: list[Any], tokenizer: Any) -> tuple[list[str], list[list
         render = getattr(tokenizer, "apply_chat_template", None)
         if render is None or getattr(tokenizer, "chat_template", None) is None:
             flag = "--chat" if isinstance(prompt, str) else "--prompts_file"
-            runner.fail(
+            fail(
                 f"{flag}: chat messages need a chat template and the model's tokenizer has none "
                 "(no chat_template in tokenizer_config.json); give plain string prompts without "
                 "--chat, or a --tokenizer with a template"
@@ -112,7 +118,7 @@ def prompt_ids(prompts: list[Any], tokenizer: Any) -> tuple[list[str], list[list
         try:
             text = render(messages, add_generation_prompt=True)
         except Exception as error:  # noqa: BLE001  a template's raise_exception, bad messages
-            runner.fail(f"chat template: {' '.join(str(error).split())}; fix the messages")
+            fail(f"chat template: {' '.join(str(error).split())}; fix the messages")
         texts.append(text)
         ids.append(tokenizer.encode(text))
     return texts, ids
@@ -122,7 +128,7 @@ def sampling_config(tokenizer: Any) -> SamplingConfig:
     """The decoding settings; top-k / top-p only mean something when sampling."""
     if _TEMPERATURE.value == 0 and (_TOP_K.value != 0 or _TOP_P.value != 1.0):
         flag = "--top_k" if _TOP_K.value != 0 else "--top_p"
-        runner.fail(f"{flag}: only applies when sampling; set --temperature > 0 (0 is greedy)")
+        fail(f"{flag}: only applies when sampling; set --temperature > 0 (0 is greedy)")
     try:
         return SamplingConfig(
             max_new_tokens=_MAX_NEW_TOKENS.value,
@@ -133,49 +139,49 @@ def sampling_config(tokenizer: Any) -> SamplingConfig:
             top_p=_TOP_P.value,
         )
     except ConfigError as error:
-        runner.fail(f"--{error}")
+        fail(f"--{error}")
 
 
 def main(argv: list[str]) -> None:
     if not _MODEL.value:
-        runner.fail("--model: missing; pass a run directory, a Hugging Face directory or a .gguf")
+        fail("--model: missing; pass a run directory, a Hugging Face directory or a .gguf")
     if _BATCH_SIZE.value < 1:
-        runner.fail(f"--batch_size: must be >= 1, got {_BATCH_SIZE.value}; pass 1 or more")
+        fail(f"--batch_size: must be >= 1, got {_BATCH_SIZE.value}; pass 1 or more")
     if _PROMPT.value and _PROMPTS_FILE.value:
-        runner.fail("--prompt / --prompts_file: both given; pass prompts one way, not both")
+        fail("--prompt / --prompts_file: both given; pass prompts one way, not both")
     prompts = list(_PROMPT.value) or (
         read_prompts(_PROMPTS_FILE.value) if _PROMPTS_FILE.value else []
     )
     if not prompts:
-        runner.fail('--prompt: no prompts; pass --prompt="..." (repeatable) or --prompts_file')
+        fail('--prompt: no prompts; pass --prompt="..." (repeatable) or --prompts_file')
     try:
-        source = lm_runs.find_checkpoint(_MODEL.value)
+        source = checkpoints.find_checkpoint(_MODEL.value)
     except (ConfigError, ValueError, OSError) as error:
-        runner.fail(f"--model: {error}")
+        fail(f"--model: {error}")
     model = dataclasses.replace(source.model, dtype=_DTYPE.value, param_dtype=_DTYPE.value)
     name = _TOKENIZER.value or source.tokenizer
     if not name:
-        runner.fail(
+        fail(
             f"--model={_MODEL.value}: has no tokenizer.json; pass --tokenizer=<the tokenizer.json "
             "(or its directory) the model was trained with>"
         )
     try:
         tokenizer = load_tokenizer(name)
     except (ConfigError, ValueError, OSError) as error:
-        runner.fail(f"--tokenizer: {error}")
-    lm_runs.check_vocabulary(tokenizer, model, source, "tokenizer")
+        fail(f"--tokenizer: {error}")
+    checkpoints.check_vocabulary(tokenizer, model, source, "tokenizer")
     sampling = sampling_config(tokenizer)
     texts, ids = prompt_ids(prompts, tokenizer)
     prompt_length = max(len(row) for row in ids)
     if prompt_length + sampling.max_new_tokens > model.max_position_embeddings:
-        runner.fail(
+        fail(
             f"--max_new_tokens: the longest prompt ({prompt_length} tokens) + "
             f"{sampling.max_new_tokens} new ones exceed the model's max_position_embeddings="
             f"{model.max_position_embeddings}; shorten the prompts or lower --max_new_tokens"
         )
 
     mesh = lm_runs.make_mesh((1, 1, 1))
-    params = lm_runs.load_params(source, model, mesh)
+    params = checkpoints.load_params(source, model, mesh)
     batch = min(_BATCH_SIZE.value, len(ids))
     # Left-padded to one length, so that every batch runs the one compiled program.
     tokens = np.full((len(ids), prompt_length), tokenizer.pad_id, np.int32)
@@ -216,4 +222,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    runner.main(main)
+    cli.main(main)

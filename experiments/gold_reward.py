@@ -54,8 +54,11 @@ from absl import app, flags  # noqa: E402
 from algos import dpo, grpo, online_dpo, ppo_lm, reward_model, sft  # noqa: E402
 from envs.text import make_task  # noqa: E402
 from envs.text.task import supervised_batch  # noqa: E402
-from jaxrl import extras, hparams, loop, runner  # noqa: E402
-from jaxrl.config import ConfigError  # noqa: E402
+from jaxrl import cli, extras, hparams, loop  # noqa: E402
+from jaxrl.config import (
+    ConfigError,  # noqa: E402
+    fail,
+)
 from jaxrl.lm.model import ModelConfig, init_params  # noqa: E402
 from jaxrl.lm.sampler import generate  # noqa: E402
 from jaxrl.lm.tokenizer import ByteTokenizer  # noqa: E402
@@ -418,7 +421,7 @@ def main(argv: list[str]) -> None:
             for rule in ("mean", FLAGS.rule):
                 ppo_config(rule)
         except ConfigError as error:
-            runner.fail(f"--{error}")
+            fail(f"--{error}")
     os.makedirs(FLAGS.out, exist_ok=True)
     model = model_config()
     results = {"flags": {f.name: f.value for f in FLAGS.get_key_flags_for_module(sys.argv[0])}}
@@ -474,4 +477,4 @@ def overoptimisation(model: ModelConfig, results: dict) -> None:
 
 
 if __name__ == "__main__":
-    runner.main(main)
+    cli.main(main)

@@ -16,13 +16,16 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from jaxrl import extras, runner  # noqa: E402
+from jaxrl import (
+    cli,
+    extras,  # noqa: E402
+)
 from jaxrl.trainers import base, mappo  # noqa: E402
 
 # A missing optional extra is one error line, before flags are parsed or anything compiles.
 extras.require("marl", "experiments/mappo.py")
 
-FLAGS = runner.define_flags(__file__, "mappo.py:mappo_spread")
+FLAGS = cli.define_flags(__file__, "mappo.py:mappo_spread")
 
 if __name__ == "__main__":
-    runner.main(lambda argv: base.run_script(FLAGS, mappo.train))
+    cli.main(lambda argv: base.run_script(FLAGS, mappo.train))

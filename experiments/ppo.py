@@ -16,10 +16,10 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from jaxrl import runner  # noqa: E402
+from jaxrl import cli  # noqa: E402
 from jaxrl.trainers import base, ppo  # noqa: E402
 
-FLAGS = runner.define_flags(__file__, "ppo.py:cartpole")
+FLAGS = cli.define_flags(__file__, "ppo.py:cartpole")
 
 if __name__ == "__main__":
-    runner.main(lambda argv: base.run_script(FLAGS, ppo.train))
+    cli.main(lambda argv: base.run_script(FLAGS, ppo.train))

@@ -33,14 +33,14 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from jaxrl import extras, runner  # noqa: E402
+from jaxrl import cli, extras  # noqa: E402
 
 # A missing optional extra is one error line, before flags are parsed or anything compiles.
 extras.require("lm", "experiments/sft.py")
 
 from jaxrl.trainers import base, sft  # noqa: E402
 
-FLAGS = runner.define_flags(__file__, "sft.py", seeds=False)
+FLAGS = cli.define_flags(__file__, "sft.py", seeds=False)
 
 if __name__ == "__main__":
-    runner.main(lambda argv: base.run_script(FLAGS, sft.train))
+    cli.main(lambda argv: base.run_script(FLAGS, sft.train))

@@ -35,8 +35,8 @@ from typing import Any
 import numpy as np
 
 from jaxrl import evaluation
+from jaxrl.config import fail
 from jaxrl.logging import write_json
-from jaxrl.runner import fail
 
 CURVE_METRICS = ("episode_return", "eval_return")
 PASS_AT = "eval_pass_at_"  # summary.json's held-out pass@k of language-model runs

@@ -1,12 +1,20 @@
-"""Validation helpers shared by every algorithm's frozen `Config`.
+"""Settings: the checks every algorithm's frozen `Config` shares, and the building of a `Config`
+from a config file's ml_collections dict.
 
-A bad setting must fail before anything compiles, with one line that names the field and the fix.
+A bad setting must fail before anything compiles, with one line that names the field and the fix:
+`require` and its kin raise `ConfigError("field: problem; fix")` inside a Config's
+`__post_init__`; `fail` raises the `InputError` a script prints as `error: ...` (exit 2).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Any
+import sys
+from collections.abc import Mapping
+from typing import Any, NoReturn
+
+import ml_collections
 
 
 class ConfigError(ValueError):
@@ -15,8 +23,8 @@ class ConfigError(ValueError):
 
 class InputError(ConfigError):
     """A bad input (a setting, a file, a model or data given from Python) or a run that cannot
-    go on, in one line `<field or file:line>: <problem>; <fix>`: what `jaxrl.runner.fail` raises.
-    From Python it is the exception a trainer raises; a script (`jaxrl.runner.main`) prints it
+    go on, in one line `<field or file:line>: <problem>; <fix>`: what `jaxrl.fail` raises.
+    From Python it is the exception a trainer raises; a script (`jaxrl.cli.main`) prints it
     as `error: <line>` and exits with status 2, without a traceback. `abrupt`: the script exits
     without the interpreter's shutdown (threads of a failed checkpoint read would print)."""
 
@@ -101,3 +109,112 @@ def require_step_count(config: Any, field: str) -> None:
 def divisors(n: int) -> list[int]:
     """The positive divisors of `n` in increasing order (for "choose one of ..." hints)."""
     return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def fail(message: str, abrupt: bool = False) -> NoReturn:
+    """Stop with one clear line: raise `InputError(message)` (bad inputs are the user's to fix,
+    not bugs). A script prints it as `error: <message>` and exits with status 2, no traceback
+    (`exit_on_input_error`, its boundary); from Python it is the exception the trainer raises.
+    An InputError already on its way up passes a handler that would reword it unchanged."""
+    in_flight = sys.exc_info()[1]
+    if isinstance(in_flight, InputError):
+        raise in_flight
+    raise InputError(message, abrupt=abrupt)
+
+
+def run_section(**overrides: Any) -> ml_collections.ConfigDict:
+    """The `run` section of every config file: how a run is driven, not what it learns."""
+    return ml_collections.ConfigDict(
+        dict(
+            num_chunks=10,  # compiled chunks; the loop checkpoints (and may evaluate) between them
+            checkpoint_every=1,  # chunks
+            keep_checkpoints=3,
+            log_every=10,  # updates per metrics row
+            tensorboard=True,
+            progress=True,
+        )
+        | overrides
+    )
+
+
+def config_dict(config: Any, preset: Mapping[str, Any], **sections: Any) -> Any:
+    """A config file's `get_config()` result: the algorithm Config's fields with a preset's
+    values, plus named sections (`run` is added when not given)."""
+    flat = ml_collections.ConfigDict(dataclasses.asdict(config))
+    flat.update(dict(preset))
+    for name, value in flat.items():
+        if isinstance(value, list):  # ml_collections keeps tuples only if they start as tuples
+            flat[name] = tuple(value)
+    sections.setdefault("run", run_section())
+    for name, section in sections.items():
+        flat[name] = section
+    return flat
+
+
+def preset_of(presets: Mapping[str, Any], name: str) -> Any:
+    """`presets[name]`, or one error line naming the choices (no traceback)."""
+    if name not in presets:
+        fail(f"--config: unknown preset {name!r}; choose one of {sorted(presets)}")
+    return presets[name]
+
+
+def build_config(config_cls: type, flat: ml_collections.ConfigDict, settings: tuple = ()) -> Any:
+    """The frozen algorithm Config from the top-level fields of an ml_collections config.
+
+    Sections (nested ConfigDicts: run, model, task, ...) are the script's, discovered, not listed;
+    top-level scalars must be Config fields or one of the script's own `settings`. Any problem is
+    one `error: config.<field>: ...` line."""
+    fields = {f.name for f in dataclasses.fields(config_cls)}
+    values = {k: v for k, v in flat.items() if k in fields}
+    unknown = sorted(
+        k
+        for k, v in flat.items()
+        if k not in fields and k not in settings and not isinstance(v, ml_collections.ConfigDict)
+    )
+    if unknown:
+        fail(
+            f"config.{unknown[0]}: not a setting of {config_cls.__module__}.Config; "
+            f"valid settings are {sorted(fields)}"
+        )
+    defaults = {f.name: f.default for f in dataclasses.fields(config_cls)}
+    for name, value in values.items():
+        check_like_default(name, value, defaults.get(name, dataclasses.MISSING))
+    try:
+        return config_cls(**values)
+    except ConfigError as error:
+        fail(f"config.{error}")
+    except TypeError as error:
+        fail(f"config: {error}; check the settings' types against the config file")
+
+
+def check_like_default(name: str, value: Any, default: Any) -> None:
+    """A tuple setting (layer widths, a mesh shape) given as something else, or holding another
+    type of element than its default, is one line naming it: the Config's own checks compare
+    its elements with numbers and would fail with Python's message instead."""
+    if not isinstance(default, tuple) or not default:
+        return
+    kind = type(default[0])
+    example = "(" + ", ".join(str(x) for x in default) + ("," if len(default) == 1 else "") + ")"
+    if not isinstance(value, tuple | list):
+        fail(f"config.{name}: expected a tuple such as {example}, got {value!r}; pass e.g. "
+             f"--config.{name}='{example}'")  # fmt: skip
+    numbers = (int, float) if kind is float else (kind,)
+    bad = [
+        x for x in value if not isinstance(x, numbers) or isinstance(x, bool) is not (kind is bool)
+    ]
+    if bad:
+        fail(f"config.{name}: expected {kind.__name__}s such as {example}, got {tuple(value)!r}; "
+             f"pass e.g. --config.{name}='{example}'")  # fmt: skip
+
+
+RUN_COUNTS = ("num_chunks", "checkpoint_every", "keep_checkpoints", "log_every")
+
+
+def check_run_settings(run: Any, num_seeds: int = 1) -> None:
+    """The driver's counts (chunks, checkpoint interval, logging interval, seeds) must be >= 1."""
+    if num_seeds < 1:
+        fail(f"--num_seeds must be >= 1, got {num_seeds}; pass --num_seeds=1 or more")
+    for name in RUN_COUNTS:
+        value = run[name]
+        if not isinstance(value, int) or value < 1:
+            fail(f"config.run.{name} must be >= 1, got {value}; set it to 1 or more")

@@ -68,5 +68,5 @@ def require(extra: str, what: str) -> None:
     if name is not None:
         from jaxrl.runner import exit_on_input_error, fail
 
-        with exit_on_input_error():  # called at a script's import, outside `runner.main`
+        with exit_on_input_error():  # called at a script's import, outside `cli.main`
             fail(message(extra, name, what))

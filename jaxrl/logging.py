@@ -303,3 +303,8 @@ class MetricsSink:
             self._writer.close()
         if self._metrics_file is not None:
             self._metrics_file.close()
+
+
+def shorten(text: str, limit: int = 300) -> str:
+    """`text` cut to `limit` characters (an ellipsis marks the cut), for summaries."""
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"

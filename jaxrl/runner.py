@@ -1,4 +1,4 @@
-"""The one driver every `experiments/<algo>.py` runs on.
+"""The run loop every trainer drives its algorithm with (the scripts call the trainers).
 
 A script validates everything (its config, its data, its model), then hands the runner a `Job`:
 how to make fresh states, how to build a compiled chunk of updates, and where each update's inputs
@@ -21,9 +21,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import logging
 import os
-import re
 import signal
 import socket
 import sys
@@ -39,32 +37,8 @@ import numpy as np
 
 from jaxrl import host, hparams, loop
 from jaxrl.checkpoint import Checkpointer, DamagedCheckpointError
-from jaxrl.config import ConfigError, InputError
+from jaxrl.config import ConfigError, InputError, check_run_settings, fail
 from jaxrl.logging import MetricsSink, RunDirectory, to_jsonable
-
-
-def fail(message: str, abrupt: bool = False) -> NoReturn:
-    """Stop with one clear line: raise `InputError(message)` (bad inputs are the user's to fix,
-    not bugs). A script prints it as `error: <message>` and exits with status 2, no traceback
-    (`exit_on_input_error`, its boundary); from Python it is the exception the trainer raises.
-    An InputError already on its way up passes a handler that would reword it unchanged."""
-    in_flight = sys.exc_info()[1]
-    if isinstance(in_flight, InputError):
-        raise in_flight
-    raise InputError(message, abrupt=abrupt)
-
-
-@contextlib.contextmanager
-def exit_on_input_error() -> Iterator[None]:
-    """The scripts' boundary: an `InputError` raised inside becomes its one `error:` line on
-    stderr and exit status 2."""
-    try:
-        yield
-    except InputError as error:
-        print(f"error: {error}", file=sys.stderr, flush=True)
-        if error.abrupt:
-            os._exit(2)
-        sys.exit(2)
 
 
 @contextlib.contextmanager
@@ -92,344 +66,8 @@ def host_failures_as_input_errors() -> Iterator[None]:
         report_host_failure(failure)
 
 
-# Objects a trainer was given from Python (reward functions, game classes), under the
-# "module:name" a config records them by: load_named returns them as they are.
-GIVEN_OBJECTS: dict[str, Any] = {}
-
-
-def load_named(spec: str) -> Any:
-    """The object `spec` names: "module.path:name" (importable from the working directory) or
-    "path/to/file.py:name" (a module of the user's anywhere, loaded from its file). Raises
-    ImportError / AttributeError / ValueError with the reason."""
-    if spec in GIVEN_OBJECTS:  # a Python object handed to a trainer (jaxrl.trainers.base)
-        return GIVEN_OBJECTS[spec]
-    module_name, _, attribute = spec.rpartition(":") if ".py:" in spec else spec.partition(":")
-    if not attribute:
-        raise ValueError("no ':name' after the module")
-    if module_name.endswith(".py"):
-        import importlib.util
-
-        path = os.path.abspath(os.path.expanduser(module_name))
-        if not os.path.isfile(path):
-            raise ImportError(f"no such file {path}")
-        # One module per file, under a name of its own: loading it twice reuses it.
-        name = "jaxrl_user_" + re.sub(r"\W", "_", path)
-        if name not in sys.modules:
-            loader_spec = importlib.util.spec_from_file_location(name, path)
-            if loader_spec is None or loader_spec.loader is None:
-                raise ImportError(f"cannot load {path} as a Python module")
-            module = importlib.util.module_from_spec(loader_spec)
-            sys.modules[name] = module
-            try:
-                loader_spec.loader.exec_module(module)
-            except BaseException:
-                del sys.modules[name]
-                raise
-        return getattr(sys.modules[name], attribute)
-    import importlib
-
-    return getattr(importlib.import_module(module_name), attribute)
-
-
 # --------------------------------------------------------------------------------------------
-# Flags and configs
-
-
-def define_flags(script: str, default_config: str, seeds: bool = True) -> dict[str, Any]:
-    """The flags every script takes: --config (an ml_collections file and preset, by default
-    `default_config` in the `configs` folder beside `script`, fields overridable as
-    --config.X=V), --workdir and --kill_after_chunk; with `seeds`, also --num_seeds and --seed
-    (control scripts, whose seeds are vmapped).
-
-    ml_collections loads the default config and applies --config.X overrides while the flag is
-    defined, so a mistyped field fails here, at import: it becomes one `error:` line."""
-    from absl import flags
-    from ml_collections import config_flags
-
-    try:
-        config = config_flags.DEFINE_config_file(
-            "config",
-            os.path.join(os.path.dirname(os.path.abspath(script)), "configs", default_config),
-            "Config file and preset (FILE:PRESET); override fields with --config.X=V.",
-            lock_config=True,
-        )
-    except Exception as error:  # noqa: BLE001  anything ml_collections raises is a bad flag
-        with exit_on_input_error():  # at the script's import, before `main`
-            raise InputError(flag_error_message(error)) from None
-    handles = {
-        "config": config,
-        "workdir": flags.DEFINE_string(
-            "workdir", None, "Run directory; an existing one is resumed. Default: runs/<name>."
-        ),
-        "kill_after_chunk": flags.DEFINE_integer(
-            "kill_after_chunk", None, "Testing aid: SIGKILL right after chunk K's checkpoint."
-        ),
-    }
-    if seeds:
-        handles["num_seeds"] = flags.DEFINE_integer(
-            "num_seeds", 4, "Independent seeds, vmapped in one program."
-        )
-        handles["seed"] = flags.DEFINE_integer(
-            "seed", 0, "Base seed; run i uses split i of PRNGKey(seed)."
-        )
-    return handles
-
-
-def flag_error_message(error: BaseException) -> str:
-    """One line for an error raised while parsing flags or loading the config file: the line of
-    an InputError the config file raised (`fail` in its get_config: an unknown preset), which
-    ml_collections and absl hand on wrapped in errors of their own, or one made from theirs."""
-    chain, seen = error, set()
-    while chain is not None and id(chain) not in seen:
-        seen.add(id(chain))
-        if isinstance(chain, InputError) and "Error whilst parsing config file" not in str(chain):
-            return str(chain)
-        chain = chain.__cause__ or chain.__context__
-    text = " ".join(str(error).replace("\\n", " ").split())
-    guess = re.search(r'Did you mean "([^"]+)" instead of "([^"]+)"', text.replace("\\", ""))
-    if guess:
-        wanted, typed = guess.groups()
-        flag = next(
-            (a.split("=")[0] for a in sys.argv[1:] if a.split("=")[0].endswith(f".{typed}")),
-            f"--config.{typed}",
-        )
-        return f"{flag}: not a setting of this config; did you mean {flag[: -len(typed)]}{wanted}?"
-    # A name with no close match reaches us as the bare KeyError: "'workdir'".
-    missing = re.fullmatch(r"\"?'([\w-]+)'\"?", text)
-    if missing:
-        name = missing.group(1)
-        flag = next(
-            (a.split("=")[0] for a in sys.argv[1:] if a.split("=")[0].endswith(f".{name}")),
-            f"--config.{name}",
-        )
-        hint = (
-            f"it is a flag of its own: --{name}=..."
-            if name in ("workdir", "kill_after_chunk")
-            else "check its spelling against the config file"
-        )
-        return f"{flag}: not a setting of this config; {hint}"
-    unknown = re.search(r"Unknown command line flag '([^']+)'", text)
-    if unknown:
-        return f"--{unknown.group(1)}: unknown flag; see --helpfull for the flags this script takes"
-    bad_value = re.match(r"flag (--[^=]+)=(.*?): (.*)$", text)
-    if bad_value:
-        flag, value, problem = bad_value.groups()
-        return f"{flag}: {problem} (got {value!r}); give a value of the flag's type"
-    if "No such file" in text or "Attempted" in text:
-        path = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--config=")), "")
-        return f"--config={path}: no such config file; pass experiments/configs/<algo>.py[:PRESET]"
-    return f"flags: {text}; check the flag's spelling and value"
-
-
-def repeated_overrides(args: list[str]) -> list[str]:
-    """The config overrides (`--config.X`) given more than once in `args`, in order."""
-    seen, repeated = set(), []
-    for arg in args:
-        if arg == "--":
-            break
-        if arg.startswith("--config."):
-            name = arg.split("=", 1)[0]
-            if name in seen and name not in repeated:
-                repeated.append(name)
-            seen.add(name)
-    return repeated
-
-
-def main(script_main: Callable[[list[str]], None], positional: bool = False) -> None:
-    """`absl.app.run(script_main)` where any flag-parsing error is one `error:` line (exit 2) and
-    positional arguments are refused (settings are flags) unless the script takes them."""
-    from absl import app, flags
-    from absl import logging as absl_logging
-
-    def parse(argv: list[str]) -> list[str]:
-        with exit_on_input_error():
-            return parse_flags(argv)
-
-    def parse_flags(argv: list[str]) -> list[str]:
-        # absl exits with status 1 after --help; asking for help is no error. --helpconfig lists
-        # the config's fields with their values (after the --config file, preset and overrides).
-        wanted = [a for a in argv[1:] if a in HELP_FLAGS]
-        if wanted and wanted[0] != "--helpconfig":
-            app.usage(shorthelp=wanted[0] != "--helpfull", writeto_stdout=True)
-            if wanted[0] != "--helpfull":
-                print("Try --helpfull for every flag, --helpconfig for the config's fields.")
-            sys.exit(0)
-        argv = [a for a in argv if a != "--helpconfig"]
-        try:
-            rest = flags.FLAGS(argv)
-            if "config" in flags.FLAGS:
-                list(flags.FLAGS["config"].value.keys())  # loads the config file (and preset) now
-        except SystemExit:
-            raise
-        except Exception as error:  # noqa: BLE001
-            raise InputError(flag_error_message(error)) from None
-        # A repeated override of a number or string: the last wins, as absl flags do. Of a tuple,
-        # ml_collections concatenates them (hidden_sizes=(8,8) then (4,4) gives four layers).
-        for name in repeated_overrides(argv[1:]):
-            value = flags.FLAGS["config"].value
-            for part in name.removeprefix("--config.").split("."):
-                value = value[part]
-            if isinstance(value, tuple | list):
-                fail(
-                    f"{name}: given more than once (a tuple's repeats are joined, giving "
-                    f"{tuple(value)}); pass it once"
-                )
-        if len(rest) > 1 and not positional:
-            fail(f"unexpected arguments {rest[1:]}; settings are flags, e.g. --config.seed=1")
-        if wanted:
-            if "config" not in flags.FLAGS:
-                print("This script has no config; see --helpfull for its flags.")
-            else:
-                for name, value in config_fields(flags.FLAGS["config"].value):
-                    print(f"--config.{name}={value!r}")
-            sys.exit(0)
-        return rest
-
-    def run(argv: list[str]) -> None:
-        absl_logging.set_verbosity(absl_logging.WARNING)  # orbax narrates every save at INFO
-        # and warns when a save waits for the one before ("Waiting for previous save to complete
-        # took 7.3 seconds"): a fact of the schedule, not something to act on.
-        absl_logging.get_absl_logger().addFilter(_drop_orbax_waits)
-        # JAX logs the traceback of a failing callback before re-raising it; the exception itself
-        # reaches us (a user's function failing: one line, its traceback in the run's error.log).
-        logging.getLogger("jax._src.callback").setLevel(logging.CRITICAL)
-        try:
-            with exit_on_input_error(), host_failures_as_input_errors():
-                script_main(argv)
-        except KeyboardInterrupt:  # outside training (setup, final evaluation): one line too
-            run_dir = _open_runs[-1] if _open_runs else None
-            kept = run_dir is not None and os.path.isdir(run_dir.checkpoint_dir)
-            kept = kept and any(name.isdigit() for name in os.listdir(run_dir.checkpoint_dir))
-            if kept:
-                print(
-                    f"\nInterrupted; the checkpoints in {run_dir.checkpoint_dir} are kept: run "
-                    "the same command again to resume.",
-                    file=sys.stderr,
-                )
-            else:
-                print(
-                    "\nInterrupted before any checkpoint; run the same command again to start.",
-                    file=sys.stderr,
-                )
-            sys.exit(130)
-
-    app.run(run, flags_parser=parse)
-
-
-HELP_FLAGS = ("--help", "-h", "-?", "--helpshort", "--helpfull", "--helpconfig")
-
-
-def config_fields(config: ml_collections.ConfigDict, prefix: str = "") -> list[tuple[str, Any]]:
-    """Every field of `config` as (dotted name, value), sections flattened, in order."""
-    fields = []
-    for name, value in config.items():
-        if isinstance(value, ml_collections.ConfigDict):
-            fields += config_fields(value, f"{prefix}{name}.")
-        else:
-            fields.append((f"{prefix}{name}", value))
-    return fields
-
-
-def _drop_orbax_waits(record: logging.LogRecord) -> bool:
-    return "Waiting for previous save" not in str(record.msg)
-
-
-def run_section(**overrides: Any) -> ml_collections.ConfigDict:
-    """The `run` section of every config file: how a run is driven, not what it learns."""
-    return ml_collections.ConfigDict(
-        dict(
-            num_chunks=10,  # compiled chunks; the loop checkpoints (and may evaluate) between them
-            checkpoint_every=1,  # chunks
-            keep_checkpoints=3,
-            log_every=10,  # updates per metrics row
-            tensorboard=True,
-            progress=True,
-        )
-        | overrides
-    )
-
-
-def config_dict(config: Any, preset: Mapping[str, Any], **sections: Any) -> Any:
-    """A config file's `get_config()` result: the algorithm Config's fields with a preset's
-    values, plus named sections (`run` is added when not given)."""
-    flat = ml_collections.ConfigDict(dataclasses.asdict(config))
-    flat.update(dict(preset))
-    for name, value in flat.items():
-        if isinstance(value, list):  # ml_collections keeps tuples only if they start as tuples
-            flat[name] = tuple(value)
-    sections.setdefault("run", run_section())
-    for name, section in sections.items():
-        flat[name] = section
-    return flat
-
-
-def preset_of(presets: Mapping[str, Any], name: str) -> Any:
-    """`presets[name]`, or one error line naming the choices (no traceback)."""
-    if name not in presets:
-        fail(f"--config: unknown preset {name!r}; choose one of {sorted(presets)}")
-    return presets[name]
-
-
-def build_config(config_cls: type, flat: ml_collections.ConfigDict, settings: tuple = ()) -> Any:
-    """The frozen algorithm Config from the top-level fields of an ml_collections config.
-
-    Sections (nested ConfigDicts: run, model, task, ...) are the script's, discovered, not listed;
-    top-level scalars must be Config fields or one of the script's own `settings`. Any problem is
-    one `error: config.<field>: ...` line."""
-    fields = {f.name for f in dataclasses.fields(config_cls)}
-    values = {k: v for k, v in flat.items() if k in fields}
-    unknown = sorted(
-        k
-        for k, v in flat.items()
-        if k not in fields and k not in settings and not isinstance(v, ml_collections.ConfigDict)
-    )
-    if unknown:
-        fail(
-            f"config.{unknown[0]}: not a setting of {config_cls.__module__}.Config; "
-            f"valid settings are {sorted(fields)}"
-        )
-    defaults = {f.name: f.default for f in dataclasses.fields(config_cls)}
-    for name, value in values.items():
-        check_like_default(name, value, defaults.get(name, dataclasses.MISSING))
-    try:
-        return config_cls(**values)
-    except ConfigError as error:
-        fail(f"config.{error}")
-    except TypeError as error:
-        fail(f"config: {error}; check the settings' types against the config file")
-
-
-def check_like_default(name: str, value: Any, default: Any) -> None:
-    """A tuple setting (layer widths, a mesh shape) given as something else, or holding another
-    type of element than its default, is one line naming it: the Config's own checks compare
-    its elements with numbers and would fail with Python's message instead."""
-    if not isinstance(default, tuple) or not default:
-        return
-    kind = type(default[0])
-    example = "(" + ", ".join(str(x) for x in default) + ("," if len(default) == 1 else "") + ")"
-    if not isinstance(value, tuple | list):
-        fail(f"config.{name}: expected a tuple such as {example}, got {value!r}; pass e.g. "
-             f"--config.{name}='{example}'")  # fmt: skip
-    numbers = (int, float) if kind is float else (kind,)
-    bad = [
-        x for x in value if not isinstance(x, numbers) or isinstance(x, bool) is not (kind is bool)
-    ]
-    if bad:
-        fail(f"config.{name}: expected {kind.__name__}s such as {example}, got {tuple(value)!r}; "
-             f"pass e.g. --config.{name}='{example}'")  # fmt: skip
-
-
-RUN_COUNTS = ("num_chunks", "checkpoint_every", "keep_checkpoints", "log_every")
-
-
-def check_run_settings(run: Any, num_seeds: int = 1) -> None:
-    """The driver's counts (chunks, checkpoint interval, logging interval, seeds) must be >= 1."""
-    if num_seeds < 1:
-        fail(f"--num_seeds must be >= 1, got {num_seeds}; pass --num_seeds=1 or more")
-    for name in RUN_COUNTS:
-        value = run[name]
-        if not isinstance(value, int) or value < 1:
-            fail(f"config.run.{name} must be >= 1, got {value}; set it to 1 or more")
+# The run directory's settings
 
 
 def check_same_script(run_dir: RunDirectory, workdir: str) -> None:
@@ -523,21 +161,11 @@ class Seeds:
         return {**flat.to_dict(), "num_seeds": self.count, "seed": self.base}
 
 
-def seeds(flags: Mapping[str, Any], run: Any) -> Seeds:
-    """--num_seeds and --seed, with the run section's counts checked (one error line)."""
-    return make_seeds(flags["num_seeds"].value, flags["seed"].value, run)
-
-
 def make_seeds(count: int, base: int, run: Any) -> Seeds:
     """`count` seeds from `base`, with the run section's counts checked (one error line)."""
     check_run_settings(run, count)
     init_keys, eval_keys = loop.run_keys(base, count)
     return Seeds(count, base, init_keys, eval_keys)
-
-
-def workdir(flags: Mapping[str, Any], name: str) -> str:
-    """--workdir, or runs/<name>-<date>-<time>."""
-    return flags["workdir"].value or f"runs/{name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def seeded_job(

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from flax import struct
 
-from jaxrl import hparams, loop, runner
+from jaxrl import cli, hparams, loop, runner
 from jaxrl.checkpoint import Checkpointer
-from jaxrl.config import InputError
+from jaxrl.config import InputError, build_config, run_section
 from jaxrl.hparams import swept
 
 
@@ -65,7 +65,7 @@ def toy_job(config: ToyConfig, num_runs: int = 2) -> runner.Job:
     )
 
 
-RUN = runner.run_section(num_chunks=3, log_every=2, tensorboard=False, progress=False)
+RUN = run_section(num_chunks=3, log_every=2, tensorboard=False, progress=False)
 
 
 def rows(workdir):
@@ -158,10 +158,10 @@ def test_sweep_refuses_unknown_and_invalid_values():
 
 def test_build_config_discovers_sections_and_refuses_unknown_fields(capsys):
     flat = ml_collections.ConfigDict({"rate": 2.0, "run": RUN, "model": {"width": 3}})
-    assert runner.build_config(ToyConfig, flat).rate == 2.0
+    assert build_config(ToyConfig, flat).rate == 2.0
     flat.unknown = 1
     with pytest.raises(InputError) as error:
-        runner.build_config(ToyConfig, flat)
+        build_config(ToyConfig, flat)
     assert str(error.value).startswith("config.unknown: not a setting of")
 
 
@@ -235,7 +235,7 @@ def test_ctrl_c_inside_a_block_stops_after_the_running_update_and_resumes_exactl
         tick = io_callback(signal_at_six, jax.ShapeDtypeStruct((), jnp.int32), state.step)
         return state.replace(step=state.step + tick), metrics
 
-    run = runner.run_section(num_chunks=1, log_every=4, tensorboard=False, progress=False)
+    run = run_section(num_chunks=1, log_every=4, tensorboard=False, progress=False)
     whole = str(tmp_path / "whole")
     plain = runner.train(toy_job(config), run, runner.open_run(whole, {"rate": 1.0}))
 
@@ -266,13 +266,11 @@ def test_load_named_takes_a_module_path_or_a_file_outside_the_repository(tmp_pat
     source.write_text(
         "calls = []\n\ndef f(prompts, completions):\n    return [1.0] * len(completions)\n"
     )
-    f = runner.load_named(f"{source}:f")
+    f = cli.load_named(f"{source}:f")
     assert f(["p"], ["a", "b"]) == [1.0, 1.0]
-    assert runner.load_named(f"{source}:f") is f
-    assert runner.load_named("tests.fixtures.host_reward:digit_fraction")(None, ["1a"], None) == [
-        0.5
-    ]
+    assert cli.load_named(f"{source}:f") is f
+    assert cli.load_named("tests.fixtures.host_reward:digit_fraction")(None, ["1a"], None) == [0.5]
     with pytest.raises(ImportError, match="no such file"):
-        runner.load_named(f"{tmp_path / 'nope.py'}:f")
+        cli.load_named(f"{tmp_path / 'nope.py'}:f")
     with pytest.raises(AttributeError):
-        runner.load_named(f"{source}:g")
+        cli.load_named(f"{source}:g")

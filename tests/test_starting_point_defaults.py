@@ -13,6 +13,7 @@ import os
 import numpy as np
 import pytest
 
+from jaxrl.lm import checkpoints
 from jaxrl.lm.model import ModelConfig
 from jaxrl.trainers import lm_runs
 from jaxrl.trainers.presets import lm as lm_configs
@@ -21,9 +22,9 @@ TINY = ModelConfig(259, 64, 128, 2, 4, 2)
 CONFIG_FILES = ("sft", "dpo", "grpo", "multiturn", "ppo_lm", "online_dpo", "reward_model")
 
 
-def checkpoint(pretrained: bool) -> lm_runs.Checkpoint:
+def checkpoint(pretrained: bool) -> checkpoints.Checkpoint:
     kind = "gguf" if pretrained else "random"
-    return lm_runs.Checkpoint(kind, "", TINY, "byte", f"{kind} model", pretrained=pretrained)
+    return checkpoints.Checkpoint(kind, "", TINY, "byte", f"{kind} model", pretrained=pretrained)
 
 
 def config_of(name: str, preset: str | None = None):
@@ -111,16 +112,16 @@ def write_run(path, **record):
 def test_runs_inherit_their_starting_point(tmp_path):
     write_run(tmp_path / "tiny", init_from="random init", pretrained=False)
     write_run(tmp_path / "smol", init_from="GGUF file x.gguf", pretrained=True)
-    assert not lm_runs._descends_from_pretrained(str(tmp_path / "tiny"))
-    assert lm_runs._descends_from_pretrained(str(tmp_path / "smol"))
+    assert not checkpoints.descends_from_pretrained(str(tmp_path / "tiny"))
+    assert checkpoints.descends_from_pretrained(str(tmp_path / "smol"))
     # Runs recorded before `pretrained` existed: followed back through init_from.
     write_run(tmp_path / "old_tiny", init_from="random init")
     write_run(tmp_path / "old_dpo", init_from=f"run {tmp_path / 'old_tiny'}")
     write_run(tmp_path / "old_grpo", init_from=f"run {tmp_path / 'smol'}")
     write_run(tmp_path / "old_hf", init_from="Hugging Face checkpoint /models/x")
-    assert not lm_runs._descends_from_pretrained(str(tmp_path / "old_dpo"))
-    assert lm_runs._descends_from_pretrained(str(tmp_path / "old_grpo"))
-    assert lm_runs._descends_from_pretrained(str(tmp_path / "old_hf"))
+    assert not checkpoints.descends_from_pretrained(str(tmp_path / "old_dpo"))
+    assert checkpoints.descends_from_pretrained(str(tmp_path / "old_grpo"))
+    assert checkpoints.descends_from_pretrained(str(tmp_path / "old_hf"))
 
 
 # --- the direction on SmolLM2 (the real model) ------------------------------------------------

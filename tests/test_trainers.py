@@ -12,6 +12,7 @@ import pytest
 
 from jaxrl.checkpoint import Checkpointer
 from jaxrl.config import InputError
+from jaxrl.lm import checkpoints
 from tests.script_runs import read_json, read_rows, run_script
 
 QUIET = {"run.progress": False, "run.tensorboard": False}
@@ -259,7 +260,7 @@ def test_a_preset_model_field_the_checkpoint_agrees_with_is_not_refused(sft_pair
     from jaxrl.trainers import lm_runs, sft
 
     config = sft.config()
-    held = lm_runs.find_checkpoint(sft_pair[0]).model.max_position_embeddings
+    held = checkpoints.find_checkpoint(sft_pair[0]).model.max_position_embeddings
     config.init_from = sft_pair[0]
     config.model.max_position_embeddings = held - 1  # not the tiny model's; the checkpoint holds it
     assert lm_runs.start_checkpoint(config).model.max_position_embeddings == held

@@ -36,7 +36,11 @@ from jaxrl import hparams, sharding  # noqa: E402
 from jaxrl.lm import training  # noqa: E402
 from jaxrl.lm.model import Transformer, init_cache, positions_from_mask  # noqa: E402
 from jaxrl.lm.sampler import generation_copy  # noqa: E402
-from jaxrl.trainers import base, lm_runs, prompt_rl  # noqa: E402
+from jaxrl.trainers import (  # noqa: E402
+    base,
+    lm_runs,
+    prompt_data,  # noqa: E402
+)
 
 
 def seconds(fn, *args, reps: int = 20) -> float:
@@ -71,7 +75,7 @@ def main() -> None:
     # The run directory is named, never created: nothing is written.
     run = lm_runs.setup(flat, f"{tempfile.gettempdir()}/partial_phases", grpo.Config, "grpo")
     config, mesh = run.config, run.mesh
-    prompts = prompt_rl.read_task(run)
+    prompts = prompt_data.read_task(run)
     params, model, _ = lm_runs.initial_params(run)
     task_data = jax.device_put(prompts.task.data, sharding.replicated(mesh))
     inputs, hp = grpo.Inputs(None, task_data), hparams.hparams(config)

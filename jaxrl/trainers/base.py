@@ -44,6 +44,10 @@ from typing import Any, NamedTuple
 
 import ml_collections
 
+from jaxrl import cli
+from jaxrl.config import fail
+from jaxrl.lm import checkpoints
+
 ROWS_DIR = "jaxrl-rows"  # under the temporary directory: the files of rows given from Python
 
 
@@ -73,9 +77,8 @@ def config_of(config: Any, algo: str, default_preset: str | None = None) -> Any:
         return load_config(algo, config)
     if isinstance(config, ml_collections.ConfigDict):
         return copy.deepcopy(config)
-    from jaxrl import runner
 
-    runner.fail(
+    fail(
         f"config: expected an ml_collections.ConfigDict or a preset name, got "
         f"{type(config).__name__}; pass jaxrl.trainers.{algo}.config(PRESET)"
     )
@@ -97,32 +100,31 @@ def rows_file(rows: Any, field: str) -> str:
     (`jaxrl.data.chat.GIVEN_JSONL`), and rows refused are written nowhere."""
     if isinstance(rows, str | os.PathLike):
         return os.fspath(rows)
-    from jaxrl import runner
 
     if isinstance(rows, Mapping):  # a datasets.DatasetDict, one row, or columns
         splits = [name for name, value in rows.items() if callable(getattr(value, "to_list", 0))]
         fix = f"pass one split, e.g. {field}=data[{splits[0]!r}]" if splits else ""
         fix = fix or "give a list of rows, e.g. [{'prompt': '...', 'answer': '...'}, ...]"
-        runner.fail(f"{field}: a mapping ({type(rows).__name__}), not a list of rows; {fix}")
+        fail(f"{field}: a mapping ({type(rows).__name__}), not a list of rows; {fix}")
     to_list = getattr(rows, "to_list", None)  # a datasets.Dataset: all rows at once
     if callable(to_list):
         rows = to_list()
     if not isinstance(rows, Iterable) or isinstance(rows, bytes):
-        runner.fail(
+        fail(
             f"{field}: expected a JSONL path or a list of dicts, got {type(rows).__name__}; "
             "pass e.g. [{'prompt': '...', 'answer': '...'}, ...]"
         )
     lines = []
     for index, row in enumerate(rows):
         if not isinstance(row, Mapping):
-            runner.fail(
+            fail(
                 f"{field}: row {index} is a {type(row).__name__}, not a dict; give every row as "
                 "a dict of columns"
             )
         try:
             lines.append(json.dumps(dict(row), default=_plain))
         except (TypeError, ValueError) as error:
-            runner.fail(f"{field}: row {index}: {error}; give JSON values (str, numbers, lists)")
+            fail(f"{field}: row {index}: {error}; give JSON values (str, numbers, lists)")
     text = "\n".join(lines) + "\n"
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
     directory = os.path.join(tempfile.gettempdir(), ROWS_DIR)
@@ -180,16 +182,15 @@ class ModelParams:
         import jax
         import numpy as np
 
-        from jaxrl import runner
         from jaxrl.config import ConfigError
         from jaxrl.trainers import lm_runs
 
         try:
-            source = lm_runs.find_checkpoint(os.fspath(path))
+            source = checkpoints.find_checkpoint(os.fspath(path))
         except (ConfigError, ValueError, OSError) as error:
-            runner.fail(f"model: {error}")
+            fail(f"model: {error}")
         mesh = lm_runs.make_mesh((1, 1, 1))
-        params = lm_runs.load_params(source, source.model, mesh)
+        params = checkpoints.load_params(source, source.model, mesh)
         params = jax.tree.map(np.asarray, params)
         return cls(params, source.model, source.tokenizer or "byte", source.pretrained)
 
@@ -199,13 +200,10 @@ def model_source(model: Any) -> str:
     "smollm2", or parameters in memory (`ModelParams`)."""
     if isinstance(model, str | os.PathLike):
         return os.fspath(model)
-    from jaxrl import runner
 
     if isinstance(model, ModelParams):
-        from jaxrl.trainers import lm_runs
-
-        return lm_runs.given_model(model.params, model.model, model.tokenizer, model.pretrained)
-    runner.fail(
+        return checkpoints.given_model(model.params, model.model, model.tokenizer, model.pretrained)
+    fail(
         f"model: expected a Hugging Face directory, a .gguf file, a run directory, 'smollm2' "
         f"or a jaxrl.trainers.base.ModelParams, got {type(model).__name__}; pass its path, or "
         "ModelParams(params, model_config, tokenizer)"
@@ -214,15 +212,14 @@ def model_source(model: Any) -> str:
 
 def given_name(obj: Any, field: str) -> str:
     """The "module:name" a config records a Python object (a reward function, a game class) by;
-    `jaxrl.runner.load_named` returns the object itself for it."""
-    from jaxrl import runner
+    `jaxrl.cli.load_named` returns the object itself for it."""
 
     if not callable(obj):
-        runner.fail(f"{field}: {obj!r} is not callable; pass a function or a class")
+        fail(f"{field}: {obj!r} is not callable; pass a function or a class")
     # The bare name (not a nested function's qualified one): it also names the reward's metric.
     name = getattr(obj, "__name__", None) or type(obj).__name__
     spec = f"{getattr(obj, '__module__', None) or 'python'}:{name}"
-    runner.GIVEN_OBJECTS[spec] = obj
+    cli.GIVEN_OBJECTS[spec] = obj
     return spec
 
 
@@ -239,7 +236,6 @@ def lm_config(
     """A language-model trainer's ConfigDict with the user parts in it: `model` as init_from,
     the data as config.task.train_jsonl / eval_jsonl, reward functions as config.rewards.host,
     a game class as config.task.game. A part the algorithm does not take is one error line."""
-    from jaxrl import runner
 
     flat = config_of(config, algo)
     if model is not None:
@@ -251,16 +247,16 @@ def lm_config(
         if value is None:
             continue
         if field not in flat.task:
-            runner.fail(f"{part}: {algo} trains on a game, not on rows; drop {part}")
+            fail(f"{part}: {algo} trains on a game, not on rows; drop {part}")
         flat.task[field] = rows_file(value, part)
     if rewards is not None:
         if "rewards" not in flat:
-            runner.fail(f"rewards: {algo} takes no reward functions; drop rewards")
+            fail(f"rewards: {algo} takes no reward functions; drop rewards")
         functions = list(rewards) if isinstance(rewards, list | tuple) else [rewards]
         flat.rewards.host = ",".join(given_name(f, "rewards") for f in functions)
     if game is not None:
         if "game" not in flat.task:
-            runner.fail(f"game: {algo}'s config has no game; use the multiturn or sft trainer")
+            fail(f"game: {algo}'s config has no game; use the multiturn or sft trainer")
         flat.task.game = given_name(game, "game")
     return flat
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from algos import bc, cql
 from jaxrl import hparams, loop, runner
-from jaxrl.config import ConfigError, is_finite_number
+from jaxrl.config import ConfigError, build_config, fail, is_finite_number
 from jaxrl.data import (
     CorruptDatasetError,
     DatasetNotFoundError,
@@ -40,7 +40,7 @@ def load_dataset(flat: Any, config: cql.Config) -> tuple[Transition, dict[str, A
     """The dataset on device and its metadata; every problem ends the script with one line."""
     section = flat.dataset
     if not section.path:
-        runner.fail(
+        fail(
             "config.dataset.path is required; pass a dataset directory printed by "
             "experiments/collect.py (e.g. --config.dataset.path=data/pendulum_v1/medium/1.0.0) "
             "or a TFDS name with --config.dataset.data_dir"
@@ -51,18 +51,18 @@ def load_dataset(flat: Any, config: cql.Config) -> tuple[Transition, dict[str, A
         transitions = load_transitions(path, split=section.split, data_dir=data_dir)
         info = load_dataset_info(path, data_dir=data_dir)
     except (DatasetNotFoundError, CorruptDatasetError, ImportError) as error:
-        runner.fail(f"config.dataset.path: {error}")
+        fail(f"config.dataset.path: {error}")
     metadata = dict(info.get("metadata") or {})
     env_name = metadata.get("env_name")
     if env_name and env_name != config.env_name:
-        runner.fail(
+        fail(
             f"config.env_name: the dataset {path} was collected on {env_name!r}, not "
             f"{config.env_name!r}; set --config.env_name={env_name}"
         )
     try:
         data = cql.device_dataset(transitions, config)
     except ValueError as error:
-        runner.fail(f"config.dataset.path ({path}): {error}")
+        fail(f"config.dataset.path ({path}): {error}")
     return data, metadata
 
 
@@ -72,7 +72,7 @@ def reference_returns(flat: Any, metadata: dict[str, Any]) -> tuple[float | None
     random_return = flat.reference.random_return
     expert_return = flat.reference.expert_return
     if (random_return is None) != (expert_return is None):
-        runner.fail(
+        fail(
             "config.reference: only one of random_return and expert_return is given; give "
             "both, or neither (the dataset's metadata then gives them, if it has them)"
         )
@@ -80,13 +80,13 @@ def reference_returns(flat: Any, metadata: dict[str, Any]) -> tuple[float | None
         random_return = metadata.get("reference_min_return")
         expert_return = metadata.get("reference_max_return")
         if (random_return is None) != (expert_return is None):
-            runner.fail(
+            fail(
                 "config.reference: the dataset's metadata has only one of reference_min_return "
                 "and reference_max_return; give both --config.reference.random_return and "
                 "--config.reference.expert_return"
             )
     if random_return is not None and random_return == expert_return:
-        runner.fail(
+        fail(
             f"config.reference: random_return and expert_return are both {random_return}, so "
             "no score can be normalized between them; give two different returns"
         )
@@ -98,14 +98,14 @@ def train(flat: Any, workdir: str | None, seeds: Any, kill_after_chunk: int | No
     """Train CQL (`config`: experiments/configs/cql.py's, default preset pendulum; its
     dataset.path names the RLDS dataset) for `num_seeds` seeds from PRNGKey(`seed`) in `workdir`,
     and behaviour cloning beside it; returns CQL's final states and the summary."""
-    config = runner.build_config(cql.Config, flat)
+    config = build_config(cql.Config, flat)
     num_seeds, init_keys, eval_keys = seeds.count, seeds.init_keys, seeds.eval_keys
     for name in ("random_return", "expert_return"):
         value = flat.reference[name]
         if value is not None and not is_finite_number(value):
-            runner.fail(f"config.reference.{name}: must be a finite number, got {value}; give one")
+            fail(f"config.reference.{name}: must be a finite number, got {value}; give one")
     if (flat.reference.random_return is None) != (flat.reference.expert_return is None):
-        runner.fail(
+        fail(
             "config.reference: only one of random_return and expert_return is given; give "
             "both, or neither (the dataset's metadata then gives them, if it has them)"
         )
@@ -122,7 +122,7 @@ def train(flat: Any, workdir: str | None, seeds: Any, kill_after_chunk: int | No
                 eval_episodes=config.eval_episodes,
             )
         except ConfigError as error:
-            runner.fail(f"config.bc.{error}")
+            fail(f"config.bc.{error}")
     data, metadata = load_dataset(flat, config)
     random_return, expert_return = reference_returns(flat, metadata)
     references = (random_return, expert_return)

@@ -18,8 +18,10 @@ import jax
 import envs.text  # noqa: F401  (the tasks: imported at start, as a run needs them)
 from algos import dpo
 from jaxrl import runner, sharding
+from jaxrl.config import fail
 from jaxrl.data.step_batches import dataset_batches
-from jaxrl.lm import training
+from jaxrl.lm import checkpoints, training
+from jaxrl.lm.completions import batch_for_mesh, eval_examples
 from jaxrl.trainers import base, lm_runs
 from jaxrl.trainers.preference_data import (
     checked_pairs,
@@ -40,7 +42,7 @@ def train(flat: Any, workdir: str | None, kill_after_chunk: int | None) -> base.
     run = lm_runs.setup(flat, workdir, dpo.Config, "dpo")
     flat, config, mesh, task = run.flat, run.config, run.mesh, run.task
     if not flat.init_from:
-        runner.fail(
+        fail(
             "config.init_from: DPO starts from an SFT model; run `python experiments/sft.py "
             "--workdir=runs/sft` first and pass --config.init_from=runs/sft"
         )
@@ -71,7 +73,7 @@ def train(flat: Any, workdir: str | None, kill_after_chunk: int | None) -> base.
     if config.uses_reference and config.reference == "precomputed":
         scored.append(arrays["train"])
     largest = max(len(split["chosen_tokens"]) for split in scored)
-    eval_batch = lm_runs.batch_for_mesh(min(flat.eval_batch_size, largest), mesh)
+    eval_batch = batch_for_mesh(min(flat.eval_batch_size, largest), mesh)
     place = lambda batch: sharding.shard_batch(batch, mesh)  # noqa: E731
     t0 = time.time()
     eval_reference = dpo.reference_log_probs(score, params, arrays["eval"], eval_batch, place)
@@ -86,7 +88,7 @@ def train(flat: Any, workdir: str | None, kill_after_chunk: int | None) -> base.
     def task_accuracy(params):
         if not eval_problems:  # the user's own pairs: no task to score generations
             return None, None, []
-        return lm_runs.task_accuracy(
+        return task_accuracy(
             model, params, task, run.tokenizer, eval_problems, *held_out_prompts,
             max_new_tokens, mesh,
         )  # fmt: skip
@@ -112,7 +114,7 @@ def train(flat: Any, workdir: str | None, kill_after_chunk: int | None) -> base.
     )
     result = runner.train(job, flat.run, run_dir, kill_after_chunk)
     params = result.states.params
-    lm_runs.save_params(run_dir, params)
+    checkpoints.save_params(run_dir, params)
 
     t0 = time.time()
     pair_metrics = dpo.evaluate_pairs(
@@ -133,7 +135,7 @@ def train(flat: Any, workdir: str | None, kill_after_chunk: int | None) -> base.
         "eval_task_score": mean_score,
         "sft_eval_task_accuracy": sft_accuracy,
         **{f"initial_{name}": value for name, value in initial_pairs.items()},
-        "eval_examples": lm_runs.eval_examples(task, eval_problems, completions),
+        "eval_examples": eval_examples(task, eval_problems, completions),
     }
     run_dir.write_summary(summary)
     title = f"DPO ({config.loss_type}) {name}"

@@ -23,11 +23,12 @@ import numpy as np
 from envs.text import multiturn as games
 from envs.text import tools
 from envs.text.host_env import host_text_env
+from jaxrl.cli import load_named
+from jaxrl.config import fail
 from jaxrl.data.chat import has_chat_template
 from jaxrl.lm import dialogue
 from jaxrl.lm.model import ModelConfig
 from jaxrl.lm.sampler import SamplingConfig
-from jaxrl.runner import fail, load_named
 
 TEACHERS = ("scripted", "plausible", "random")
 # The task section's fields that one game reads, with their defaults.

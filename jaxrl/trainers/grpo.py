@@ -19,7 +19,7 @@ import jax
 
 from algos import asynchronous, grpo
 from jaxrl import runner, sharding
-from jaxrl.trainers import base, lm_runs, prompt_rl
+from jaxrl.trainers import base, lm_runs, prompt_data, prompt_eval
 
 config = functools.partial(base.load_config, "grpo")
 
@@ -35,10 +35,10 @@ def train(flat: Any, workdir: str | None, kill_after_chunk: int | None) -> base.
     if config.rollout_mode == "async":
         with runner.config_errors():  # the devices split into the training and generation meshes
             asynchronous.split_devices(config)
-    prompts = prompt_rl.read_task(run)
+    prompts = prompt_data.read_task(run)
     params, model, source = lm_runs.initial_params(run)
-    evaluate = prompt_rl.evaluator(run, model, prompts)
-    run_dir, initial = prompt_rl.open_run_with_initial_evaluation(run, evaluate, params)
+    evaluate = prompt_eval.evaluator(run, model, prompts)
+    run_dir, initial = prompt_eval.open_run_with_initial_evaluation(run, evaluate, params)
 
     algorithm = grpo.make(config, model, prompts.task, params, mesh)
     # The starting model is the KL penalty's reference; a prompt file's token table is the
@@ -52,13 +52,13 @@ def train(flat: Any, workdir: str | None, kill_after_chunk: int | None) -> base.
         inputs_for=lambda first, count: inputs,
         units_name="completions",
         units_per_step=config.completions_per_update,
-        after_chunk=prompt_rl.evaluate_every(run, evaluate, lambda state: state.params),
+        after_chunk=prompt_eval.evaluate_every(run, evaluate, lambda state: state.params),
         # Async mode's two programs on two meshes are dispatched from the host.
         chunk=asynchronous.make_chunk if config.rollout_mode == "async" else None,
         host_loop=config.rollout_mode == "async",
     )
     result = runner.train(job, run.flat.run, run_dir, kill_after_chunk)
-    summary = prompt_rl.finish(
+    summary = prompt_eval.finish(
         run, prompts, run_dir, job, result, (evaluate, initial, result.states.params),
         config.completions_per_update, source, f"GRPO ({config.variant}) {prompts.name}",
         lambda rows: {"variant": config.variant},

@@ -16,6 +16,7 @@ import jax
 import numpy as np
 
 from jaxrl import extras, runner
+from jaxrl.config import build_config
 from jaxrl.trainers import base
 
 config = functools.partial(base.load_config, "mappo")
@@ -28,7 +29,7 @@ def train(flat: Any, workdir: str | None, seeds: Any, kill_after_chunk: int | No
     extras.require("marl", "jaxrl.trainers.mappo")
     from algos import mappo
 
-    config = runner.build_config(mappo.Config, flat)
+    config = build_config(mappo.Config, flat)
     name = {"independent": "IPPO", "centralised": "MAPPO"}[config.critic]
     workdir = base.workdir_or_default(workdir, f"{name.lower()}-{config.env_name.split(':')[-1]}")
     algorithm = mappo.make(config)

@@ -21,7 +21,8 @@ import numpy as np
 
 from algos import asynchronous, multiturn, multiturn_partial
 from jaxrl import evaluation, runner
-from jaxrl.trainers import base, game_play, lm_runs, prompt_rl
+from jaxrl.lm import checkpoints
+from jaxrl.trainers import base, game_play, lm_runs, prompt_data, prompt_eval
 
 config = functools.partial(base.load_config, "multiturn")
 FINAL_WINDOW = 10  # updates whose training success is averaged for final_success
@@ -30,7 +31,7 @@ FINAL_WINDOW = 10  # updates whose training success is averaged for final_succes
 def evaluation_row(played: game_play.Played, prefix: str, tools: bool) -> dict[str, float]:
     """Success rate and mean turns of evaluation episodes, with the success's 95% interval; with
     `tools`, the fraction of episodes that called one."""
-    low, high = prompt_rl.interval(played.success)
+    low, high = prompt_eval.interval(played.success)
     row = {
         prefix: float(played.success.mean()),
         f"{prefix}_low": low,
@@ -87,7 +88,7 @@ def train(flat: Any, workdir: str | None, kill_after_chunk: int | None) -> base.
     params, model, source = lm_runs.initial_params(run)
     turn_tokens = config.max_new_tokens
     evaluate = game_play.evaluator(section, game, model, run.tokenizer, turn_tokens, mesh)
-    num_samples = prompt_rl.eval_samples(run)
+    num_samples = prompt_data.eval_samples(run)
 
     def evaluate_both(params) -> tuple[dict, list[str]]:
         sampled = evaluate(params, config.temperature)
@@ -97,7 +98,7 @@ def train(flat: Any, workdir: str | None, kill_after_chunk: int | None) -> base.
         row |= evaluation_row(greedy, "eval_success_greedy", tools)
         if num_samples:  # pass@k: each evaluation game played eval_samples times, sampled
             games = evaluate.successes(params, config.temperature, num_samples)
-            row |= prompt_rl.pass_at_k_fields(games)
+            row |= prompt_eval.pass_at_k_fields(games)
         return row | {"_success": sampled.success}, sampled.transcripts
 
     # The starting policy's evaluation (recomputed on a resume: the same episodes).
@@ -139,7 +140,7 @@ def train(flat: Any, workdir: str | None, kill_after_chunk: int | None) -> base.
     )
     result = runner.train(job, run.flat.run, run_dir, kill_after_chunk)
     params = result.states.params
-    lm_runs.save_params(run_dir, params)
+    checkpoints.save_params(run_dir, params)
 
     t0 = time.time()
     final, after = evaluate_both(params)
@@ -147,14 +148,14 @@ def train(flat: Any, workdir: str | None, kill_after_chunk: int | None) -> base.
         with open(run_dir.file("transcripts_after.txt"), "w") as f:
             f.write("\n".join(after))
     summary = runner.summary_fields(job, result, time.time() - t0)
-    rows = prompt_rl.last_rows(run_dir, FINAL_WINDOW, config.num_steps, run.flat.run.log_every)
+    rows = prompt_eval.last_rows(run_dir, FINAL_WINDOW, config.num_steps, run.flat.run.log_every)
     public = lambda row: {k: v for k, v in row.items() if not k.startswith("_")}  # noqa: E731
     change = final["_success"] - initial["_success"]  # paired: the same games and keys
     episodes_per_update = config.batch_size * config.group_size
     if config.rollout_mode == "partial":  # the episodes trained on, not batch_size per update
         log_every = run.flat.run.log_every
         every = runner.block_length(config.num_steps, log_every)  # updates per metrics row
-        trained = prompt_rl.last_rows(run_dir, config.num_steps, config.num_steps, log_every)
+        trained = prompt_eval.last_rows(run_dir, config.num_steps, config.num_steps, log_every)
         groups = round(sum(row["trained_groups"] for row in trained) * every)
         episodes_per_update = groups * config.group_size / config.num_steps
     summary |= {
@@ -167,7 +168,7 @@ def train(flat: Any, workdir: str | None, kill_after_chunk: int | None) -> base.
         **public(final),
         **{f"initial_{key}": value for key, value in public(initial).items()},
         "eval_success_change": float(change.mean()),
-        "eval_success_change_ci95": prompt_rl.interval(change),
+        "eval_success_change_ci95": prompt_eval.interval(change),
         "num_eval": section.num_eval,
         "eval_samples": num_samples,  # episodes per evaluation game behind eval_pass_at_K
         "mesh_shape": list(config.mesh_shape),

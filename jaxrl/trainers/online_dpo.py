@@ -17,7 +17,7 @@ import numpy as np
 
 from algos import online_dpo
 from jaxrl import runner, sharding
-from jaxrl.trainers import base, lm_runs, prompt_rl
+from jaxrl.trainers import base, lm_runs, prompt_data, prompt_eval
 
 config = functools.partial(base.load_config, "online_dpo")
 
@@ -31,12 +31,12 @@ def train(flat: Any, workdir: str | None, kill_after_chunk: int | None) -> base.
     run_dir)."""
     run = lm_runs.setup(flat, workdir, online_dpo.Config, "online_dpo")
     flat, config, mesh = run.flat, run.config, run.mesh
-    prompts, reward_params, reward_config, reward_paths = prompt_rl.with_reward_models(
+    prompts, reward_params, reward_config, reward_paths = prompt_data.with_reward_models(
         run, online_dpo.Config
     )
     params, model, source = lm_runs.initial_params(run)
-    evaluate = prompt_rl.evaluator(run, model, prompts)
-    run_dir, initial = prompt_rl.open_run_with_initial_evaluation(run, evaluate, params)
+    evaluate = prompt_eval.evaluator(run, model, prompts)
+    run_dir, initial = prompt_eval.open_run_with_initial_evaluation(run, evaluate, params)
     algorithm = online_dpo.make(config, model, prompts.task, params, mesh, reward_config)
     task_data = jax.device_put(prompts.task.data, sharding.replicated(mesh))
     inputs = online_dpo.Inputs(params, reward_params, task_data)
@@ -47,10 +47,10 @@ def train(flat: Any, workdir: str | None, kill_after_chunk: int | None) -> base.
         inputs_for=lambda first, count: inputs,
         units_name="completions",
         units_per_step=config.batch_size * config.num_samples,
-        after_chunk=prompt_rl.evaluate_every(run, evaluate, lambda state: state.params),
+        after_chunk=prompt_eval.evaluate_every(run, evaluate, lambda state: state.params),
     )
     result = runner.train(job, flat.run, run_dir, kill_after_chunk)
-    summary = prompt_rl.finish(
+    summary = prompt_eval.finish(
         run, prompts, run_dir, job, result, (evaluate, initial, result.states.params),
         config.batch_size * config.num_samples, source, f"online DPO {prompts.name}",
         lambda rows: {

@@ -19,6 +19,7 @@ import numpy as np
 import envs
 from algos import ppo
 from jaxrl import runner
+from jaxrl.config import build_config
 from jaxrl.trainers import base
 
 config = functools.partial(base.load_config, "ppo")
@@ -28,7 +29,7 @@ config = functools.partial(base.load_config, "ppo")
 def train(flat: Any, workdir: str | None, seeds: Any, kill_after_chunk: int | None) -> base.Result:
     """Train PPO (`config`: experiments/configs/ppo.py's, default preset cartpole) for `num_seeds`
     seeds from PRNGKey(`seed`) in `workdir`; returns the final states and the summary."""
-    config = runner.build_config(ppo.Config, flat)
+    config = build_config(ppo.Config, flat)
     workdir = base.workdir_or_default(workdir, f"ppo-{config.env_name}")
     algorithm = ppo.make(config)
     job = runner.seeded_job(

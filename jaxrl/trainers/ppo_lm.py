@@ -17,7 +17,7 @@ import numpy as np
 
 from algos import ppo_lm
 from jaxrl import runner, sharding
-from jaxrl.trainers import base, lm_runs, prompt_rl
+from jaxrl.trainers import base, lm_runs, prompt_data, prompt_eval
 
 config = functools.partial(base.load_config, "ppo_lm")
 
@@ -30,7 +30,7 @@ def train(flat: Any, workdir: str | None, kill_after_chunk: int | None) -> base.
     `jaxrl.trainers.base`'s; returns Result(state, summary, run_dir)."""
     run = lm_runs.setup(flat, workdir, ppo_lm.Config, "ppo_lm")
     flat, config, mesh = run.flat, run.config, run.mesh
-    prompts, reward_params, reward_config, reward_paths = prompt_rl.with_reward_models(
+    prompts, reward_params, reward_config, reward_paths = prompt_data.with_reward_models(
         run, ppo_lm.Config
     )
     lm_params, model, source = lm_runs.initial_params(run)
@@ -52,8 +52,8 @@ def train(flat: Any, workdir: str | None, kill_after_chunk: int | None) -> base.
         params,
     )  # fmt: skip
 
-    evaluate = prompt_rl.evaluator(run, model, prompts)
-    run_dir, initial = prompt_rl.open_run_with_initial_evaluation(run, evaluate, lm_params)
+    evaluate = prompt_eval.evaluator(run, model, prompts)
+    run_dir, initial = prompt_eval.open_run_with_initial_evaluation(run, evaluate, lm_params)
     algorithm = ppo_lm.make(config, model, prompts.task, params, mesh, reward_config, critic_model)
     task_data = jax.device_put(prompts.task.data, sharding.replicated(mesh))
     inputs = ppo_lm.Inputs(lm_params, reward_params, task_data)
@@ -64,11 +64,11 @@ def train(flat: Any, workdir: str | None, kill_after_chunk: int | None) -> base.
         inputs_for=lambda first, count: inputs,
         units_name="completions",
         units_per_step=config.batch_size,
-        after_chunk=prompt_rl.evaluate_every(run, evaluate, lambda state: state.params["policy"]),
+        after_chunk=prompt_eval.evaluate_every(run, evaluate, lambda state: state.params["policy"]),
     )
     result = runner.train(job, flat.run, run_dir, kill_after_chunk)
     policy = result.states.params["policy"]  # saved alone: a language model's run
-    summary = prompt_rl.finish(
+    summary = prompt_eval.finish(
         run, prompts, run_dir, job, result, (evaluate, initial, policy), config.batch_size,
         source, f"PPO {prompts.name}",
         lambda rows: {

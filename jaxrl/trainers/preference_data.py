@@ -12,8 +12,8 @@ import numpy as np
 import tensorflow_datasets as tfds
 from absl import logging
 
-from jaxrl import distributed, runner
-from jaxrl.config import ConfigError
+from jaxrl import distributed
+from jaxrl.config import ConfigError, fail
 from jaxrl.data.chat import (
     ChatDataError,
     check_cuts,
@@ -59,13 +59,13 @@ def read_pairs(flat, field: str) -> tuple[list[dict], list[str]]:
     """The checked rows of config.task.<field> and their file:line (one error line otherwise)."""
     path = flat.task[field]
     if not jsonl_exists(path):
-        runner.fail(f"config.task.{field}: {path}: no such file; pass the path of a JSONL file")
+        fail(f"config.task.{field}: {path}: no such file; pass the path of a JSONL file")
     try:
         numbered = list(numbered_preference_rows(path))
     except PreferenceDataError as error:
-        runner.fail(str(error))
+        fail(str(error))
     if not numbered:
-        runner.fail(
+        fail(
             f"config.task.{field}: {path}: no rows (the file is empty); write one JSON object "
             "with prompt, chosen and rejected a line"
         )
@@ -77,7 +77,7 @@ def preference_pairs(task, flat) -> Pairs:
     out by data_seed), or synthetic pairs of the task's problems; nothing written yet."""
     section = flat.task
     if section.eval_jsonl and not section.train_jsonl:
-        runner.fail(
+        fail(
             "config.task.eval_jsonl: held-out pairs without training pairs; set "
             "config.task.train_jsonl too (or neither, for the task's synthetic pairs)"
         )
@@ -91,7 +91,7 @@ def preference_pairs(task, flat) -> Pairs:
                 numbered = list(zip(wheres, rows, strict=True))
                 train, held_out = hold_out(numbered, section.num_eval, section.data_seed)
             except ConfigError as error:
-                runner.fail(f"config.task.{error}")
+                fail(f"config.task.{error}")
             (wheres, rows), (eval_wheres, eval_rows) = (
                 ([w for w, _ in part], [r for _, r in part]) for part in (train, held_out)
             )
@@ -145,9 +145,9 @@ def preference_arrays(pairs: Pairs, run) -> PairArrays:
         }
         arrays = {split: pack_pairs(*encoded[split], run.tokenizer, *lengths) for split in SPLITS}
     except ChatDataError as error:
-        runner.fail(str(error))
+        fail(str(error))
     except ConfigError as error:
-        runner.fail(f"config.task.{error}")
+        fail(f"config.task.{error}")
     return PairArrays(arrays, *lengths, cut_rows)
 
 
@@ -211,7 +211,7 @@ def checked_pairs(run, algorithm: str) -> tuple[Pairs, PairArrays]:
     data = preference_arrays(pairs, run)
     num_pairs = len(data.arrays["train"]["chosen_tokens"])
     if config.batch_size > num_pairs:
-        runner.fail(
+        fail(
             f"config.batch_size: {config.batch_size} exceeds the {num_pairs} training pairs; "
             "lower it or give more pairs"
         )

@@ -18,6 +18,8 @@ import envs.text  # noqa: F401  (the tasks: imported at start, as a run needs th
 from algos import reward_model
 from jaxrl import runner, sharding
 from jaxrl.data.step_batches import dataset_batches
+from jaxrl.lm import checkpoints
+from jaxrl.lm.completions import batch_for_mesh
 from jaxrl.trainers import base, lm_runs
 from jaxrl.trainers.preference_data import (
     checked_pairs,
@@ -51,12 +53,12 @@ def train(flat: Any, workdir: str | None, kill_after_chunk: int | None) -> base.
         key: value if key == "backbone" else jax.device_put(value, sharding.replicated(mesh))
         for key, value in params.items()
     }
-    run_dir = lm_runs.open_run(run, head=lm_runs.REWARD_HEAD)
+    run_dir = lm_runs.open_run(run, head=checkpoints.REWARD_HEAD)
     built = record_dataset(pairs, flat, run_dir)
 
     # Replicated outputs: every process of a multi-host run reads all the rewards.
     score = jax.jit(reward_model.make_score(model, mesh), out_shardings=sharding.replicated(mesh))
-    eval_batch = lm_runs.batch_for_mesh(
+    eval_batch = batch_for_mesh(
         min(flat.eval_batch_size, len(arrays["eval"]["chosen_tokens"])), mesh
     )
     place = lambda batch: sharding.shard_batch(batch, mesh)  # noqa: E731
@@ -75,7 +77,7 @@ def train(flat: Any, workdir: str | None, kill_after_chunk: int | None) -> base.
     )
     result = runner.train(job, flat.run, run_dir, kill_after_chunk)
     params = result.states.params
-    lm_runs.save_params(run_dir, params)
+    checkpoints.save_params(run_dir, params)
 
     t0 = time.time()
     metrics = reward_model.evaluate_pairs(score, params, arrays["eval"], eval_batch, place)

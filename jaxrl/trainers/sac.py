@@ -17,6 +17,7 @@ import numpy as np
 
 from algos import sac
 from jaxrl import runner
+from jaxrl.config import build_config
 from jaxrl.trainers import base
 
 config = functools.partial(base.load_config, "sac")
@@ -26,7 +27,7 @@ config = functools.partial(base.load_config, "sac")
 def train(flat: Any, workdir: str | None, seeds: Any, kill_after_chunk: int | None) -> base.Result:
     """Train SAC (`config`: experiments/configs/sac.py's, default preset pendulum) for
     `num_seeds` seeds from PRNGKey(`seed`) in `workdir`; returns the final states and summary."""
-    config = runner.build_config(sac.Config, flat)
+    config = build_config(sac.Config, flat)
     workdir = base.workdir_or_default(workdir, f"sac-{config.env_name}")
     algorithm = sac.make(config)
     job = runner.seeded_job(

@@ -21,7 +21,7 @@ import numpy as np
 import envs.text  # noqa: F401  (the tasks: imported at start, as a run needs them)
 from algos import sft
 from jaxrl import runner, sharding
-from jaxrl.config import ConfigError
+from jaxrl.config import ConfigError, fail
 from jaxrl.data import tokenize_sft
 from jaxrl.data.chat import (
     ASSISTANT_TURNS,
@@ -37,6 +37,8 @@ from jaxrl.data.chat import (
     require_chat_template,
 )
 from jaxrl.data.step_batches import dataset_batches
+from jaxrl.lm import checkpoints
+from jaxrl.lm.completions import batch_for_mesh, eval_examples, task_accuracy
 from jaxrl.lm.model import ModelConfig, Transformer
 from jaxrl.trainers import base, game_play, lm_runs
 
@@ -62,12 +64,12 @@ def check_task_settings(section: Any) -> None:
     """The task section's data settings on their own, each problem one error line."""
     lm_runs.check_length_section(section)
     if section.assistant_turns not in ASSISTANT_TURNS:
-        runner.fail(
+        fail(
             f"config.task.assistant_turns: got {section.assistant_turns!r}; use one of "
             f"{', '.join(ASSISTANT_TURNS)}"
         )
     if section.eval_jsonl and not section.train_jsonl:
-        runner.fail(
+        fail(
             "config.task.eval_jsonl: held-out rows without training rows; set "
             "config.task.train_jsonl too (or neither, to train on the task)"
         )
@@ -90,7 +92,7 @@ def task_data(run: lm_runs.Setup) -> SftData:
             for split, (prompts, answers) in pairs.items()
         }
     except ConfigError as error:
-        runner.fail(f"config.task.{error}")
+        fail(f"config.task.{error}")
     return SftData(
         task.name, arrays["train"], arrays["eval"], *lengths, {"train": 0, "eval": 0}, eval_problems
     )
@@ -100,15 +102,15 @@ def read_rows(run: lm_runs.Setup, field: str) -> list:
     """The checked rows of config.task.<field> (one error line for any problem)."""
     path = run.flat.task[field]
     if not jsonl_exists(path):
-        runner.fail(f"config.task.{field}: {path}: no such file; pass the path of a JSONL file")
+        fail(f"config.task.{field}: {path}: no such file; pass the path of a JSONL file")
     try:
         rows = read_sft_jsonl(path)
         if any(row.conversational for row in rows):
             require_chat_template(run.tokenizer, field, path)
     except ChatDataError as error:
-        runner.fail(str(error))
+        fail(str(error))
     except ConfigError as error:
-        runner.fail(f"config.task.{error}")
+        fail(f"config.task.{error}")
     return rows
 
 
@@ -146,9 +148,9 @@ def file_data(run: lm_runs.Setup) -> SftData:
         }
         arrays = {split: pack(e, run.tokenizer, *lengths) for split, e in encoded.items()}
     except ChatDataError as error:
-        runner.fail(str(error))
+        fail(str(error))
     except ConfigError as error:
-        runner.fail(f"config.task.{error}")
+        fail(f"config.task.{error}")
     name = os.path.basename(section.train_jsonl)
     return SftData(name, arrays["train"], arrays["eval"], *lengths, cut_rows, [])
 
@@ -162,7 +164,7 @@ def held_out_loss(
         sft.make_loss(Transformer(model, mesh=mesh)), out_shardings=sharding.replicated(mesh)
     )
     n = len(arrays["tokens"])
-    batch_size = lm_runs.batch_for_mesh(min(EVAL_BATCH_SIZE, n), mesh)
+    batch_size = batch_for_mesh(min(EVAL_BATCH_SIZE, n), mesh)
     nll = correct = targets = 0.0
     for start in range(0, n, batch_size):
         index = np.arange(start, start + batch_size) % n
@@ -223,7 +225,7 @@ def train(flat: Any, workdir: str | None, kill_after_chunk: int | None) -> base.
     num_train = len(data.train["tokens"])
     if config.batch_size > num_train:
         what = f"the {num_train} training rows" if from_file else f"num_train={num_train}"
-        runner.fail(
+        fail(
             f"config.batch_size: {config.batch_size} exceeds {what}; lower it or give more "
             "training data"
         )
@@ -251,14 +253,14 @@ def train(flat: Any, workdir: str | None, kill_after_chunk: int | None) -> base.
     )
     result = runner.train(job, flat.run, run_dir, kill_after_chunk)
     params = result.states.params
-    lm_runs.save_params(run_dir, params)
+    checkpoints.save_params(run_dir, params)
 
     t0 = time.time()
     accuracy = mean_score = None
     completions: list[str] = []
     losses: dict[str, float | None] = {"eval_loss": None, "eval_token_accuracy": None}
     if not from_file:  # a task: score greedy generations
-        accuracy, mean_score, completions = lm_runs.task_accuracy(
+        accuracy, mean_score, completions = task_accuracy(
             model, params, task, run.tokenizer, data.eval_problems,
             data.held_out["prompt_tokens"], data.held_out["prompt_mask"],
             data.max_length - data.max_prompt_length, mesh,
@@ -277,7 +279,7 @@ def train(flat: Any, workdir: str | None, kill_after_chunk: int | None) -> base.
         "eval_task_score": mean_score,
         **losses,
         "initial_eval_loss": initial_loss and initial_loss["eval_loss"],
-        "eval_examples": lm_runs.eval_examples(task, data.eval_problems, completions),
+        "eval_examples": eval_examples(task, data.eval_problems, completions),
         "max_prompt_length": data.max_prompt_length,
         "max_length": data.max_length,
         "cut_rows": data.cut_rows,

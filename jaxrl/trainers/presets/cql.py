@@ -8,6 +8,8 @@ the dataset's own metadata); `bc` trains behaviour cloning on the same data for 
 
 import ml_collections
 
+from jaxrl.config import config_dict, preset_of, run_section
+
 PRESETS = {
     # Pendulum-v1 from a "medium" dataset made by experiments/collect.py (see README).
     # Learning rates as SAC's online ones: Kumar et al.'s slower actor (1e-4) needs far more steps.
@@ -26,14 +28,13 @@ PRESETS = {
 
 def get_config(preset: str = "pendulum") -> ml_collections.ConfigDict:
     from algos import cql
-    from jaxrl import runner
 
     def optional(field_type: type) -> ml_collections.FieldReference:
         return ml_collections.FieldReference(None, field_type=field_type)
 
-    config = runner.config_dict(
+    config = config_dict(
         cql.Config(),
-        runner.preset_of(PRESETS, preset),
+        preset_of(PRESETS, preset),
         dataset=ml_collections.ConfigDict(
             dict(path=optional(str), data_dir=optional(str), split="train")  # path is required
         ),
@@ -42,7 +43,7 @@ def get_config(preset: str = "pendulum") -> ml_collections.ConfigDict:
         ),
         bc=ml_collections.ConfigDict(dict(enabled=True, num_steps=5_000, learning_rate=1e-3)),
         # Each chunk ends with an evaluation in the environment.
-        run=runner.run_section(log_every=100),  # gradient steps per metrics row
+        run=run_section(log_every=100),  # gradient steps per metrics row
     )
     config.target_entropy = optional(float)
     return config

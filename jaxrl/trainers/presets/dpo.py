@@ -2,6 +2,7 @@
 
 import ml_collections
 
+from jaxrl.config import preset_of
 from jaxrl.trainers.presets.lm import lm_config
 
 PRESETS = {
@@ -13,10 +14,9 @@ def get_config(preset: str = "reverse_digits") -> ml_collections.ConfigDict:
     """The preset's config: `algos.dpo.Config` fields, the LM sections, and the batch size of the
     reference and evaluation passes (`eval_batch_size`)."""
     from algos import dpo
-    from jaxrl import runner
 
     # 50 optimizer steps per compiled chunk.
-    chosen = runner.preset_of(PRESETS, preset)
+    chosen = preset_of(PRESETS, preset)
     return lm_config(
         dpo.Config(), chosen, num_chunks=chosen["num_steps"] // 50, eval_batch_size=256
     )

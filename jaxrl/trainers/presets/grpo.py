@@ -11,6 +11,7 @@
 
 import ml_collections
 
+from jaxrl.config import preset_of
 from jaxrl.trainers.presets.lm import prompt_rl_config
 
 PRESETS = {
@@ -79,9 +80,8 @@ def get_config(preset: str = "reverse_digits") -> ml_collections.ConfigDict:
     """The preset's config: `algos.grpo.Config` fields, the LM sections, the reward settings and
     the batch size of the greedy evaluation (`eval_batch_size`)."""
     from algos import grpo
-    from jaxrl import runner
 
-    chosen = runner.preset_of(PRESETS, preset)
+    chosen = preset_of(PRESETS, preset)
     settings = PRESET_SETTINGS.get(preset, {})
     # 25 updates per compiled chunk (a real model: 5).
     chunk = 5 if "init_from" in settings else 25

@@ -6,6 +6,8 @@ from typing import Any
 
 import ml_collections
 
+from jaxrl.config import config_dict, run_section
+
 # A tiny Llama-shaped model that learns reverse-digits on a CPU in a minute or two. For a real
 # model, pass --config.init_from=<a run directory, a Hugging Face directory or a .gguf file>: its
 # architecture replaces this one (setting another field here is then an error), and only dtype,
@@ -114,7 +116,6 @@ def lm_config(
     fills each field still None once it knows where the model starts
     (`jaxrl/trainers/lm_runs.resolve_defaults`); a value given on the command line is never
     replaced."""
-    from jaxrl import runner
 
     preset = dict(preset)
     task = task_config(**preset.pop("task", {}))
@@ -123,12 +124,12 @@ def lm_config(
         pretrained = PRETRAINED.get(algorithm, {})
     if pretrained_lora is None:
         pretrained_lora = PRETRAINED_LORA.get(algorithm, {})
-    flat = runner.config_dict(
+    flat = config_dict(
         config,
         preset,
         model=ml_collections.ConfigDict(TINY_MODEL),
         task=task,
-        run=runner.run_section(num_chunks=num_chunks, keep_checkpoints=2),
+        run=run_section(num_chunks=num_chunks, keep_checkpoints=2),
         init_from="",
         seed=0,
         **sections,

@@ -6,6 +6,8 @@ Top-level fields are `algos.mappo.Config` fields (override with `--config.learni
 
 import ml_collections
 
+from jaxrl.config import config_dict, preset_of
+
 PRESETS = {
     # JaxMARL's IPPO settings for MPE (ippo_ff_mpe.yaml): 16 envs x 128 steps, 4 epochs x 4
     # minibatches, lr 2.5e-4 annealed, 64x64 tanh, parameters shared by the 3 agents.
@@ -36,6 +38,5 @@ PRESETS = {
 
 def get_config(preset: str = "mappo_spread") -> ml_collections.ConfigDict:
     from algos import mappo
-    from jaxrl import runner
 
-    return runner.config_dict(mappo.Config(), runner.preset_of(PRESETS, preset))
+    return config_dict(mappo.Config(), preset_of(PRESETS, preset))

@@ -18,6 +18,7 @@ rendering), which the presets' defaults do.
 
 import ml_collections
 
+from jaxrl.config import preset_of
 from jaxrl.trainers.presets.lm import lm_config
 
 PRESETS = {
@@ -63,10 +64,9 @@ def get_config(preset: str = "guess_my_number") -> ml_collections.ConfigDict:
     """The preset's config: `algos.multiturn.Config` fields, the LM sections with a game's task
     section (`jaxrl/trainers/game_play.game_task`), and how often to evaluate."""
     from algos import multiturn
-    from jaxrl import runner
     from jaxrl.trainers import game_play
 
-    chosen = dict(runner.preset_of(PRESETS, preset))
+    chosen = dict(preset_of(PRESETS, preset))
     game = chosen.pop("task")
     # 10 updates per compiled chunk; every update's metrics logged (the learning curve).
     config = lm_config(

@@ -8,6 +8,7 @@
 
 import ml_collections
 
+from jaxrl.config import preset_of
 from jaxrl.trainers.presets.lm import prompt_rl_config
 
 PRESETS = {
@@ -28,9 +29,8 @@ def get_config(preset: str = "reverse_digits") -> ml_collections.ConfigDict:
     """The preset's config: `algos.online_dpo.Config` fields, the LM sections, the reward settings
     (those of grpo.py, and `reward_model`), and the greedy evaluation's batch size."""
     from algos import online_dpo
-    from jaxrl import runner
 
-    chosen = runner.preset_of(PRESETS, preset)
+    chosen = preset_of(PRESETS, preset)
     settings = {}
     config = prompt_rl_config(
         online_dpo.Config(), chosen, settings, max(1, chosen["num_steps"] // 5)

@@ -6,6 +6,8 @@ Top-level fields are `algos.ppo.Config` fields (override with `--config.learning
 
 import ml_collections
 
+from jaxrl.config import config_dict, preset_of
+
 PRESETS = {
     # PureJaxRL / CleanRL CartPole settings: 4 envs x 128 steps, 4 epochs x 4 minibatches.
     "cartpole": dict(env_name="CartPole-v1", total_timesteps=500_000),
@@ -84,6 +86,5 @@ PRESETS["pendulum_hl_gauss"] = dict(
 
 def get_config(preset: str = "cartpole") -> ml_collections.ConfigDict:
     from algos import ppo
-    from jaxrl import runner
 
-    return runner.config_dict(ppo.Config(), runner.preset_of(PRESETS, preset))
+    return config_dict(ppo.Config(), preset_of(PRESETS, preset))

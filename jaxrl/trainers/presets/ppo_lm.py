@@ -13,6 +13,7 @@
 
 import ml_collections
 
+from jaxrl.config import preset_of
 from jaxrl.trainers.presets import grpo
 from jaxrl.trainers.presets.lm import prompt_rl_config
 
@@ -43,9 +44,8 @@ def get_config(preset: str = "reverse_digits") -> ml_collections.ConfigDict:
     """The preset's config: `algos.ppo_lm.Config` fields, the LM sections, the reward settings
     (those of grpo.py, and `reward_model`), and the greedy evaluation's batch size."""
     from algos import ppo_lm
-    from jaxrl import runner
 
-    chosen = runner.preset_of(PRESETS, preset)
+    chosen = preset_of(PRESETS, preset)
     settings = PRESET_SETTINGS.get(preset, {})
     config = prompt_rl_config(ppo_lm.Config(), chosen, settings, max(1, chosen["num_steps"] // 5))
     # A reward_model.py run directory (comma-separated: an ensemble, combined by

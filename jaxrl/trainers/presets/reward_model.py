@@ -3,6 +3,7 @@
 
 import ml_collections
 
+from jaxrl.config import preset_of
 from jaxrl.trainers.presets.lm import lm_config
 
 PRESETS = {
@@ -16,10 +17,9 @@ def get_config(preset: str = "reverse_digits") -> ml_collections.ConfigDict:
     """The preset's config: `algos.reward_model.Config` fields, the LM sections, and the batch
     size of the held-out evaluation (`eval_batch_size`)."""
     from algos import reward_model
-    from jaxrl import runner
 
     # 50 optimizer steps per compiled chunk.
-    chosen = runner.preset_of(PRESETS, preset)
+    chosen = preset_of(PRESETS, preset)
     return lm_config(
         reward_model.Config(), chosen, num_chunks=chosen["num_steps"] // 50, eval_batch_size=256
     )

@@ -6,6 +6,8 @@ how the experiment is driven (chunking, checkpoints, logging), not the algorithm
 
 import ml_collections
 
+from jaxrl.config import config_dict, preset_of, run_section
+
 PRESETS = {
     # 20k environment steps, the first 1k uniformly random; 256x256 ReLU networks, batch 256.
     "pendulum": dict(env_name="Pendulum-v1", total_timesteps=20_000),
@@ -43,12 +45,11 @@ PRESETS = {
 
 def get_config(preset: str = "pendulum") -> ml_collections.ConfigDict:
     from algos import sac
-    from jaxrl import runner
 
-    config = runner.config_dict(
+    config = config_dict(
         sac.Config(),
-        runner.preset_of(PRESETS, preset),
-        run=runner.run_section(log_every=250),  # updates per metrics row
+        preset_of(PRESETS, preset),
+        run=run_section(log_every=250),  # updates per metrics row
     )
     # `target_entropy` is None (automatic) by default; ml_collections needs its type declared so
     # that --config.target_entropy=-2 can override it.

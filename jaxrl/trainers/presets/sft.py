@@ -2,6 +2,7 @@
 
 import ml_collections
 
+from jaxrl.config import preset_of
 from jaxrl.trainers.presets.lm import lm_config
 
 PRESETS = {
@@ -71,11 +72,10 @@ GAMES = {
 def get_config(preset: str = "reverse_digits") -> ml_collections.ConfigDict:
     """The preset's config: `algos.sft.Config` fields and the LM sections."""
     from algos import sft
-    from jaxrl import runner
     from jaxrl.trainers import game_play
 
     # 50 optimizer steps per compiled chunk.
-    chosen = dict(runner.preset_of(PRESETS | GAMES, preset))
+    chosen = dict(preset_of(PRESETS | GAMES, preset))
     game = chosen.pop("task") if preset in GAMES else None
     config = lm_config(sft.Config(), chosen, num_chunks=chosen["num_steps"] // 50)
     if game is not None:  # a game's section replaces the text task's
