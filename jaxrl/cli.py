@@ -37,17 +37,10 @@ def exit_on_input_error() -> Iterator[None]:
         sys.exit(2)
 
 
-# Objects a trainer was given from Python (reward functions, game classes), under the
-# "module:name" a config records them by: load_named returns them as they are.
-GIVEN_OBJECTS: dict[str, Any] = {}
-
-
 def load_named(spec: str) -> Any:
     """The object `spec` names: "module.path:name" (importable from the working directory) or
     "path/to/file.py:name" (a module of the user's anywhere, loaded from its file). Raises
     ImportError / AttributeError / ValueError with the reason."""
-    if spec in GIVEN_OBJECTS:  # a Python object handed to a trainer (jaxrl.trainers.base)
-        return GIVEN_OBJECTS[spec]
     module_name, _, attribute = spec.rpartition(":") if ".py:" in spec else spec.partition(":")
     if not attribute:
         raise ValueError("no ':name' after the module")

@@ -3,7 +3,6 @@
 (all but its timings) and the same final state, bit for bit."""
 
 import dataclasses
-import json
 import os
 
 import jax
@@ -188,7 +187,7 @@ def test_params_given_from_python_train_as_their_run_directory_does(sft_pair, dp
     weights = base.ModelParams.load(sft_dir)
     assert weights.tokenizer == "byte" and not weights.pretrained
     given = dpo.train(configured(dpo, None, DPO_SMALL), tmp_path / "given", model=weights)
-    assert given.summary["init_from"].startswith("parameters given from Python (python:params-")
+    assert given.summary["init_from"].startswith("parameters given from Python (digest ")
     for a, b in zip(jax.tree.leaves(given.state), jax.tree.leaves(from_dir.state), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     drop = {"init_from"}
@@ -196,7 +195,8 @@ def test_params_given_from_python_train_as_their_run_directory_does(sft_pair, dp
         k: v for k, v in comparable(from_dir.summary, from_dir.run_dir).items() if k not in drop
     }
     # The same parameters read again are the same init_from: the run resumes with them.
-    assert base.model_source(base.ModelParams.load(sft_dir)) == base.model_source(weights)
+    again = base.model_checkpoint(base.ModelParams.load(sft_dir)).description
+    assert again == base.model_checkpoint(weights).description == given.summary["init_from"]
 
 
 def test_params_that_do_not_fit_their_model_config_are_one_line(tmp_path):
@@ -292,23 +292,25 @@ def test_rows_refused_are_written_nowhere(tmp_path, monkeypatch, rows, expected)
 
 
 def test_rows_as_a_hugging_face_dataset_train_as_the_list_does(tmp_path, monkeypatch):
-    """A `datasets.Dataset` is its rows: the same JSONL file (so the same config) as the list,
-    written once the run's checks pass; a DatasetDict is refused with the split to pass."""
+    """A `datasets.Dataset` is its rows: the same rows (so the same config) as the list, read
+    from memory (no file written anywhere); a DatasetDict is refused with the split to pass."""
     import tempfile
 
     datasets = pytest.importorskip("datasets")
     from jaxrl.trainers import base, sft
 
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     rows = [{"prompt": f"{n}+1=", "completion": str(n + 1)} for n in range(12)]
     dataset = datasets.Dataset.from_list(rows)
-    path = base.rows_file(dataset, "train_data")
-    assert path == base.rows_file(rows, "train_data") and not os.path.exists(path)
+    given = base.given_rows(dataset, "train_data")
+    assert given.description == base.given_rows(rows, "train_data").description
+    assert list(given.rows) == rows
     overrides = {"num_steps": 2, "batch_size": 4, "task.num_eval": 4, **LM_QUIET}
     result = sft.train(configured(sft, None, overrides), tmp_path / "run", train_data=dataset)
-    assert result.summary["dataset"] == path and np.isfinite(result.summary["eval_loss"])
-    with open(path) as f:
-        assert [json.loads(line) for line in f] == rows
+    assert result.summary["dataset"] == given.description
+    assert np.isfinite(result.summary["eval_loss"]) and not list(scratch.iterdir())
     splits = datasets.DatasetDict(train=dataset)
     with pytest.raises(InputError, match=r"pass one split, e.g. train_data=data\['train'\]"):
         sft.train(None, tmp_path / "other", train_data=splits)

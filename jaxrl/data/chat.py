@@ -41,7 +41,7 @@ loss, the way TRL's assistant-only loss marks every token touching an assistant 
 from __future__ import annotations
 
 import dataclasses
-import io
+import hashlib
 import json
 import os
 from collections.abc import Iterator, Mapping, Sequence
@@ -203,33 +203,72 @@ def _sft_row(row: Any, where: str) -> SftRow:
     )
 
 
-# JSONL files a trainer was given as rows (jaxrl.trainers.base.rows_file): (their bytes, the
-# part's name), by the path they are written to once every setting of the run is checked
-# (lm_runs.open_run), so that rows a check refuses are written nowhere. Until then the readers
-# read them from here, and name a row as the user gave it: "train_data[3]".
-GIVEN_JSONL: dict[str, tuple[bytes, str]] = {}
+@dataclasses.dataclass(frozen=True, eq=False)
+class GivenRows:
+    """Rows a trainer was given in memory (`train_data=[{...}, ...]`), read where a JSONL file
+    would be: each row as JSON gives it back (NumPy values as plain lists and numbers), named as
+    the user gave it ("train_data[3]"). `description` is what the run directory records of them:
+    their count and the digest of their JSON, so the same rows given again resume the run."""
+
+    rows: tuple[Any, ...]
+    part: str  # the trainer's argument: "train_data" or "eval_data"
+    digest: str
+
+    @classmethod
+    def of(cls, rows: Sequence[Mapping[str, Any]], part: str) -> GivenRows:
+        """`rows` (dicts of JSON values; NumPy scalars and arrays become their Python values) as
+        they would come back from a JSONL file. Raises TypeError / ValueError naming the row
+        that is not JSON."""
+        lines = []
+        for index, row in enumerate(rows):
+            try:
+                lines.append(json.dumps(dict(row), default=_plain))
+            except (TypeError, ValueError) as error:
+                raise ValueError(f"row {index}: {error}") from None
+        text = "\n".join(lines)
+        digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+        return cls(tuple(json.loads(line) for line in lines), part, digest)
+
+    @property
+    def description(self) -> str:
+        return f"{self.part}: {len(self.rows)} rows given from Python (sha256 {self.digest})"
 
 
-def jsonl_exists(path: str | os.PathLike) -> bool:
-    """Whether `path` is a JSONL file to read: a file, or rows given from Python not yet
-    written (`GIVEN_JSONL`)."""
-    return os.fspath(path) in GIVEN_JSONL or os.path.isfile(path)
+def _plain(value: Any) -> Any:
+    """A NumPy scalar or array (what a dataset's rows may hold) as its Python value, for JSON."""
+    if callable(getattr(value, "tolist", None)):
+        return value.tolist()
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+def source_name(source: str | os.PathLike | GivenRows) -> str:
+    """What summaries call a data source: a file's name, or the trainer argument of rows."""
+    return source.part if isinstance(source, GivenRows) else os.path.basename(source)
+
+
+def jsonl_exists(source: str | os.PathLike | GivenRows) -> bool:
+    """Whether `source` is rows to read: rows given in memory, or a file."""
+    return isinstance(source, GivenRows) or os.path.isfile(source)
 
 
 def jsonl_objects(
-    path: str | os.PathLike, error: type[ChatDataError] = ChatDataError
+    source: str | os.PathLike | GivenRows, error: type[ChatDataError] = ChatDataError
 ) -> Iterator[tuple[str, Any]]:
-    """("file:line", parsed JSON) per non-blank line of `path`, for the readers of SFT rows,
-    preference pairs and prompt files, which check the rows themselves. Raises `error` naming
-    the file (missing, a directory) or the line (invalid UTF-8 or JSON)."""
-    path = os.fspath(path)
+    """("file:line", parsed JSON) per non-blank line of a JSONL file, or ("train_data[i]", row)
+    per row given in memory, for the readers of SFT rows, preference pairs and prompt files,
+    which check the rows themselves. Raises `error` naming the file (missing, a directory) or the
+    line (invalid UTF-8 or JSON)."""
+    if isinstance(source, GivenRows):
+        for index, row in enumerate(source.rows):
+            yield f"{source.part}[{index}]", row
+        return
+    path = os.fspath(source)
     if not jsonl_exists(path):
         problem = "is a directory" if os.path.isdir(path) else "no such file"
         raise error(f"{path}: {problem}; pass the path of a JSONL file")
-    given, part = GIVEN_JSONL.get(path, (None, ""))
-    with io.BytesIO(given) if given is not None else open(path, "rb") as f:
+    with open(path, "rb") as f:
         for line_number, raw in enumerate(f, start=1):
-            where = f"{part}[{line_number - 1}]" if part else f"{path}:{line_number}"
+            where = f"{path}:{line_number}"
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
@@ -249,11 +288,12 @@ def jsonl_objects(
             yield where, parsed
 
 
-def read_sft_jsonl(path: str | os.PathLike) -> list[SftRow]:
-    """Every non-blank line of `path` as an `SftRow`, checked: valid UTF-8 and JSON, an object
-    with string or message-list 'prompt' and 'completion', or a 'messages' conversation with an
-    assistant turn; known roles; every row in the first row's format. Raises `ChatDataError`
-    naming the file and line (or the file, when it is missing or has no rows)."""
+def read_sft_jsonl(path: str | os.PathLike | GivenRows) -> list[SftRow]:
+    """Every non-blank line of `path` (or row given in memory) as an `SftRow`, checked: valid
+    UTF-8 and JSON, an object with string or message-list 'prompt' and 'completion', or a
+    'messages' conversation with an assistant turn; known roles; every row in the first row's
+    format. Raises `ChatDataError` naming the file and line (or the file, when it is missing or
+    has no rows)."""
     rows: list[SftRow] = []
     for where, parsed in jsonl_objects(path):
         row = _sft_row(parsed, where)
@@ -265,7 +305,10 @@ def read_sft_jsonl(path: str | os.PathLike) -> list[SftRow]:
             )
         rows.append(row)
     if not rows:
-        raise ChatDataError(f"{path}: no rows (the file is empty); write one JSON object a line")
+        raise ChatDataError(
+            f"{path.part if isinstance(path, GivenRows) else path}: no rows (the file is "
+            "empty); write one JSON object a line"
+        )
     return rows
 
 

@@ -55,6 +55,7 @@ from jaxrl.config import require
 from jaxrl.data.chat import (
     ChatDataError,
     Encoded,
+    GivenRows,
     check_messages,
     check_pack_lengths,
     encode_chat_responses,
@@ -163,7 +164,9 @@ def _preference_row(row: Any, where: str) -> PreferenceRow:
     return checked
 
 
-def numbered_preference_rows(path: str | os.PathLike) -> Iterator[tuple[str, PreferenceRow]]:
+def numbered_preference_rows(
+    path: str | os.PathLike | GivenRows,
+) -> Iterator[tuple[str, PreferenceRow]]:
     """Yields ("file:line", row) per non-blank line of `path`, as `read_preference_jsonl`."""
     first: tuple[str, bool] | None = None  # where the first row is, and whether it is chat
     for where, parsed in jsonl_objects(path, PreferenceDataError):
@@ -180,7 +183,7 @@ def numbered_preference_rows(path: str | os.PathLike) -> Iterator[tuple[str, Pre
         yield where, row
 
 
-def read_preference_jsonl(path: str | os.PathLike) -> Iterator[PreferenceRow]:
+def read_preference_jsonl(path: str | os.PathLike | GivenRows) -> Iterator[PreferenceRow]:
     """Yields {"prompt", "chosen", "rejected"} per non-blank line of `path`, other fields dropped:
     three strings, or three lists of chat messages (every row of a file alike).
 

@@ -30,6 +30,7 @@ import numpy as np
 from jaxrl.config import ConfigError
 from jaxrl.data.chat import (
     ChatDataError,
+    GivenRows,
     check_messages,
     choose_length,
     hold_out,
@@ -146,11 +147,15 @@ def _renamed(objects: Iterable[tuple[str, Any]], prompt_column: str) -> Iterator
         yield where, columns
 
 
-def read_prompt_jsonl(path: str | os.PathLike, prompt_column: str = "prompt") -> list[PromptRow]:
-    """Every non-blank line of `path` as a `PromptRow`, checked (`_checked_rows`), its
-    `prompt_column` renamed `prompt`. Raises `PromptDataError` naming the file and line."""
-    path = os.fspath(path)
-    return _checked_rows(_renamed(jsonl_objects(path, PromptDataError), prompt_column), path)
+def read_prompt_jsonl(
+    source: str | os.PathLike | GivenRows, prompt_column: str = "prompt"
+) -> list[PromptRow]:
+    """Every non-blank line of a JSONL file (or row given in memory) as a `PromptRow`, checked
+    (`_checked_rows`), its `prompt_column` renamed `prompt`. Raises `PromptDataError` naming the
+    file and line (or the row)."""
+    objects = jsonl_objects(source, PromptDataError)
+    named = source.part if isinstance(source, GivenRows) else os.fspath(source)
+    return _checked_rows(_renamed(objects, prompt_column), named)
 
 
 def _tfds_value(value: Any) -> Any:

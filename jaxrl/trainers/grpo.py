@@ -25,12 +25,14 @@ config = functools.partial(base.load_config, "grpo")
 
 
 @base.lm_trainer("grpo")
-def train(flat: Any, workdir: str | None, kill_after_chunk: int | None) -> base.Result:
+def train(
+    flat: Any, parts: lm_runs.Parts, workdir: str | None, kill_after_chunk: int | None
+) -> base.Result:
     """GRPO (or Dr. GRPO / DAPO / RLOO) of a language model on prompts with verifiable rewards.
     Called as `train(config=None, workdir=None, *, model=None, train_data=None, eval_data=None,
     rewards=None, game=None)`: `config` is experiments/configs/grpo.py's (`config(preset)`), the
     parts are `jaxrl.trainers.base`'s; returns Result(state, summary, run_dir)."""
-    run = lm_runs.setup(flat, workdir, grpo.Config, "grpo")
+    run = lm_runs.setup(flat, workdir, grpo.Config, "grpo", parts)
     config, mesh = run.config, run.mesh
     if config.rollout_mode == "async":
         with runner.config_errors():  # the devices split into the training and generation meshes

@@ -9,7 +9,7 @@ import dataclasses
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
@@ -18,6 +18,7 @@ import numpy as np
 
 from jaxrl import hparams, runner, sharding
 from jaxrl.config import ConfigError, build_config, check_run_settings, fail
+from jaxrl.data.chat import GivenRows
 from jaxrl.lm import Tokenizer, load_tokenizer, training
 from jaxrl.lm.checkpoints import (
     BYTE,
@@ -58,6 +59,18 @@ SETTINGS = (
 )  # top-level scalars that are not Config fields
 
 
+class Parts(NamedTuple):
+    """The user's parts of a language-model run as the objects it uses, resolved once where
+    `train` is called (`jaxrl.trainers.base.lm_parts`) and never looked up again by name; the
+    config records a description of each (which a resumed run compares)."""
+
+    model: Checkpoint | None = None  # parameters given in memory; None: config.init_from's
+    data: Mapping[str, str | GivenRows] = {}  # "train_jsonl" / "eval_jsonl": rows given
+    # (metric name, function) of each host reward; None: no reward functions given
+    rewards: list[tuple[str, Callable]] | None = None
+    game: Callable | None = None  # a host game's class, which config.task.game describes
+
+
 class Setup(NamedTuple):
     """What every LM script reads first, each setting checked (one error line otherwise)."""
 
@@ -71,10 +84,19 @@ class Setup(NamedTuple):
     workdir: str
     source: Checkpoint  # where the parameters come from (see `initial_params`)
     tokenizer_source: str  # "byte" or the tokenizer.json path the run copies
+    parts: Parts = Parts()
+
+    def data(self, field: str) -> str | GivenRows:
+        """config.task.<field>'s rows: given in memory, or the path of a JSONL file ("" none)."""
+        return self.parts.data.get(field) or self.flat.task.get(field, "")
 
 
 def setup(
-    flat: ml_collections.ConfigDict, workdir: str | None, config_cls: type, name: str
+    flat: ml_collections.ConfigDict,
+    workdir: str | None,
+    config_cls: type,
+    name: str,
+    parts: Parts | None = None,
 ) -> Setup:
     """Check the config, and make the mesh, task, starting checkpoint and tokenizer (each problem
     one error line). With init_from, the architecture comes from the checkpoint and only the
@@ -88,7 +110,8 @@ def setup(
     mesh = make_mesh(config.mesh_shape)
     # A game's task section (jaxrl/trainers/game_play.py) names a game, not a digit task.
     task = None if "game" in flat.task else make_text_task(flat.task)
-    source = start_checkpoint(flat)
+    parts = parts or Parts()
+    source = start_checkpoint(flat, parts.model)
     resolve_defaults(flat, source)
     config = build_config(config_cls, flat, SETTINGS)
     tokenizer, tokenizer_source = run_tokenizer(flat.task.tokenizer, source)
@@ -101,8 +124,9 @@ def setup(
         "runs", f"{name}-{task.name if task else flat.task.game}-{time.strftime('%Y%m%d-%H%M%S')}"
     )
     return Setup(
-        name, flat, config, mesh, task, tokenizer, source.model, workdir, source, tokenizer_source
-    )
+        name, flat, config, mesh, task, tokenizer, source.model, workdir, source,
+        tokenizer_source, parts,
+    )  # fmt: skip
 
 
 # --- defaults by starting point ---------------------------------------------------------------
@@ -241,26 +265,15 @@ def make_text_task(section: ml_collections.ConfigDict) -> DigitTask:
         fail(f"config.task: {error}")
 
 
-def overridden_fields(section: str) -> list[str]:
-    """The fields of a config section set on the command line (--config.<section>.X=...)."""
-    from absl import flags
-    from ml_collections import config_flags
-
-    try:
-        overrides = config_flags.get_override_values(flags.FLAGS["config"])
-    except (KeyError, TypeError):  # no --config flag defined (a caller outside the scripts)
-        return []
-    return [key.split(".", 1)[1] for key in overrides if key.startswith(f"{section}.")]
-
-
-def start_checkpoint(flat: ml_collections.ConfigDict) -> Checkpoint:
-    """Where a run starts: the config's model (random init) or init_from's, which brings its
-    architecture; a model field other than dtype / param_dtype / remat would then be ignored, so
-    it is an error: one given as a flag, or one that differs from the config files' tiny model
-    (from Python no flag says what was set) unless the checkpoint agrees with it. A preset that
-    raises the tiny model's positions (`grpo.py:repeat_digit_long`) so starts from a checkpoint
-    that has at least as many."""
-    if not flat.init_from:
+def start_checkpoint(
+    flat: ml_collections.ConfigDict, given: Checkpoint | None = None
+) -> Checkpoint:
+    """Where a run starts: the config's model (random init), init_from's, or parameters `given`
+    in memory, which bring their architecture; a model field other than dtype / param_dtype /
+    remat would then be ignored, so it is an error where it differs from the config files' tiny
+    model, unless the checkpoint agrees with it. A preset that raises the tiny model's positions
+    (`grpo.py:repeat_digit_long`) so starts from a checkpoint that has at least as many."""
+    if given is None and not flat.init_from:
         model = model_config(flat.model)
         return Checkpoint("random", "", model, BYTE, "random init")
 
@@ -271,11 +284,9 @@ def start_checkpoint(flat: ml_collections.ConfigDict) -> Checkpoint:
             "model.param_dtype and model.remat apply to an imported model)"
         )
 
-    for field in overridden_fields("model"):
-        if field not in RUNTIME_FIELDS:
-            refuse(field)
+    source = given
     try:
-        source = find_checkpoint(flat.init_from)
+        source = source or find_checkpoint(flat.init_from)
     except (ConfigError, ValueError, OSError) as error:
         fail(f"config.init_from: {error}")
     for field, tiny in TINY_MODEL.items():
@@ -355,10 +366,6 @@ def open_run(run: Setup, head: str = LM_HEAD) -> RunDirectory:
     resolved = run.flat.to_dict()
     resolved["model"] = dataclasses.asdict(run.model)
     run_dir = runner.open_run(run.workdir, resolved)
-    if "train_jsonl" in run.flat.task:  # rows given from Python, checked: now to their files
-        from jaxrl.trainers.base import write_given_rows
-
-        write_given_rows((run.flat.task.train_jsonl, run.flat.task.get("eval_jsonl", "")))
     if run_dir.writes:
         tokenizer = BYTE
         if run.tokenizer_source != BYTE:

@@ -70,18 +70,20 @@ def plot_evaluations(run_dir, initial: dict, final: dict, num_steps: int, title:
 
 
 @base.lm_trainer("multiturn")
-def train(flat: Any, workdir: str | None, kill_after_chunk: int | None) -> base.Result:
+def train(
+    flat: Any, parts: lm_runs.Parts, workdir: str | None, kill_after_chunk: int | None
+) -> base.Result:
     """Multi-turn RL of a language model playing a text game (several turns per episode, the
     game's tokens masked out of the loss). Called as `train(config=None, workdir=None, *,
     model=None, train_data=None, eval_data=None, rewards=None, game=None)`: `config` is
     experiments/configs/multiturn.py's (`config(preset)`), the parts are
     `jaxrl.trainers.base`'s; returns Result(state, summary, run_dir)."""
-    run = lm_runs.setup(flat, workdir, multiturn.Config, "multiturn")
+    run = lm_runs.setup(flat, workdir, multiturn.Config, "multiturn", parts)
     config, mesh, section = run.config, run.mesh, run.flat.task
     if config.rollout_mode == "async":
         with runner.config_errors():  # the devices split into the training and generation meshes
             asynchronous.split_devices(config)
-    game = game_play.make_game(section, run.tokenizer)
+    game = game_play.make_game(section, run.tokenizer, run.parts.game)
     if config.rollout_mode == "partial":
         with runner.config_errors():  # the turn budget and the staleness bound against max_turns
             multiturn_partial.validate_env(config, game.env)

@@ -23,13 +23,15 @@ config = functools.partial(base.load_config, "online_dpo")
 
 
 @base.lm_trainer("online_dpo")
-def train(flat: Any, workdir: str | None, kill_after_chunk: int | None) -> base.Result:
+def train(
+    flat: Any, parts: lm_runs.Parts, workdir: str | None, kill_after_chunk: int | None
+) -> base.Result:
     """Online DPO of a language model: pairs sampled from the policy and labelled by a reward
     model. Called as `train(config=None, workdir=None, *, model=None, train_data=None,
     eval_data=None, rewards=None, game=None)`: `config` is experiments/configs/online_dpo.py's
     (`config(preset)`), the parts are `jaxrl.trainers.base`'s; returns Result(state, summary,
     run_dir)."""
-    run = lm_runs.setup(flat, workdir, online_dpo.Config, "online_dpo")
+    run = lm_runs.setup(flat, workdir, online_dpo.Config, "online_dpo", parts)
     flat, config, mesh = run.flat, run.config, run.mesh
     prompts, reward_params, reward_config, reward_paths = prompt_data.with_reward_models(
         run, online_dpo.Config

@@ -23,12 +23,14 @@ config = functools.partial(base.load_config, "ppo_lm")
 
 
 @base.lm_trainer("ppo_lm")
-def train(flat: Any, workdir: str | None, kill_after_chunk: int | None) -> base.Result:
+def train(
+    flat: Any, parts: lm_runs.Parts, workdir: str | None, kill_after_chunk: int | None
+) -> base.Result:
     """PPO of a language model against a reward model (RLHF). Called as `train(config=None,
     workdir=None, *, model=None, train_data=None, eval_data=None, rewards=None, game=None)`:
     `config` is experiments/configs/ppo_lm.py's (`config(preset)`), the parts are
     `jaxrl.trainers.base`'s; returns Result(state, summary, run_dir)."""
-    run = lm_runs.setup(flat, workdir, ppo_lm.Config, "ppo_lm")
+    run = lm_runs.setup(flat, workdir, ppo_lm.Config, "ppo_lm", parts)
     flat, config, mesh = run.flat, run.config, run.mesh
     prompts, reward_params, reward_config, reward_paths = prompt_data.with_reward_models(
         run, ppo_lm.Config

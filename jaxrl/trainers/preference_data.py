@@ -5,7 +5,6 @@ anything is written, and kept in the run directory as a tensorflow-datasets data
 from __future__ import annotations
 
 import json
-import os
 from typing import NamedTuple
 
 import numpy as np
@@ -21,6 +20,7 @@ from jaxrl.data.chat import (
     hold_out,
     jsonl_exists,
     require_chat_template,
+    source_name,
 )
 from jaxrl.data.preferences import (
     PreferenceDataError,
@@ -55,9 +55,9 @@ class PairArrays(NamedTuple):
     cut_rows: dict[str, int]
 
 
-def read_pairs(flat, field: str) -> tuple[list[dict], list[str]]:
+def read_pairs(run, field: str) -> tuple[list[dict], list[str]]:
     """The checked rows of config.task.<field> and their file:line (one error line otherwise)."""
-    path = flat.task[field]
+    path = run.data(field)
     if not jsonl_exists(path):
         fail(f"config.task.{field}: {path}: no such file; pass the path of a JSONL file")
     try:
@@ -66,25 +66,27 @@ def read_pairs(flat, field: str) -> tuple[list[dict], list[str]]:
         fail(str(error))
     if not numbered:
         fail(
-            f"config.task.{field}: {path}: no rows (the file is empty); write one JSON object "
+            f"config.task.{field}: {source_name(path)}: no rows (the file is empty); write one "
+            "JSON object "
             "with prompt, chosen and rejected a line"
         )
     return [row for _, row in numbered], [where for where, _ in numbered]
 
 
-def preference_pairs(task, flat) -> Pairs:
+def preference_pairs(run) -> Pairs:
     """The user's pairs (config.task.train_jsonl, and eval_jsonl or num_eval of its rows held
-    out by data_seed), or synthetic pairs of the task's problems; nothing written yet."""
-    section = flat.task
+    out by data_seed; or rows given in their place), or synthetic pairs of the task's problems;
+    nothing written yet."""
+    task, section = run.task, run.flat.task
     if section.eval_jsonl and not section.train_jsonl:
         fail(
             "config.task.eval_jsonl: held-out pairs without training pairs; set "
             "config.task.train_jsonl too (or neither, for the task's synthetic pairs)"
         )
     if section.train_jsonl:
-        rows, wheres = read_pairs(flat, "train_jsonl")
+        rows, wheres = read_pairs(run, "train_jsonl")
         if section.eval_jsonl:
-            eval_rows, eval_wheres = read_pairs(flat, "eval_jsonl")
+            eval_rows, eval_wheres = read_pairs(run, "eval_jsonl")
             fields = {"train": "train_jsonl", "eval": "eval_jsonl"}
         else:
             try:
@@ -120,7 +122,7 @@ def preference_arrays(pairs: Pairs, run) -> PairArrays:
         for split in SPLITS:
             field = pairs.fields[split]
             if any(isinstance(row["prompt"], list) for row in pairs.rows[split]):
-                require_chat_template(run.tokenizer, field, section[field])
+                require_chat_template(run.tokenizer, field, source_name(run.data(field)))
             encoded[split] = encode_preference_rows(
                 pairs.rows[split], run.tokenizer, pairs.wheres[split]
             )
@@ -151,15 +153,13 @@ def preference_arrays(pairs: Pairs, run) -> PairArrays:
     return PairArrays(arrays, *lengths, cut_rows)
 
 
-def record_dataset(pairs: Pairs, flat, run_dir: RunDirectory) -> str:
+def record_dataset(pairs: Pairs, run, run_dir: RunDirectory) -> str:
     """The pairs kept in the run directory as a tensorflow-datasets dataset (array_record, read
     with `jaxrl.data.load_preference_split`), built from the user's two files, or from JSONL
     files of the splits written here (the task's pairs, or a held-out split of the user's file).
     Returns its directory."""
-    section = flat.task
-    if section.train_jsonl and section.eval_jsonl:
-        paths = {"train": section.train_jsonl, "eval": section.eval_jsonl}
-    else:
+    paths = {"train": run.data("train_jsonl"), "eval": run.data("eval_jsonl")}
+    if not all(isinstance(path, str) and path for path in paths.values()):
         paths = {split: run_dir.file(f"{split}preference_data.jsonl") for split in SPLITS}
         if run_dir.writes:  # in a multi-host run, process 0 writes the files all processes read
             for split, path in paths.items():
@@ -183,8 +183,7 @@ def record_dataset(pairs: Pairs, flat, run_dir: RunDirectory) -> str:
 
 def data_name(run) -> str:
     """What the pairs are called in messages and titles: the user's file, or the task."""
-    section = run.flat.task
-    return os.path.basename(section.train_jsonl) if section.train_jsonl else run.task.name
+    return source_name(run.data("train_jsonl")) if run.flat.task.train_jsonl else run.task.name
 
 
 def pair_summary_fields(summary: dict, data: PairArrays, config) -> dict:
@@ -207,7 +206,7 @@ def checked_pairs(run, algorithm: str) -> tuple[Pairs, PairArrays]:
     otherwise, before anything is written), with a line saying what they are."""
     section, config = run.flat.task, run.config
     lm_runs.check_length_section(section)
-    pairs = preference_pairs(run.task, run.flat)
+    pairs = preference_pairs(run)
     data = preference_arrays(pairs, run)
     num_pairs = len(data.arrays["train"]["chosen_tokens"])
     if config.batch_size > num_pairs:
@@ -218,8 +217,8 @@ def checked_pairs(run, algorithm: str) -> tuple[Pairs, PairArrays]:
     held_out = len(data.arrays["eval"]["chosen_tokens"])
     if section.train_jsonl and section.eval_jsonl:  # each split named after its own file
         where = (
-            f"{num_pairs} training pairs of {os.path.basename(section.train_jsonl)} and "
-            f"{held_out} held-out pairs of {os.path.basename(section.eval_jsonl)}"
+            f"{num_pairs} training pairs of {source_name(run.data('train_jsonl'))} and "
+            f"{held_out} held-out pairs of {source_name(run.data('eval_jsonl'))}"
         )
     else:
         where = f"{num_pairs} training and {held_out} held-out pairs of {data_name(run)}"

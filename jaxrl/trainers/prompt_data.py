@@ -6,20 +6,18 @@ from __future__ import annotations
 
 import functools
 import inspect
-import os
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
-import ml_collections
 import numpy as np
 
 from algos import grpo
 from envs.text import TextTask
 from envs.text.prompt_dataset import prompt_dataset_task
-from jaxrl import cli, host
+from jaxrl import host
 from jaxrl.config import ConfigError, fail
-from jaxrl.data.chat import ChatDataError
+from jaxrl.data.chat import ChatDataError, source_name
 from jaxrl.data.prompts import (
     PromptRow,
     PromptTable,
@@ -30,16 +28,18 @@ from jaxrl.data.prompts import (
 )
 from jaxrl.lm.model import ModelConfig
 from jaxrl.trainers import lm_runs
-
-# Task settings that only the built-in digit tasks read (a prompt file brings its own prompts).
-DIGIT_TASK_FIELDS = ("name", "num_digits", "num_train", "held_out")
+from jaxrl.trainers.presets.lm import DIGIT_TASK_FIELDS
 
 
-def reward_functions(section: ml_collections.ConfigDict) -> list[tuple[str, Callable, float]]:
-    """(name, function, weight) of each host reward in config.rewards.host ("module:function",
-    comma-separated) with its weight from config.rewards.host_weights ("" weighs each 1)."""
+def reward_functions(run: lm_runs.Setup) -> list[tuple[str, Callable, float]]:
+    """(name, function, weight) of each host reward the run was given (`lm_runs.Parts.rewards`,
+    which config.rewards.host describes), with its weight from config.rewards.host_weights
+    ("" weighs each 1)."""
+    section = run.flat.rewards
+    given = run.parts.rewards or []
     specs = [spec.strip() for spec in section.host.split(",") if spec.strip()]
-    weights = [1.0] * len(specs)
+    assert len(specs) == len(given), "config.rewards.host's functions are resolved by lm_parts"
+    weights = [1.0] * len(given)
     if section.host_weights:
         try:
             weights = [float(w) for w in section.host_weights.split(",")]
@@ -48,25 +48,16 @@ def reward_functions(section: ml_collections.ConfigDict) -> list[tuple[str, Call
                 f"config.rewards.host_weights: {section.host_weights!r} is not comma-separated "
                 "numbers; give one weight per reward function, e.g. '1.0,0.5'"
             )
-        if len(weights) != len(specs) or not all(np.isfinite(weights)):
+        if len(weights) != len(given) or not all(np.isfinite(weights)):
             fail(
-                f"config.rewards.host_weights: {len(weights)} weights for {len(specs)} reward "
+                f"config.rewards.host_weights: {len(weights)} weights for {len(given)} reward "
                 "functions in config.rewards.host; give one finite weight per function"
             )
     functions = []
-    for spec, weight in zip(specs, weights, strict=True):
-        function_name = spec.rpartition(":")[2]
-        try:
-            function = cli.load_named(spec)
-        except (ImportError, AttributeError, ValueError) as error:
-            fail(
-                f"config.rewards.host: cannot load {spec!r} ({error}); give "
-                "'module.path:function' importable from the working directory, or "
-                "'path/to/file.py:function'"
-            )
+    for spec, (name, function), weight in zip(specs, given, weights, strict=True):
         if not callable(function):
             fail(f"config.rewards.host: {spec!r} is not a function; name a function")
-        functions.append((function_name, function, weight))
+        functions.append((name, function, weight))
     names = [name for name, _, _ in functions]
     if len(set(names)) != len(names):
         fail(
@@ -134,11 +125,13 @@ class PromptData(NamedTuple):
     functions: list[tuple[str, Callable, float]]
 
 
-def read_prompts(section: Any) -> tuple[list[PromptRow], list[PromptRow], str, str]:
+def read_prompts(run: lm_runs.Setup) -> tuple[list[PromptRow], list[PromptRow], str, str]:
     """(train rows, held-out rows, the data's name, the field naming its held-out split) from
-    config.task.train_jsonl (and eval_jsonl) or a built TFDS dataset's splits (train_tfds,
+    config.task.train_jsonl (and eval_jsonl), rows given in memory in their place, or a built
+    TFDS dataset's splits (train_tfds,
     train_split and eval_split), with num_eval rows held out of the training rows where no
     held-out file or split is given. Raises ChatDataError / ConfigError."""
+    section = run.flat.task
     tfds_only = dict(tfds_data_dir="", train_split="train", eval_split="")
     if section.train_tfds:
         if section.train_jsonl or section.eval_jsonl:
@@ -168,9 +161,9 @@ def read_prompts(section: Any) -> tuple[list[PromptRow], list[PromptRow], str, s
                     f"{default!r}"
                 )
         read = functools.partial(read_prompt_jsonl, prompt_column=section.prompt_column)
-        name, held_out_field = os.path.basename(section.train_jsonl), "eval_jsonl"
-        rows = read(section.train_jsonl)
-        held_out = read(section.eval_jsonl) if section.eval_jsonl else None
+        name, held_out_field = source_name(run.data("train_jsonl")), "eval_jsonl"
+        rows = read(run.data("train_jsonl"))
+        held_out = read(run.data("eval_jsonl")) if section.eval_jsonl else None
     if held_out is None:
         return *split_rows(rows, section.num_eval, section.data_seed), name, held_out_field
     if held_out[0].columns.keys() != rows[0].columns.keys():
@@ -185,15 +178,16 @@ def prompt_data(run: lm_runs.Setup) -> PromptData:
     """Read, split and tokenise the user's prompts (config.task.train_jsonl and eval_jsonl, or
     train_tfds), and load the reward functions: every problem one error line, before anything is
     built."""
-    section, rewards = run.flat.task, run.flat.rewards
-    ignored = [f for f in lm_runs.overridden_fields("task") if f in DIGIT_TASK_FIELDS]
+    section = run.flat.task
+    preset = run.flat.get("defaults", {}).get("task", {})  # the preset's digit-task values
+    ignored = [f for f in DIGIT_TASK_FIELDS if f in preset and section[f] != preset[f]]
     if ignored:
         fail(
             f"config.task.{ignored[0]}: a setting of the built-in digit tasks, which prompts "
             "from a file or dataset replace, so this flag would be ignored; drop it"
         )
     try:
-        train, held_out, data_name, held_out_field = read_prompts(section)
+        train, held_out, data_name, held_out_field = read_prompts(run)
         cut = dict(
             length_percentile=section.length_percentile,
             max_cut_fraction=section.max_cut_fraction,
@@ -209,13 +203,13 @@ def prompt_data(run: lm_runs.Setup) -> PromptData:
         fail(str(error))
     except ConfigError as error:
         fail(f"config.task.{error}")
-    if rewards.format_weight:
+    if run.flat.rewards.format_weight:
         fail(
             "config.rewards.format_weight: the format reward is the digit tasks', and a prompt "
             "file's rewards are its reward functions; set it to 0 and add a format reward to "
             "config.rewards.host (e.g. envs.text.math_answers:boxed_format_reward)"
         )
-    functions = reward_functions(rewards)
+    functions = reward_functions(run)
     if not functions:
         fail(
             "config.rewards.host: a prompt file needs at least one reward function; give "
@@ -272,7 +266,7 @@ def digit_problems_as_prompts(run: lm_runs.Setup) -> PromptData | None:
         )
     except ConfigError as error:
         fail(f"config.task.{error}")
-    functions = [("task", task_score, 1.0), *reward_functions(run.flat.rewards)]
+    functions = [("task", task_score, 1.0), *reward_functions(run)]
     return PromptData(
         host_rewarded_task(run, task.name, train_table, functions),
         train_table,
@@ -312,7 +306,7 @@ def text_task(run: lm_runs.Setup) -> TextTask:
         task = run.task.text_task(run.tokenizer, section.format_weight)
     except ConfigError as error:
         fail(f"config.task.{error}")
-    for name, function, weight in reward_functions(section):
+    for name, function, weight in reward_functions(run):
         task = task.with_reward(
             grpo.host_reward(function, run.tokenizer, name, weight, rollout_mesh(run))
         )

@@ -35,13 +35,15 @@ PAIR_KEYS = tuple(
 
 
 @base.lm_trainer("reward_model")
-def train(flat: Any, workdir: str | None, kill_after_chunk: int | None) -> base.Result:
+def train(
+    flat: Any, parts: lm_runs.Parts, workdir: str | None, kill_after_chunk: int | None
+) -> base.Result:
     """A Bradley-Terry reward model (a language model with a scalar head) on preference pairs.
     Called as `train(config=None, workdir=None, *, model=None, train_data=None, eval_data=None,
     rewards=None, game=None)`: `config` is experiments/configs/reward_model.py's
     (`config(preset)`), the parts are `jaxrl.trainers.base`'s; returns Result(state, summary,
     run_dir)."""
-    run = lm_runs.setup(flat, workdir, reward_model.Config, "reward_model")
+    run = lm_runs.setup(flat, workdir, reward_model.Config, "reward_model", parts)
     flat, config, mesh = run.flat, run.config, run.mesh
     pairs, data = checked_pairs(run, "Reward-model")
     arrays, name = data.arrays, data_name(run)
@@ -54,7 +56,7 @@ def train(flat: Any, workdir: str | None, kill_after_chunk: int | None) -> base.
         for key, value in params.items()
     }
     run_dir = lm_runs.open_run(run, head=checkpoints.REWARD_HEAD)
-    built = record_dataset(pairs, flat, run_dir)
+    built = record_dataset(pairs, run, run_dir)
 
     # Replicated outputs: every process of a multi-host run reads all the rewards.
     score = jax.jit(reward_model.make_score(model, mesh), out_shardings=sharding.replicated(mesh))

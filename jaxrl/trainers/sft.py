@@ -11,7 +11,6 @@ shape).
 from __future__ import annotations
 
 import functools
-import os
 import time
 from typing import Any, NamedTuple
 
@@ -35,6 +34,7 @@ from jaxrl.data.chat import (
     pack,
     read_sft_jsonl,
     require_chat_template,
+    source_name,
 )
 from jaxrl.data.step_batches import dataset_batches
 from jaxrl.lm import checkpoints
@@ -100,13 +100,13 @@ def task_data(run: lm_runs.Setup) -> SftData:
 
 def read_rows(run: lm_runs.Setup, field: str) -> list:
     """The checked rows of config.task.<field> (one error line for any problem)."""
-    path = run.flat.task[field]
+    path = run.data(field)
     if not jsonl_exists(path):
         fail(f"config.task.{field}: {path}: no such file; pass the path of a JSONL file")
     try:
         rows = read_sft_jsonl(path)
         if any(row.conversational for row in rows):
-            require_chat_template(run.tokenizer, field, path)
+            require_chat_template(run.tokenizer, field, source_name(path))
     except ChatDataError as error:
         fail(str(error))
     except ConfigError as error:
@@ -151,7 +151,7 @@ def file_data(run: lm_runs.Setup) -> SftData:
         fail(str(error))
     except ConfigError as error:
         fail(f"config.task.{error}")
-    name = os.path.basename(section.train_jsonl)
+    name = source_name(run.data("train_jsonl"))
     return SftData(name, arrays["train"], arrays["eval"], *lengths, cut_rows, [])
 
 
@@ -183,7 +183,7 @@ def game_data(run: lm_runs.Setup) -> SftData:
     """A game's teacher episodes (config.task: `jaxrl/trainers/game_play.game_task`), num_train to
     train on and num_eval held out (other draws), in the layout the multi-turn sampler uses."""
     section = run.flat.task
-    game = game_play.make_game(section, run.tokenizer)
+    game = game_play.make_game(section, run.tokenizer, run.parts.game)
     seed = section.data_seed
     train, success, longest = game_play.demonstrations(
         section, game, run.tokenizer, section.num_train, seed
@@ -205,13 +205,15 @@ def game_data(run: lm_runs.Setup) -> SftData:
 
 
 @base.lm_trainer("sft")
-def train(flat: Any, workdir: str | None, kill_after_chunk: int | None) -> base.Result:
+def train(
+    flat: Any, parts: lm_runs.Parts, workdir: str | None, kill_after_chunk: int | None
+) -> base.Result:
     """Supervised fine-tuning of a language model on a task, a JSONL file of rows or a game's
     demonstrations. Called as `train(config=None, workdir=None, *, model=None, train_data=None,
     eval_data=None, rewards=None, game=None)`: `config` is experiments/configs/sft.py's
     (`config(preset)`), the parts are `jaxrl.trainers.base`'s; returns Result(state, summary,
     run_dir)."""
-    run = lm_runs.setup(flat, workdir, sft.Config, "sft")
+    run = lm_runs.setup(flat, workdir, sft.Config, "sft", parts)
     flat, config, mesh, task = run.flat, run.config, run.mesh, run.task
     on_game = "game" in flat.task
     if on_game:

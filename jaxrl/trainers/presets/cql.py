@@ -27,6 +27,8 @@ PRESETS = {
 
 
 def get_config(preset: str = "pendulum") -> ml_collections.ConfigDict:
+    """The preset's config: `algos.cql.Config` fields with the preset's values, and the `run`
+    section."""
     from algos import cql
 
     def optional(field_type: type) -> ml_collections.FieldReference:

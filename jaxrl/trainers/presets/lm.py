@@ -168,6 +168,10 @@ def for_start(flat: ml_collections.ConfigDict, pretrained: bool) -> ml_collectio
     return filled
 
 
+# Task settings that only the built-in digit tasks read (a prompt file brings its own prompts).
+DIGIT_TASK_FIELDS = ("name", "num_digits", "num_train", "held_out")
+
+
 def prompt_rl_config(
     config: Any, preset: dict[str, Any], settings: dict[str, Any], num_chunks: int, **sections: Any
 ) -> ml_collections.ConfigDict:
@@ -207,4 +211,9 @@ def prompt_rl_config(
     flat.task.eval_split = ""
     flat.task.prompt_column = "prompt"
     flat.init_from = settings.get("init_from", "")
+    # The preset's digit-task settings: a prompt file or dataset replaces the digit task, so one
+    # of these changed beside it would be ignored (`jaxrl.trainers.prompt_data` refuses it).
+    if "defaults" not in flat:
+        flat.defaults = ml_collections.ConfigDict()
+    flat.defaults.task = {name: flat.task[name] for name in DIGIT_TASK_FIELDS}
     return flat

@@ -37,6 +37,8 @@ PRESETS = {
 
 
 def get_config(preset: str = "mappo_spread") -> ml_collections.ConfigDict:
+    """The preset's config: `algos.mappo.Config` fields with the preset's values, and the `run`
+    section."""
     from algos import mappo
 
     return config_dict(mappo.Config(), preset_of(PRESETS, preset))

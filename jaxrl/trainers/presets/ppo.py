@@ -85,6 +85,8 @@ PRESETS["pendulum_hl_gauss"] = dict(
 
 
 def get_config(preset: str = "cartpole") -> ml_collections.ConfigDict:
+    """The preset's config: `algos.ppo.Config` fields with the preset's values, and the `run`
+    section."""
     from algos import ppo
 
     return config_dict(ppo.Config(), preset_of(PRESETS, preset))

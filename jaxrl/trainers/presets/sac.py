@@ -44,6 +44,8 @@ PRESETS = {
 
 
 def get_config(preset: str = "pendulum") -> ml_collections.ConfigDict:
+    """The preset's config: `algos.sac.Config` fields with the preset's values, and the `run`
+    section."""
     from algos import sac
 
     config = config_dict(
