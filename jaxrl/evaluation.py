@@ -56,7 +56,7 @@ def evaluate_episodes(
         result = step_many(jax.random.split(step_key, num_episodes), state, action)
         # A multi-agent environment's return is the team's: the sum over its agents' rewards.
         # An Atari game played with lives as episodes and clipped rewards scores its own reward
-        # until the game is over (envs.host's `game_reward` and `game_over`).
+        # until the game is over (envs.external's `game_reward` and `game_over`).
         reward = result.info.get("game_reward", result.reward)
         reward = reward.reshape(num_episodes, -1).sum(axis=-1)
         returns = returns + jnp.where(done, 0.0, reward)
