@@ -19,7 +19,6 @@ from __future__ import annotations
 import jaxrl  # noqa: F401
 # isort: on
 
-import importlib
 from typing import Any
 
 # {public name: the module of `envs` that defines it}
@@ -64,6 +63,8 @@ __all__ = sorted(_MODULES)
 
 def __getattr__(name: str) -> Any:
     if name in _MODULES:
+        import importlib
+
         return getattr(importlib.import_module(f"envs.{_MODULES[name]}"), name)
     raise AttributeError(f"module 'envs' has no attribute {name!r}")
 
