@@ -6,61 +6,66 @@ env = envs.make("HalfCheetah-v5")                   # MuJoCo via MJX: pip instal
 venv = envs.make_vec("gymnasium:CartPole-v1", 8)    # Gymnasium on the host, through io_callback
 venv = envs.make_vec("envpool:Pong-v5", 8)           # EnvPool's C++ pool, the same way
 
-The names below live in `envs.registry`, imported when one is first used: gymnax imports
-seaborn, scipy and pandas, seconds at every start, and the language-model side (`envs.text`)
-needs none of it.
+This file is the one list of the names `envs` exports and of the module each lives in; a name's
+module is imported when the name is first used: gymnax imports seaborn, scipy and pandas, seconds
+at every start, and the language-model side (`envs.text`) needs none of it.
 """
 
 from __future__ import annotations
 
 # isort: off
-import jaxrl  # noqa: F401  sets XLA CPU runtime flags; must precede gymnax, which computes on import
+# Importing jaxrl joins JAX's multi-host runtime when JAXRL_DISTRIBUTED=1 (jaxrl.distributed),
+# which must happen before anything computes, and gymnax computes on import. It sets no XLA flags.
+import jaxrl  # noqa: F401
 # isort: on
 
 from typing import Any
 
-__all__ = [
-    "AutoReset",
-    "ClipAction",
-    "EpisodeStatistics",
-    "EpisodeStatisticsState",
-    "EnvPoolVectorEnv",
-    "GymnasiumVectorEnv",
-    "GymnaxEnv",
-    "HostEnvState",
-    "HalfCheetah",
-    "Hopper",
-    "MujocoEnv",
-    "MujocoState",
-    "NormalizeObservation",
-    "NormalizeObservationState",
-    "NormalizeReward",
-    "RunningMeanStd",
-    "StepResult",
-    "Vectorize",
-    "Wrapper",
-    "action_dim",
-    "find_state",
-    "is_discrete",
-    "is_host_env",
-    "make",
-    "make_eval",
-    "make_vec",
-    "observation_shape",
-    "parse_env_options",
-    "with_reward_discount",
-    "registered",
-    "require_jax_env",
-    "require_options",
-    "require_registered",
-]
+# {public name: the module of `envs` that defines it}
+_MODULES = {
+    "GymnaxEnv": "core",
+    "StepResult": "core",
+    "Wrapper": "core",
+    "action_dim": "core",
+    "is_discrete": "core",
+    "EnvPoolVectorEnv": "external",
+    "GymnasiumVectorEnv": "external",
+    "HostEnvState": "external",
+    "is_host_env": "external",
+    "HalfCheetah": "mujoco",
+    "Hopper": "mujoco",
+    "MujocoEnv": "mujoco",
+    "MujocoState": "mujoco",
+    "make": "registry",
+    "make_eval": "registry",
+    "make_vec": "registry",
+    "observation_shape": "registry",
+    "parse_env_options": "registry",
+    "registered": "registry",
+    "require_jax_env": "registry",
+    "require_options": "registry",
+    "require_registered": "registry",
+    "AutoReset": "wrappers",
+    "ClipAction": "wrappers",
+    "EpisodeStatistics": "wrappers",
+    "EpisodeStatisticsState": "wrappers",
+    "NormalizeObservation": "wrappers",
+    "NormalizeObservationState": "wrappers",
+    "NormalizeReward": "wrappers",
+    "RunningMeanStd": "wrappers",
+    "Vectorize": "wrappers",
+    "find_state": "wrappers",
+    "with_reward_discount": "wrappers",
+}
+
+__all__ = sorted(_MODULES)
 
 
 def __getattr__(name: str) -> Any:
-    if name in __all__:
-        from envs import registry
+    if name in _MODULES:
+        import importlib
 
-        return getattr(registry, name)
+        return getattr(importlib.import_module(f"envs.{_MODULES[name]}"), name)
     raise AttributeError(f"module 'envs' has no attribute {name!r}")
 
 

@@ -1,12 +1,9 @@
-"""The control environments' registry over gymnax and MJX locomotion, and the wrappers training
-needs; `envs` exports these names (`envs.make`, `envs.make_vec`, ...) and imports this module
-when one is first used."""
+"""The control environments' registry: names over gymnax, MJX locomotion and the host
+environments of other libraries (`envs.external`), made into the single environments and the
+training and evaluation stacks. `envs` exports these functions (`envs.make`, `envs.make_vec`, ...)
+and imports this module when one is first used."""
 
 from __future__ import annotations
-
-# isort: off
-import jaxrl  # noqa: F401  sets XLA CPU runtime flags; must precede gymnax, which computes on import
-# isort: on
 
 import ast
 import dataclasses
@@ -16,27 +13,16 @@ from typing import Any
 import gymnax
 
 from envs import mujoco as _mujoco
-from envs.core import GymnaxEnv, StepResult, Wrapper, action_dim, is_discrete
-from envs.host import (
-    EnvPoolVectorEnv,
-    GymnasiumVectorEnv,
-    HostEnvState,
-    is_host_env,
-    make_host_env,
-)
-from envs.mujoco import HalfCheetah, Hopper, MujocoEnv, MujocoState
+from envs.core import GymnaxEnv, Wrapper
+from envs.external import GymnasiumVectorEnv, is_host_env, make_host_env
+from envs.mujoco import MujocoEnv
 from envs.wrappers import (
     AutoReset,
     ClipAction,
     EpisodeStatistics,
-    EpisodeStatisticsState,
     NormalizeObservation,
-    NormalizeObservationState,
     NormalizeReward,
-    RunningMeanStd,
     Vectorize,
-    find_state,
-    with_reward_discount,
 )
 from jaxrl.config import ConfigError
 
@@ -54,8 +40,9 @@ def make(name: str, **env_params: Any) -> GymnaxEnv | MujocoEnv | GymnasiumVecto
     """Build one environment by name; keyword arguments override its gymnax `EnvParams` fields
     (MuJoCo environments: their Gymnasium v5 constructor arguments, e.g. `ctrl_cost_weight`).
 
-    A host environment (`gymnasium:<id>`, `envs.host`) is always batched and auto-resetting: this
-    returns one copy, whose spaces and time limit describe it; `make_vec` builds the training set.
+    A host environment (`gymnasium:<id>`, `envs.external`) is always batched and auto-resetting:
+    this returns one copy, whose spaces and time limit describe it; `make_vec` builds the training
+    set.
     An unknown name raises a ValueError listing the closest registered names; a MuJoCo name without
     the `mujoco` extra installed raises an ImportError saying what to install.
     """
@@ -182,40 +169,3 @@ def require_options(name: str, text: str, field: str = "env_options") -> None:
     (`parse_env_options`): an option the environment lacks would otherwise be ignored."""
     if parse_env_options(text, field):
         observation_shape(name, text, field)
-
-
-__all__ = [
-    "AutoReset",
-    "ClipAction",
-    "EpisodeStatistics",
-    "EpisodeStatisticsState",
-    "EnvPoolVectorEnv",
-    "GymnasiumVectorEnv",
-    "GymnaxEnv",
-    "HostEnvState",
-    "HalfCheetah",
-    "Hopper",
-    "MujocoEnv",
-    "MujocoState",
-    "NormalizeObservation",
-    "NormalizeObservationState",
-    "NormalizeReward",
-    "RunningMeanStd",
-    "StepResult",
-    "Vectorize",
-    "Wrapper",
-    "action_dim",
-    "find_state",
-    "is_discrete",
-    "is_host_env",
-    "make",
-    "make_eval",
-    "make_vec",
-    "observation_shape",
-    "parse_env_options",
-    "require_options",
-    "with_reward_discount",
-    "registered",
-    "require_jax_env",
-    "require_registered",
-]

@@ -88,7 +88,7 @@ class EpisodeStatistics(Wrapper):
     def step(self, key: jax.Array, state: EpisodeStatisticsState, action: jax.Array) -> StepResult:
         result = self.env.step(key, state.inner, action)
         # An environment whose learning episodes are not its games (an Atari life, clipped
-        # rewards: envs.host) says what to count; otherwise an episode is a game.
+        # rewards: envs.external) says what to count; otherwise an episode is a game.
         done = result.info.get("game_over", jnp.logical_or(result.terminated, result.truncated))
         episode_return = state.episode_return + result.info.get("game_reward", result.reward)
         episode_length = state.episode_length + 1

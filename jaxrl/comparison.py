@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxrl import evaluation
+from jaxrl import statistics
 from jaxrl.config import fail
 from jaxrl.logging import write_json
 
@@ -264,8 +264,8 @@ def pass_at_k_table(
                 continue
             per_task = [[r.pass_at[k][0] for r in c.runs if r.task == t] for t in tasks]
             scores = np.array(per_task, dtype=np.float64).T  # (runs, tasks)
-            points, intervals = evaluation.interval_estimates(
-                {"x": scores}, evaluation.aggregate_mean, **settings
+            points, intervals = statistics.interval_estimates(
+                {"x": scores}, statistics.aggregate_mean, **settings
             )
             out[c.label][k] = (float(points["x"]), [float(b) for b in intervals["x"]])
     return out
@@ -376,27 +376,27 @@ def compare(
     score_dict = {c.label: c.scores for c in configurations}
     score_name = f"normalized {metric}" if normalize else metric
 
-    aggregates = {"IQM": evaluation.aggregate_iqm, "mean": evaluation.aggregate_mean}
-    aggregates["median"] = evaluation.aggregate_median
+    aggregates = {"IQM": statistics.aggregate_iqm, "mean": statistics.aggregate_mean}
+    aggregates["median"] = statistics.aggregate_median
     if normalize:
-        aggregates["optimality gap"] = evaluation.aggregate_optimality_gap
+        aggregates["optimality gap"] = statistics.aggregate_optimality_gap
     settings = dict(reps=reps, confidence=confidence, seed=seed)
-    points, intervals = evaluation.interval_estimates(score_dict, aggregates, **settings)
-    poi_points, poi_intervals = evaluation.probability_of_improvement_estimates(
+    points, intervals = statistics.interval_estimates(score_dict, aggregates, **settings)
+    poi_points, poi_intervals = statistics.probability_of_improvement_estimates(
         score_dict, **settings
     )
     all_scores = np.concatenate([s.reshape(-1) for s in score_dict.values()])
     low_score, high_score = float(all_scores.min()), float(all_scores.max())
     pad = 0.02 * (high_score - low_score) or max(1e-3, 0.05 * abs(low_score))
     taus = np.linspace(low_score - pad, high_score + pad, 101)
-    profiles, profile_intervals = evaluation.performance_profiles(
+    profiles, profile_intervals = statistics.performance_profiles(
         score_dict, taus, reps=min(reps, 2_000), confidence=confidence, seed=seed
     )
     curve_metric, curve_xs, curves, no_curves = learning_curves(
         configurations, tasks, curve_metric, normalize, curve_x
     )
     if curve_metric:
-        curve_points, curve_intervals = evaluation.learning_curve_estimates(
+        curve_points, curve_intervals = statistics.learning_curve_estimates(
             curves, reps=curve_reps, confidence=confidence, seed=seed
         )
 
@@ -463,7 +463,7 @@ def compare(
     except OSError as error:
         fail(f"--out_dir={out_dir}: cannot write there ({error.strerror}); pass a writable path")
     written = [
-        evaluation.plot_interval_estimates(
+        statistics.plot_interval_estimates(
             points,
             intervals,
             list(aggregates),
@@ -471,7 +471,7 @@ def compare(
             xlabel=score_name,
             title=f"{level} stratified bootstrap confidence intervals",
         ),
-        evaluation.plot_performance_profiles(
+        statistics.plot_performance_profiles(
             taus,
             profiles,
             profile_intervals,
@@ -482,13 +482,13 @@ def compare(
     ]
     if poi_points:
         written.append(
-            evaluation.plot_probability_of_improvement(
+            statistics.plot_probability_of_improvement(
                 poi_points, poi_intervals, os.path.join(out_dir, "probability_of_improvement.png")
             )
         )
     if curve_metric:
         written.append(
-            evaluation.plot_sample_efficiency_curves(
+            statistics.plot_sample_efficiency_curves(
                 curve_xs,
                 curve_points,
                 curve_intervals,

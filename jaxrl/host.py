@@ -1,4 +1,10 @@
-"""User Python called from inside a compiled program (a host reward through `io_callback`).
+"""Calling user Python on the host from inside a compiled program, and carrying its failures.
+
+"Host" means one thing throughout jaxrl, as in JAX: the Python process (and its CPU memory) that
+drives the compiled program, outside that program. A host function (a reward through
+`io_callback`), a host environment (`envs.external`'s Gymnasium and EnvPool ones,
+`envs.text.host_env`'s text games), host arrays (NumPy) and the host loop that runs compiled
+chunks all live there; a multi-host run has one such process per machine.
 
 An exception raised there reaches the caller of the compiled program wrapped in a runtime error
 whose text is dozens of lines of callback plumbing. So the code that calls user functions on the

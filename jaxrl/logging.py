@@ -134,12 +134,12 @@ class RunDirectory:
         file_name: str = "learning_curve.png",
     ) -> None:
         """Plot `y` against `x` from metrics.jsonl into `file_name`
-        (`jaxrl.evaluation.plot_learning_curves`)."""
+        (`jaxrl.statistics.plot_learning_curves`)."""
         if not self.writes:
             return
-        from jaxrl import evaluation  # imports jax and matplotlib: only when plotting
+        from jaxrl import statistics  # imports matplotlib: only when plotting
 
-        evaluation.plot_learning_curves(
+        statistics.plot_learning_curves(
             self.metrics_path, self.file(file_name), x=x, y=y, title=title
         )
 

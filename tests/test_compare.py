@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from jaxrl import comparison as compare
-from jaxrl import evaluation
+from jaxrl import statistics
 from jaxrl.config import InputError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -98,16 +98,16 @@ def test_compare_synthetic_runs_two_tasks_pooled_and_normalized(tmp_path):
         for name, c in comparison["configurations"].items()
     }
     assert scores["b"][2, 0] == 0.0  # -500 on Acrobot is the minimum: 0 normalised
-    for name, fn in [("IQM", evaluation.aggregate_iqm), ("median", evaluation.aggregate_median)]:
+    for name, fn in [("IQM", statistics.aggregate_iqm), ("median", statistics.aggregate_median)]:
         assert a[name]["estimate"] == pytest.approx(float(fn(scores["a"])), abs=1e-12)
         lo, hi = a[name]["ci"]
         assert lo <= a[name]["estimate"] <= hi
     gap = comparison["configurations"]["b"]["optimality gap"]["estimate"]
-    assert gap == pytest.approx(float(evaluation.aggregate_optimality_gap(scores["b"])))
+    assert gap == pytest.approx(float(statistics.aggregate_optimality_gap(scores["b"])))
     (poi,) = comparison["probability_of_improvement"]
     assert (poi["x"], poi["y"]) == ("a", "b")
     assert poi["estimate"] == pytest.approx(
-        float(evaluation.probability_of_improvement(scores["a"], scores["b"]))
+        float(statistics.probability_of_improvement(scores["a"], scores["b"]))
     )
     assert comparison["learning_curves"] is None
     for name in ["interval_estimates.png", "probability_of_improvement.png",

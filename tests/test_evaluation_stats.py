@@ -1,4 +1,4 @@
-"""Aggregate statistics of jaxrl.evaluation against rliable, whose outputs on fixed inputs are
+"""Aggregate statistics of jaxrl.statistics against rliable, whose outputs on fixed inputs are
 stored in fixtures/rliable_reference.json (made by fixtures/make_rliable_reference.py), and by
 hand.
 
@@ -21,7 +21,7 @@ import os
 import numpy as np
 import pytest
 
-from jaxrl import evaluation as ev
+from jaxrl import statistics as ev
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "rliable_reference.json")
 with open(FIXTURE) as f:

@@ -1,4 +1,4 @@
-"""Gymnasium and EnvPool environments on the host inside the compiled loop (`envs.host`): the
+"""Gymnasium and EnvPool environments on the host inside the compiled loop (`envs.external`): the
 adapter equals stepping Gymnasium (and EnvPool, until an episode ends) by hand, keeps termination
 and truncation apart, resets EnvPool in the same step, cuts the episodes in flight when a
 checkpoint is restored in a new process, refuses what it cannot run, and PPO learns CartPole
@@ -16,7 +16,7 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 import envs
 from algos import ppo, sac
-from envs import host
+from envs import external
 from jaxrl.config import ConfigError
 
 
@@ -38,7 +38,7 @@ def rollout(env, actions, key):
 
 def test_adapter_equals_stepping_gymnasium_by_hand():
     num_envs, steps = 3, 60
-    env = host.GymnasiumVectorEnv("gymnasium:CartPole-v1", num_envs, max_episode_steps=20)
+    env = external.GymnasiumVectorEnv("gymnasium:CartPole-v1", num_envs, max_episode_steps=20)
     actions = np.random.default_rng(0).integers(0, 2, (steps, num_envs))
     key = jax.random.key(7)
     first_obs, (obs, reward, terminated, truncated, final_obs) = rollout(env, actions, key)
@@ -66,9 +66,9 @@ def test_adapter_equals_stepping_gymnasium_by_hand():
 def test_a_restored_group_cuts_the_episodes_in_flight():
     """A group id from another process (a checkpoint) is unknown here: the step starts fresh
     episodes, reports every one as truncated with reward 0, and bootstraps from the last obs."""
-    env = host.GymnasiumVectorEnv("gymnasium:CartPole-v1", 2)
+    env = external.GymnasiumVectorEnv("gymnasium:CartPole-v1", 2)
     last_obs = jnp.full((2, 4), 0.5, jnp.float32)
-    stale = host.HostEnvState(jnp.int32(-5), last_obs)
+    stale = external.HostEnvState(jnp.int32(-5), last_obs)
     result = jax.jit(env.step)(jax.random.key(0), stale, jnp.zeros(2, jnp.int32))
     assert np.asarray(result.truncated).all() and not np.asarray(result.terminated).any()
     np.testing.assert_array_equal(np.asarray(result.reward), 0.0)
@@ -117,7 +117,7 @@ def test_ppo_learns_gymnasium_cartpole():
     """CartPole from Gymnasium (not gymnax), stepped on the host from inside the compiled
     program, learns with PPO's default settings to the 475 threshold."""
     config = ppo.Config(env_name="gymnasium:CartPole-v1", eval_episodes=16)
-    assert isinstance(envs.make_vec(config.env_name, 4).env.env, host.GymnasiumVectorEnv)
+    assert isinstance(envs.make_vec(config.env_name, 4).env.env, external.GymnasiumVectorEnv)
     _, metrics = jax.jit(ppo.make_train(config))(jax.random.key(0))
     assert float(metrics["eval_return"]) >= 475, metrics["eval_return"]
 
@@ -134,7 +134,7 @@ def test_envpool_resets_in_the_same_step_and_keeps_its_time_limit():
     import envpool
 
     num_envs, steps = 3, 80
-    env = host.EnvPoolVectorEnv("envpool:CartPole-v1", num_envs, max_episode_steps=20)
+    env = external.EnvPoolVectorEnv("envpool:CartPole-v1", num_envs, max_episode_steps=20)
     assert env.max_episode_steps == 20 and env.action_space.n == 2
     actions = np.random.default_rng(0).integers(0, 2, (steps, num_envs))
     key = jax.random.key(5)
@@ -179,7 +179,7 @@ def test_ppo_learns_envpool_cartpole():
     """PPO's default settings reach the 475 threshold on EnvPool's CartPole, stepped on the host
     from inside the compiled program."""
     config = ppo.Config(env_name="envpool:CartPole-v1", eval_episodes=16)
-    assert isinstance(envs.make_vec(config.env_name, 4).env.env, host.EnvPoolVectorEnv)
+    assert isinstance(envs.make_vec(config.env_name, 4).env.env, external.EnvPoolVectorEnv)
     _, metrics = jax.jit(ppo.make_train(config))(jax.random.key(0))
     assert float(metrics["eval_return"]) >= 475, metrics["eval_return"]
 

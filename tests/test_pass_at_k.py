@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from jaxrl import evaluation
+from jaxrl import statistics
 
 
 def reference(n: int, c: int, k: int) -> float:
@@ -20,25 +20,25 @@ def test_pass_at_k_equals_the_binomial_reference_on_fixed_samples():
     counts = correct.sum(axis=1).astype(int)
     for k in (1, 2, 4, 8, 16):
         expected = np.mean([reference(16, int(c), k) for c in counts])
-        estimates = evaluation.pass_at_k_estimates(correct, [k], reps=200)
+        estimates = statistics.pass_at_k_estimates(correct, [k], reps=200)
         np.testing.assert_allclose(estimates[k][0], expected, rtol=1e-12)
         low, high = estimates[k][1]
         assert low <= estimates[k][0] <= high
     # Per problem, including the edges c = 0 and n - c < k.
     for n, c, k in [(10, 0, 3), (10, 10, 3), (10, 8, 3), (200, 3, 50), (1, 1, 1)]:
-        np.testing.assert_allclose(evaluation.pass_at_k(n, c, k), reference(n, c, k), rtol=1e-12)
+        np.testing.assert_allclose(statistics.pass_at_k(n, c, k), reference(n, c, k), rtol=1e-12)
 
 
 def test_pass_at_1_is_the_mean_sampled_accuracy_and_pass_at_k_grows_with_k():
     correct = np.array([[1, 0, 0, 1], [0, 0, 0, 0], [1, 1, 1, 1], [0, 1, 0, 0]], float)
-    estimates = evaluation.pass_at_k_estimates(correct, [1, 2, 4], reps=500)
+    estimates = statistics.pass_at_k_estimates(correct, [1, 2, 4], reps=500)
     assert estimates[1][0] == pytest.approx(correct.mean(), rel=1e-12)
     assert estimates[1][0] < estimates[2][0] < estimates[4][0] == 0.75  # 3 of 4 ever right
 
 
 def test_pass_at_k_refuses_k_above_the_samples():
     with pytest.raises(ValueError, match="1 <= k"):
-        evaluation.pass_at_k(4, 1, 5)
+        statistics.pass_at_k(4, 1, 5)
 
 
 @pytest.mark.parametrize(
@@ -83,7 +83,7 @@ def test_curves_of_few_updates_have_markers_and_whole_update_ticks(tmp_path):
     """A held-out curve at updates 0, 1, 2: points drawn as markers, ticks at whole updates
     (matplotlib's default ticks at 0.25 read "250m" under the engineering formatter)."""
     out = str(tmp_path / "curve.png")
-    fig = evaluation.plot_sample_efficiency_curves(
+    fig = statistics.plot_sample_efficiency_curves(
         [0, 1, 2], {"greedy": np.array([0.2, 0.3, 0.5])}, {"greedy": np.zeros((2, 3))}
     )
     ax = fig.axes[0]
@@ -92,7 +92,7 @@ def test_curves_of_few_updates_have_markers_and_whole_update_ticks(tmp_path):
     ticks = [t.get_text() for t in ax.get_xticklabels() if t.get_text()]
     assert ticks and all(t.lstrip("−-").isdigit() for t in ticks), ticks
     assert (
-        evaluation.plot_sample_efficiency_curves(
+        statistics.plot_sample_efficiency_curves(
             [0, 1], {"a": np.zeros(2)}, {"a": np.zeros((2, 2))}, out
         )
         == out

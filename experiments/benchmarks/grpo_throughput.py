@@ -125,7 +125,7 @@ def build_step(params: dict[str, Any]) -> harness.Step:
     import jax
     import numpy as np
 
-    # Importing jaxrl (algos does) sets its XLA_FLAGS; XLA reads them when the backend starts.
+    # The user's XLA_FLAGS, as every side gets them: importing jaxrl (algos does) sets none.
     from algos import grpo
     from envs.text import RewardTerm, TextTask
     from jaxrl import hparams, loop

@@ -253,7 +253,7 @@ def peak_step(params: dict[str, Any]) -> Step:
     import jax
     import jax.numpy as jnp
 
-    import jaxrl  # noqa: F401  (its XLA_FLAGS)
+    import jaxrl  # noqa: F401  (as every workload starts; it sets no XLA flags)
 
     n, dtype = params["n"], jnp.dtype(params.get("dtype", "float32"))
     a = jax.random.normal(jax.random.key(0), (n, n), dtype)

@@ -10,7 +10,7 @@ The estimate adds what one update holds at its peak:
     KV cache of every completion (prompt + new tokens), the prefill's cache before a group's
     samples share it, and the fp32 logits of one decode step;
   - the optimisation step: the gradients (and AdamW's update of them), the activations each
-    layer keeps for the backward pass under `ModelConfig.remat` (`model.SAVED_NAMES` for
+    layer keeps for the backward pass under `ModelConfig.remat` (`model_config.SAVED_NAMES` for
     "none"; the matmul outputs for "save_dots"; the layer's input for "full"), one layer's
     working set while its backward pass runs, and the head's chunk of fp32 logits
     (`model.LOGITS_CHUNK_ELEMENTS`).
@@ -117,7 +117,7 @@ def kept_per_token(model: ModelConfig) -> int:
     if model.remat == "full":
         return d  # the layer's input
     # The layer's input, the residual after attention, rotated q and k, v, attention output,
-    # and the MLP's gate and up projections (model.SAVED_NAMES).
+    # and the MLP's gate and up projections (model_config.SAVED_NAMES).
     kept = 2 * d + 2 * h * hd + 2 * kv * hd + 2 * f
     if model.remat == "save_dots":
         kept += d + d  # the output projections' results too (o and down)

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from algos import asynchronous, multiturn, multiturn_partial
-from jaxrl import evaluation, runner
+from jaxrl import runner, statistics
 from jaxrl.lm import checkpoints
 from jaxrl.trainers import base, game_play, lm_runs, prompt_data, prompt_eval
 
@@ -53,7 +53,7 @@ def plot_evaluations(run_dir, initial: dict, final: dict, num_steps: int, title:
     middle = [row for row in logged if "eval_success_low" in row and row["step"] < num_steps]
     rows = [initial, *middle, final]
     names = {"eval_success": "sampled", "eval_success_greedy": "greedy"}
-    evaluation.plot_sample_efficiency_curves(
+    statistics.plot_sample_efficiency_curves(
         [0, *(row["step"] for row in middle), num_steps],
         {label: np.array([row[key] for row in rows]) for key, label in names.items()},
         {

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from jaxrl import distributed, evaluation, host, logging, runner
+from jaxrl import distributed, host, logging, runner, statistics
 from jaxrl.lm import checkpoints
 from jaxrl.lm.completions import (
     eval_examples,
@@ -95,7 +95,7 @@ def pass_at_k_fields(held: HeldOut | np.ndarray | None, prefix: str = "eval_") -
     if samples is None or samples.size == 0:
         return {}
     fields: dict[str, Any] = {}
-    estimates = evaluation.pass_at_k_estimates(samples, pass_at_ks(samples.shape[1]))
+    estimates = statistics.pass_at_k_estimates(samples, pass_at_ks(samples.shape[1]))
     for k, (point, bounds) in estimates.items():
         fields[f"{prefix}pass_at_{k}"] = point
         fields[f"{prefix}pass_at_{k}_ci95"] = bounds
@@ -204,8 +204,8 @@ def sample(
 
 def interval(values: np.ndarray, seed: int = 0) -> list[float]:
     """The bootstrap 95% interval of the mean of per-problem `values` (problems resampled)."""
-    _, bounds = evaluation.interval_estimates(
-        {"x": values[:, None]}, evaluation.aggregate_mean, reps=10_000, seed=seed
+    _, bounds = statistics.interval_estimates(
+        {"x": values[:, None]}, statistics.aggregate_mean, reps=10_000, seed=seed
     )
     return [float(b) for b in bounds["x"]]
 
@@ -243,7 +243,7 @@ def plot_held_out_accuracy(
                 [first[f"{key}_ci95"], *([r[f"{key}_low"], r[f"{key}_high"]] for r in at),
                  last[f"{key}_ci95"]]
             ).T  # fmt: skip
-    evaluation.plot_sample_efficiency_curves(
+    statistics.plot_sample_efficiency_curves(
         xs,
         ys,
         bands,
