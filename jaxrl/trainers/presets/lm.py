@@ -32,10 +32,16 @@ TINY_MODEL = dict(
 
 
 def task_config(**overrides: Any) -> ml_collections.ConfigDict:
-    """The `task` section: which text task, its tokenizer, and the problems drawn for it."""
+    """The `task` section: which text task with its options, its tokenizer, and the problems
+    drawn for it."""
     return ml_collections.ConfigDict(
         dict(
+            # A task of envs.text.TASKS, or a class of your own: "module.path:Class" or
+            # "path/to/file.py:Class" (docs/add-a-text-task.md)
             name="reverse_digits",
+            # The task's own options, comma-separated name=value pairs (e.g. "letters=4"): its
+            # dataclass fields. The digit tasks' one option also has its own field, num_digits.
+            options="",
             num_digits=6,
             # "" is the init_from checkpoint's own tokenizer (the byte tokenizer without one);
             # or "byte", or a tokenizer.json / a directory holding one
