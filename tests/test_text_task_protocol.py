@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from envs.text import TASKS, build_task, is_held_out, protocol, task_options
-from jaxrl import runner
+from jaxrl.cli import load_named
 from jaxrl.config import ConfigError, InputError
 from jaxrl.lm import ByteTokenizer
 from tests.fixtures.vowel_task import PREFIX, VowelCount
@@ -90,10 +90,10 @@ def test_held_out_words_are_never_drawn_for_training_and_encode_as_their_prompts
 
 
 def test_options_come_from_the_config_and_a_bad_one_is_one_line():
-    task = build_task(TASK_FILE, "letters=3", {"num_digits": 6}, runner.load_named)
+    task = build_task(TASK_FILE, "letters=3", {"num_digits": 6}, load_named)
     # (the class loaded from its file, so not this module's VowelCount)
     assert type(task).__name__ == "VowelCount" and task_options(task) == {"letters": 3}
-    default = build_task(TASK_FILE, "", {"num_digits": 6}, runner.load_named)
+    default = build_task(TASK_FILE, "", {"num_digits": 6}, load_named)
     assert task_options(default) == {"letters": 5}  # num_digits is not its option
     for options, message in [
         ("leters=3", "options: the vowel_count task has no option 'leters' (its options: letters)"),
@@ -102,10 +102,10 @@ def test_options_come_from_the_config_and_a_bad_one_is_one_line():
         ("letters", "options: 'letters' is not name=value"),
     ]:
         with pytest.raises(ConfigError) as error:
-            build_task(TASK_FILE, options, {}, runner.load_named)
+            build_task(TASK_FILE, options, {}, load_named)
         assert str(error.value).startswith(message), error.value
     with pytest.raises(ConfigError, match="^name: cannot load 'tests/fixtures/nope.py:X'"):
-        build_task("tests/fixtures/nope.py:X", "", {}, runner.load_named)
+        build_task("tests/fixtures/nope.py:X", "", {}, load_named)
     # What the supervised trainers take from it: SFT rows from its answers; no preference pairs.
     assert protocol.sft_rows(VowelCount(), ["banana"]) == [
         {"prompt": "vowels banana=", "completion": "3"}

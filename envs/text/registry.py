@@ -3,7 +3,7 @@
 
     make_task("reverse_digits", num_digits=3)             # a registered task, options as keywords
     build_task("reverse_digits", "num_digits=3")          # the same from a config's strings
-    build_task("my_tasks.py:VowelCount", "letters=4", load=jaxrl.runner.load_named)
+    build_task("my_tasks.py:VowelCount", "letters=4", load=jaxrl.cli.load_named)
 
 A task's options are its dataclass fields (`envs.text.protocol.task_options`); given as text
 they are `name=value` pairs, comma-separated, each value a Python literal or a bare word. Every
@@ -50,7 +50,7 @@ KINDS = {
 
 def task_class(name: str, load: Callable[[str], Any] | None = None) -> type:
     """The task class `name` names: a key of `TASKS`, or (with `load`, e.g.
-    `jaxrl.runner.load_named`) "module.path:Class" or "path/to/file.py:Class"."""
+    `jaxrl.cli.load_named`) "module.path:Class" or "path/to/file.py:Class"."""
     if ":" in name and load is not None:
         try:
             cls = load(name)
