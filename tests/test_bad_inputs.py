@@ -41,6 +41,7 @@ TRAINERS = (
 PROMPTS = "--config.task.train_jsonl=tests/fixtures/prompts/"
 REWARD = "--config.rewards.host=tests.fixtures.host_reward:"
 SAY_DIGIT = f"{PROMPTS}say_digit.jsonl --config.task.num_eval=8"
+VOWELS = "tests/fixtures/vowel_task.py:VowelCount"  # a text task of one's own
 TRIED = (
     "config.rewards.host: on the first 4 prompts with empty completions (tried before training), "
     "reward function tests.fixtures.host_reward:"
@@ -333,6 +334,43 @@ CASES = [
         "grpo.py",
         f"{SAY_DIGIT} {REWARD}says_answer --config.task.num_digits=4",
         "config.task.num_digits: a setting of the built-in digit tasks",
+    ),
+    # --- a text task's name and options (envs.text.registry; a task of one's own by its file)
+    (
+        "grpo.py",
+        "--config.task.options=num_digit=3",
+        "config.task.options: the reverse_digits task has no option 'num_digit'",
+    ),
+    (
+        "sft.py",
+        "--config.task.options=num_digits=x",
+        "config.task.options.num_digits: got 'x' (str) for the reverse_digits task",
+    ),
+    (
+        "grpo.py",
+        f"--config.task.name={VOWELS} --config.task.num_digits=4",
+        "config.task.num_digits: an option of the digit tasks, which the vowel_count task",
+    ),
+    (
+        "ppo_lm.py",
+        f"--config.task.name={VOWELS} --config.task.options=letters=12",
+        "config.task.options.letters: got 12 for vowel_count",
+    ),
+    ("grpo.py", "--config.task.name=tests/fixtures/nope.py:Task", "config.task.name: cannot load"),
+    (
+        "grpo.py",
+        f"{SAY_DIGIT} {REWARD}says_answer --config.task.options=num_digits=3",
+        "config.task.options: options of an in-program task",
+    ),
+    (
+        "reward_model.py",
+        f"--config.task.name={VOWELS}",
+        "config.task.name: the vowel_count task gives no preference pairs",
+    ),
+    (
+        "grpo.py",
+        f"--config.task.name={VOWELS} --config.rewards.format_weight=0.5",
+        "config.rewards.format_weight: the vowel_count task has no format reward",
     ),
     # --- GRPO on a built TFDS dataset instead of a file
     (

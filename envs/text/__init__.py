@@ -1,18 +1,23 @@
-"""Text tasks with verifiable answers, for language-model policies (SFT, DPO, GRPO)."""
+"""Text tasks with verifiable answers, for language-model policies (SFT, DPO, GRPO): the protocol
+a task declares (`envs.text.protocol`), the registry of tasks by name (`envs.text.registry`), the
+digit tasks, and what an RL algorithm trains on (`envs.text.task`)."""
 
+from envs.text.characters import TaskTokens, character_tokens
 from envs.text.digit_tasks import (
-    TASKS,
     Addition,
     CopyDigits,
     CountDigit,
     DigitTask,
+    RepeatDigit,
     ReverseDigits,
     SortDigits,
-    TaskTokens,
     answer_reward,
+    answer_score,
     format_reward,
-    is_held_out,
 )
+from envs.text.protocol import ProblemTask, task_options
+from envs.text.registry import TASKS, build_task, make_task, parse_options
+from envs.text.splits import is_held_out, sample_split
 from envs.text.task import PromptBatch, RewardTerm, TextTask
 
 __all__ = [
@@ -21,26 +26,22 @@ __all__ = [
     "CopyDigits",
     "CountDigit",
     "DigitTask",
+    "ProblemTask",
     "PromptBatch",
+    "RepeatDigit",
     "RewardTerm",
     "ReverseDigits",
     "SortDigits",
     "TaskTokens",
     "TextTask",
     "answer_reward",
+    "answer_score",
+    "build_task",
+    "character_tokens",
     "format_reward",
     "is_held_out",
     "make_task",
+    "parse_options",
+    "sample_split",
+    "task_options",
 ]
-
-
-def make_task(name: str, **kwargs) -> DigitTask:
-    """A text task by name, e.g. `make_task("reverse_digits", num_digits=3)`."""
-    if name not in TASKS:
-        from jaxrl.config import ConfigError
-
-        raise ConfigError(
-            f"task: unknown task {name!r}; choose one of {sorted(TASKS)}, or train on your own "
-            "prompts with task.train_jsonl=<file.jsonl>"
-        )
-    return TASKS[name](**kwargs)

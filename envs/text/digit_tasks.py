@@ -12,63 +12,30 @@ functions over arrays (GRPO samples prompts and scores completions inside its co
     count_digit      count 2 in 4821=   -> 1        (how often the first digit occurs in the rest)
     addition         48+21=             -> 69       (num_digits-digit operands, no leading zeros)
 
-Held-out problems: a fixed hash of the digits puts about `EVAL_PERCENT`% of all problems in the
-evaluation split, on the host and in JAX alike, so a sampler running inside a compiled program can
-avoid the problems the evaluation uses without a table of them.
+Held-out problems: a fixed hash of the digits (`envs.text.splits`) puts about 10% of all problems
+in the evaluation split, on the host and in JAX alike, so a sampler running inside a compiled
+program can avoid the problems the evaluation uses without a table of them.
+
+Each task is a `envs.text.protocol.ProblemTask` (registered in `envs.text.registry.TASKS`), so
+every language-model trainer can train on it; its option is `num_digits`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from envs.text.characters import ZERO, TaskTokens, character_tokens
+from envs.text.splits import is_held_out, sample_split
 from envs.text.task import PromptBatch, RewardTerm, TextTask
-from jaxrl.config import require
+from jaxrl.config import ConfigError, require
 
 Array = jax.Array
-EVAL_PERCENT = 10
-ZERO = ord("0")
-
-
-# --- splitting problems into train and eval by a hash both sides compute ---------------------
-
-
-def _problem_hash(digits, xp):
-    """FNV-1a over the digits then an avalanche step, in uint32 arithmetic (wraps in NumPy and
-    JAX alike). digits: [..., k] ints."""
-    h = xp.full(digits.shape[:-1], 2166136261, dtype=xp.uint32)
-    for i in range(digits.shape[-1]):
-        h = (h ^ digits[..., i].astype(xp.uint32)) * xp.uint32(16777619)
-    h = h ^ (h >> xp.uint32(15))
-    h = h * xp.uint32(0x2C1B3C6D)
-    return h ^ (h >> xp.uint32(12))
-
-
-def is_held_out(digits, xp=jnp):
-    """True for evaluation problems. digits: [..., k] ints; xp is numpy or jax.numpy."""
-    return _problem_hash(digits, xp) % xp.uint32(100) < xp.uint32(EVAL_PERCENT)
-
-
-# --- token ids for the characters a task writes -------------------------------------------
-
-
-class TaskTokens(NamedTuple):
-    """How a task's characters become token ids: `char_ids[ord(c)]` (-1 where unused)."""
-
-    char_ids: np.ndarray  # [128] int32
-    bos_id: int | None  # None: the tokenizer has no BOS token
-    eos_id: int
-    pad_id: int
-
-    @property
-    def digit_ids(self) -> np.ndarray:
-        """[10] token ids of the characters "0" to "9"."""
-        return self.char_ids[ZERO : ZERO + 10]
 
 
 def _number_digits(value: Array, width: int) -> tuple[Array, Array]:
@@ -188,15 +155,8 @@ class DigitTask:
 
     def score(self, problem: str, completion: str) -> float:
         """1 for the exact answer. Otherwise partial credit, halved so only exact answers score
-        above 0.5: the answer positions it gets right, plus one if it stops where the answer
-        does, over the answer's length + 1. (`completion` is decoded text, so stopping means
-        ending there; the JAX `answer_reward` checks the EOS token itself.)"""
-        target = self.answer(problem)
-        if completion == target:
-            return 1.0
-        right = sum(a == b for a, b in zip(completion, target, strict=False))
-        stops_right = len(completion) == len(target)
-        return 0.5 * (right + stops_right) / (len(target) + 1)
+        above 0.5 (`answer_score`)."""
+        return answer_score(self.answer(problem), completion)
 
     def corrupt(self, answer: str, rng: np.random.Generator) -> str:
         """A wrong answer of the kind a half-trained model gives: a changed digit, two swapped
@@ -239,17 +199,17 @@ class DigitTask:
 
     def tokens(self, tokenizer) -> TaskTokens:
         """The token id of every character the task writes; each must be a single token."""
-        char_ids = np.full(128, -1, np.int32)
-        for char in self.alphabet():
-            ids = tokenizer.encode(char)
-            require(
-                len(ids) == 1,
-                "tokenizer",
-                f"{char!r} is {len(ids)} tokens, the {self.name} task needs it to be one",
-                "use the byte tokenizer or one that has single-character digit tokens",
-            )
-            char_ids[ord(char)] = ids[0]
-        return TaskTokens(char_ids, tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id)
+        return character_tokens(tokenizer, self.alphabet(), self.name)
+
+    def in_program(self, tokenizer) -> bool:
+        """Whether prompts are drawn and scored in JAX with `tokenizer`: each character the task
+        writes is one token of it (a real model's BPE may make "123" one token; the trainers
+        then score the task's problems on the host)."""
+        try:
+            self.tokens(tokenizer)
+        except ConfigError:
+            return False
+        return True
 
     # --- JAX side: sample prompts and score completions inside a compiled program ---------
 
@@ -257,24 +217,11 @@ class DigitTask:
         """[count, num_inputs] digits of problems from one split, drawn uniformly; a row in the
         other split is redrawn until it is not (10% of rows, so a few rounds)."""
         lows = jnp.array(self.lowest_digits())
-        want_eval = split == "eval"
 
         def draw(key):
             return jax.random.randint(key, (count, self.num_inputs), lows, 10)
 
-        def wrong_split(digits):
-            return is_held_out(digits) != want_eval
-
-        def redraw(carry):
-            key, digits = carry
-            key, sub = jax.random.split(key)
-            return key, jnp.where(wrong_split(digits)[:, None], draw(sub), digits)
-
-        key, sub = jax.random.split(key)
-        _, digits = jax.lax.while_loop(
-            lambda carry: jnp.any(wrong_split(carry[1])), redraw, (key, draw(sub))
-        )
-        return digits
+        return sample_split(key, draw, split == "eval")
 
     def encode_problems(self, digits: Array, tokens: TaskTokens) -> PromptBatch:
         """Prompts and answers of [n, num_inputs] digit rows as token ids (pure JAX)."""
@@ -301,6 +248,11 @@ class DigitTask:
     ) -> PromptBatch:
         """`count` prompts of `split` drawn uniformly, as token ids (pure JAX)."""
         return self.encode_problems(self.sample_digits(key, count, split), tokens)
+
+    def encode_prompts(self, problems: list[str], tokenizer: Any) -> PromptBatch:
+        """The prompts and answers of `problems` (digit strings) as `text_task`'s sampler
+        encodes them: the held-out prompts a trainer evaluates on."""
+        return self.encode_problems(self.problem_digits(problems), self.tokens(tokenizer))
 
     def text_task(self, tokenizer: Any, format_weight: float = 0.0) -> TextTask:
         """This task as GRPO trains on it: prompts of the train split drawn in JAX, rewarded by
@@ -508,6 +460,18 @@ def answer_reward(
     return jnp.where(exact, 1.0, 0.5 * partial)
 
 
+def answer_score(answer: str, completion: str) -> float:
+    """`answer_reward` on host strings: 1 for the exact answer; otherwise half of (the answer
+    positions it gets right, plus one if it stops where the answer does) over the answer's
+    length + 1. (`completion` is decoded text, so stopping means ending there; `answer_reward`
+    checks the EOS token itself.)"""
+    if completion == answer:
+        return 1.0
+    right = sum(a == b for a, b in zip(completion, answer, strict=False))
+    stops_right = len(completion) == len(answer)
+    return 0.5 * (right + stops_right) / (len(answer) + 1)
+
+
 def format_reward(
     completion_tokens: Array, completion_mask: Array, digit_ids: Array, eos_id: int
 ) -> Array:
@@ -521,9 +485,3 @@ def format_reward(
     last = jnp.take_along_axis(completion_tokens, jnp.maximum(length - 1, 0)[:, None], axis=1)
     stops = (length >= 2) & (last[:, 0] == eos_id)
     return 0.5 * digit_fraction + 0.5 * stops
-
-
-TASKS = {
-    cls.name: cls
-    for cls in (ReverseDigits, SortDigits, CopyDigits, CountDigit, Addition, RepeatDigit)
-}

@@ -255,7 +255,10 @@ def lm_parts(
         played, flat.task.game = game, described(game, "game")
     elif "game" in flat.get("task", {}) and ":" in flat.task.game:
         played = loaded(flat.task.game, "config.task.game", "GameClass")
-    return flat, lm_runs.Parts(start, data, functions, played)
+    task = None  # a text task's class of the user's, named by config.task.name
+    if "name" in flat.get("task", {}) and ":" in flat.task.name:
+        task = loaded(flat.task.name, "config.task.name", "Class")
+    return flat, lm_runs.Parts(start, data, functions, played, task)
 
 
 def _public(body: Callable) -> Callable[[Callable], Callable]:

@@ -47,7 +47,7 @@ from jaxrl.loop import Algorithm
 from jaxrl.trainers.presets.lm import TINY_MODEL, for_start, starting_point_defaults
 
 if TYPE_CHECKING:  # envs imports gymnax (2 s): generate.py and export.py never need it
-    from envs.text import DigitTask
+    from envs.text import ProblemTask
 
 SETTINGS = (
     "init_from",
@@ -69,6 +69,7 @@ class Parts(NamedTuple):
     # (metric name, function) of each host reward; None: no reward functions given
     rewards: list[tuple[str, Callable]] | None = None
     game: Callable | None = None  # a host game's class, which config.task.game describes
+    task: type | None = None  # a text task's class of the user's, which config.task.name names
 
 
 class Setup(NamedTuple):
@@ -78,7 +79,7 @@ class Setup(NamedTuple):
     flat: ml_collections.ConfigDict  # the whole config, sections included
     config: Any  # the algorithm's frozen Config
     mesh: Any
-    task: DigitTask | None  # None on a game (jaxrl/trainers/game_play.py)
+    task: ProblemTask | None  # None on a game (jaxrl/trainers/game_play.py)
     tokenizer: Tokenizer
     model: ModelConfig  # the model trained: the config's, or init_from's architecture
     workdir: str
@@ -108,8 +109,8 @@ def setup(
     config = build_config(config_cls, for_start(flat, pretrained=False), SETTINGS)
     check_run_settings(flat.run)
     mesh = make_mesh(config.mesh_shape)
-    # A game's task section (jaxrl/trainers/game_play.py) names a game, not a digit task.
-    task = None if "game" in flat.task else make_text_task(flat.task)
+    # A game's task section (jaxrl/trainers/game_play.py) names a game, not a text task.
+    task = None if "game" in flat.task else make_text_task(flat, parts.task)
     parts = parts or Parts()
     source = start_checkpoint(flat, parts.model)
     resolve_defaults(flat, source)
@@ -255,14 +256,37 @@ def make_mesh(mesh_shape: tuple[int, int, int]) -> Any:
         fail(f"config.mesh_shape: {error}")
 
 
-def make_text_task(section: ml_collections.ConfigDict) -> DigitTask:
-    """The `task` section's task."""
-    from envs.text import make_task
+def make_text_task(flat: ml_collections.ConfigDict, given: type | None = None) -> ProblemTask:
+    """The `task` section's task: config.task.name (a task of `envs.text.TASKS`, or the class
+    `given`, a user's, which config.task.name names as 'module.path:Class' or
+    'path/to/file.py:Class') with its options (config.task.options, and the digit tasks'
+    config.task.num_digits)."""
+    from envs.text import build_task, task_options
 
+    section = flat.task
+    from_data = section.get("train_jsonl") or section.get("train_tfds")
+    if section.options and from_data:
+        fail(
+            "config.task.options: options of an in-program task, whose problems the prompts "
+            "of a file or dataset replace, so they would be ignored; drop it"
+        )
     try:
-        return make_task(section.name, num_digits=section.num_digits)
-    except (ConfigError, ValueError) as error:
-        fail(f"config.task: {error}")
+        task = build_task(
+            section.name, section.options, {"num_digits": section.num_digits}, cls=given
+        )
+    except ConfigError as error:
+        fail(f"config.task.{error}")
+    if (
+        not from_data
+        and "num_digits" not in task_options(task)
+        and section.num_digits != flat.get("defaults", {}).get("task", {}).get("num_digits")
+    ):
+        fail(
+            f"config.task.num_digits: an option of the digit tasks, which the {task.name} task "
+            "does not have, so this flag would be ignored; drop it (config.task.options gives "
+            "a task its own options)"
+        )
+    return task
 
 
 def start_checkpoint(

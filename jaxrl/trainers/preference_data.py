@@ -11,6 +11,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 from absl import logging
 
+from envs.text import protocol
 from jaxrl import distributed
 from jaxrl.config import ConfigError, fail
 from jaxrl.data.chat import (
@@ -103,10 +104,13 @@ def preference_pairs(run) -> Pairs:
         )
     train_problems, eval_problems = lm_runs.split_problems(task, section)
     rng = np.random.default_rng(section.data_seed + 1)
-    rows = {
-        split: list(task.preference_rows(problems, rng))
-        for split, problems in zip(SPLITS, (train_problems, eval_problems), strict=True)
-    }
+    try:
+        rows = {
+            split: protocol.preference_rows(task, problems, rng)
+            for split, problems in zip(SPLITS, (train_problems, eval_problems), strict=True)
+        }
+    except ConfigError as error:
+        fail(f"config.task.{error}")
     wheres = {split: [f"{split} pair {i}" for i in range(len(rows[split]))] for split in SPLITS}
     return Pairs(rows, wheres, {split: "name" for split in SPLITS}, eval_problems)
 

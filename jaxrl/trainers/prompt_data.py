@@ -1,5 +1,5 @@
 """What an RL run on prompts samples and is rewarded by (GRPO, PPO for language models, online
-DPO): a built-in digit task, or a user's prompt file or TFDS dataset, with its reward functions,
+DPO): an in-program text task, or a user's prompt file or TFDS dataset, with its reward functions,
 every problem with them one error line before anything compiles."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import jax
 import numpy as np
 
 from algos import grpo
-from envs.text import TextTask
+from envs.text import TextTask, protocol
 from envs.text.prompt_dataset import prompt_dataset_task
 from jaxrl import host
 from jaxrl.config import ConfigError, fail
@@ -231,30 +231,29 @@ def prompt_data(run: lm_runs.Setup) -> PromptData:
     return PromptData(task, train_table, held_out_table, functions)
 
 
-def digit_problems_as_prompts(run: lm_runs.Setup) -> PromptData | None:
-    """A digit task for a tokenizer without a token per digit (a real model's BPE, where "123"
-    may be one token): its problems become a prompt table, tokenised as whole strings like a
-    user's file, and the task's own score (1 for an exact answer, partial credit below 0.5) is
-    the reward, on the host. None when the task's characters are single tokens: then prompts
-    are drawn and scored in JAX, which needs no host call."""
+def task_problems_as_prompts(run: lm_runs.Setup) -> PromptData | None:
+    """An in-program task whose prompts are not drawn in JAX (one without `text_task`, or a digit
+    task on a tokenizer without a token per digit: a real model's BPE, where "123" may be one
+    token): its problems become a prompt table, tokenised as whole strings like a user's file,
+    and the task's own score is the reward, on the host. None when the task runs in the program
+    (`envs.text.protocol.runs_in_program`), which needs no host call."""
     task, section = run.task, run.flat.task
-    try:
-        task.tokens(run.tokenizer)
+    if protocol.runs_in_program(task, run.tokenizer):
         return None
-    except ConfigError:
-        pass
-    # The task's hashed splits, as the JAX sampler keeps them; a small task gives all it has.
+    # The task's splits, as its JAX sampler keeps them; a small task gives all it has.
     rng = np.random.default_rng(section.data_seed)
     held_out = task.sample_problems(rng, section.num_eval, split="eval", allow_fewer=True)
     train = task.sample_problems(rng, section.num_train, split="train", allow_fewer=True)
 
+    def row(problem: str, split: str) -> PromptRow:
+        columns = {"prompt": task.prompt(problem), "problem": problem}
+        answer = protocol.answer_of(task, problem)  # a column for config.rewards.host
+        if answer is not None:
+            columns["answer"] = answer
+        return PromptRow(f"{task.name} {split} problem {problem}", columns)
+
     def rows(problems: list[str], split: str) -> list[PromptRow]:
-        return [
-            PromptRow(f"{task.name} {split} problem {problem}", {
-                "prompt": task.prompt(problem), "problem": problem, "answer": task.answer(problem)
-            })
-            for problem in problems
-        ]  # fmt: skip
+        return [row(problem, split) for problem in problems]
 
     def task_score(prompts: list, completions: list, problem: list, **columns) -> list[float]:
         return [task.score(p, c) for p, c in zip(problem, completions, strict=True)]
@@ -299,13 +298,14 @@ def host_rewarded_task(
 
 
 def text_task(run: lm_runs.Setup) -> TextTask:
-    """The digit task's prompt sampler and rewards, plus the host rewards of config.rewards.host
-    (each called with the `answer` column)."""
+    """The in-program task's prompt sampler and rewards, plus the host rewards of
+    config.rewards.host (each called with the `answer` column)."""
     section = run.flat.rewards
     try:
         task = run.task.text_task(run.tokenizer, section.format_weight)
-    except ConfigError as error:
-        fail(f"config.task.{error}")
+    except ConfigError as error:  # format_weight is the rewards section's
+        where = "rewards" if str(error).startswith("format_weight:") else "task"
+        fail(f"config.{where}.{error}")
     for name, function, weight in reward_functions(run):
         task = task.with_reward(
             grpo.host_reward(function, run.tokenizer, name, weight, rollout_mesh(run))
@@ -371,12 +371,12 @@ class Prompts(NamedTuple):
     """What an RL run on prompts samples and is judged by."""
 
     task: TextTask  # the prompt sampler with every reward term
-    data: PromptData | None  # a prompt file's (or a digit task's on a BPE tokenizer), else None
+    data: PromptData | None  # a prompt file's (or a task's scored on the host), else None
     prompt_length: int  # the longest prompt, in tokens
     name: str  # the task's or the data's name
     reward_key: str  # the metric final_mean_reward averages
     num_eval: int  # held-out prompts
-    problems: list[str]  # a built-in digit task's held-out problems (data None)
+    problems: list[str]  # an in-program task's held-out problems (data None)
 
 
 def read_task(run: lm_runs.Setup) -> Prompts:
@@ -386,7 +386,7 @@ def read_task(run: lm_runs.Setup) -> Prompts:
     eval_samples(run)  # checked before anything is read or compiled
     flat, config = run.flat, run.config
     from_prompts = flat.task.train_jsonl or flat.task.train_tfds
-    data = prompt_data(run) if from_prompts else digit_problems_as_prompts(run)
+    data = prompt_data(run) if from_prompts else task_problems_as_prompts(run)
     if data is not None:
         prompts = Prompts(
             data.task, data, data.train.max_prompt_length, data.task.name, "reward",
@@ -399,11 +399,10 @@ def read_task(run: lm_runs.Setup) -> Prompts:
         # setting is checked; here only their shape is traced.
         rng = np.random.default_rng(flat.task.data_seed)
         problems = task.sample_problems(rng, flat.task.num_eval, split="eval", allow_fewer=True)
-        digits, tokens = task.problem_digits(problems), task.tokens(run.tokenizer)
-        shape = jax.eval_shape(task.encode_problems, digits, tokens).tokens.shape
-        prompts = Prompts(
-            text_task(run), None, shape[1], task.name, "reward_task", len(problems), problems
-        )
+        shape = jax.eval_shape(lambda: task.encode_prompts(problems, run.tokenizer)).tokens.shape
+        sampler = text_task(run)
+        reward_key = f"reward_{sampler.reward_terms[0].name}"  # the task's own score
+        prompts = Prompts(sampler, None, shape[1], task.name, reward_key, len(problems), problems)
     # The model (init_from's architecture included) is known before any parameter is built.
     limit = run.model.max_position_embeddings
     if prompts.prompt_length + config.max_new_tokens > limit:

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
+from envs.text import protocol
 from jaxrl import distributed, host, logging, runner, statistics
 from jaxrl.lm import checkpoints
 from jaxrl.lm.completions import (
@@ -102,8 +103,9 @@ def pass_at_k_fields(held: HeldOut | np.ndarray | None, prefix: str = "eval_") -
     return fields
 
 
-def digit_evaluator(run: lm_runs.Setup, model: ModelConfig, held_out: Any, problems: list[str]):
-    """evaluate(params) -> HeldOut on the digit task's held-out problems, scored by the task."""
+def task_evaluator(run: lm_runs.Setup, model: ModelConfig, held_out: Any, problems: list[str]):
+    """evaluate(params) -> HeldOut on the in-program task's held-out problems, scored by the
+    task."""
 
     def evaluate(params: Any) -> HeldOut:
         _, mean_score, completions = task_accuracy(
@@ -280,9 +282,8 @@ def evaluator(run: lm_runs.Setup, model: ModelConfig, prompts: Prompts) -> Calla
     if prompts.data is not None:
         return file_evaluator(run, model, prompts.data)
     task = run.task
-    digits = task.problem_digits(prompts.problems)
-    held_out = jax.device_get(task.encode_problems(digits, task.tokens(run.tokenizer)))
-    return digit_evaluator(run, model, held_out, prompts.problems)
+    held_out = jax.device_get(task.encode_prompts(prompts.problems, run.tokenizer))
+    return task_evaluator(run, model, held_out, prompts.problems)
 
 
 def open_run_with_initial_evaluation(
@@ -381,7 +382,7 @@ def summary_fields(
         "tokens_per_second": round(steps_per_second * generated_per_update),
         "trained_tokens_per_second": round(steps_per_second * trained_per_update),
         **partial,
-        # The sampled completions' reward over the last updates: a digit task's answer reward
+        # The sampled completions' reward over the last updates: an in-program task's score
         # (reward_task), or, with a prompt file, the weighted sum of its reward functions.
         "final_mean_reward": final_reward,
         "final_mean_reward_metric": prompts.reward_key,
@@ -402,7 +403,10 @@ def summary_fields(
         "mesh_shape": list(config.mesh_shape),
     }
     if prompts.data is None:
-        summary["num_digits"] = run.task.num_digits
+        options = protocol.task_options(run.task)
+        summary["task_options"] = options
+        if "num_digits" in options:  # as the digit tasks' summaries have always named it
+            summary["num_digits"] = options["num_digits"]
     else:
         data = prompts.data
         summary |= {"num_train": len(data.train.rows), "prompt_length": prompts.prompt_length}

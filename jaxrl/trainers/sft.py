@@ -17,8 +17,8 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-import envs.text  # noqa: F401  (the tasks: imported at start, as a run needs them)
 from algos import sft
+from envs.text import protocol  # the tasks: imported at start, as a run needs them
 from jaxrl import runner, sharding
 from jaxrl.config import ConfigError, fail
 from jaxrl.data import tokenize_sft
@@ -79,9 +79,16 @@ def task_data(run: lm_runs.Setup) -> SftData:
     """The task's (prompt, answer) pairs, drawn by config.task.data_seed."""
     task, section = run.task, run.flat.task
     train_problems, eval_problems = lm_runs.split_problems(task, section)
+    try:
+        rows = {
+            split: protocol.sft_rows(task, problems)
+            for split, problems in (("train", train_problems), ("eval", eval_problems))
+        }
+    except ConfigError as error:
+        fail(f"config.task.{error}")
     pairs = {
-        split: ([task.prompt(p) for p in problems], [task.answer(p) for p in problems])
-        for split, problems in (("train", train_problems), ("eval", eval_problems))
+        split: ([row["prompt"] for row in rows], [row["completion"] for row in rows])
+        for split, rows in rows.items()
     }
     lengths = lm_runs.task_lengths(section)
     try:

@@ -32,10 +32,16 @@ TINY_MODEL = dict(
 
 
 def task_config(**overrides: Any) -> ml_collections.ConfigDict:
-    """The `task` section: which text task, its tokenizer, and the problems drawn for it."""
+    """The `task` section: which text task with its options, its tokenizer, and the problems
+    drawn for it."""
     return ml_collections.ConfigDict(
         dict(
+            # A task of envs.text.TASKS, or a class of your own: "module.path:Class" or
+            # "path/to/file.py:Class" (docs/add-a-text-task.md)
             name="reverse_digits",
+            # The task's own options, comma-separated name=value pairs (e.g. "letters=4"): its
+            # dataclass fields. The digit tasks' one option also has its own field, num_digits.
+            options="",
             num_digits=6,
             # "" is the init_from checkpoint's own tokenizer (the byte tokenizer without one);
             # or "byte", or a tokenizer.json / a directory holding one
@@ -93,6 +99,10 @@ PRETRAINED_LORA = {
 }
 
 
+# Task settings that only in-program tasks read (a prompt file brings its own prompts).
+DIGIT_TASK_FIELDS = ("name", "num_digits", "num_train", "held_out")
+
+
 def lm_config(
     config: Any,
     preset: dict[str, Any],
@@ -141,6 +151,12 @@ def lm_config(
         flat.defaults = ml_collections.ConfigDict(
             dict(random=random, pretrained=pretrained, pretrained_lora=pretrained_lora)
         )
+    # The preset's task settings that only in-program tasks read: one changed where it would be
+    # ignored (beside a prompt file, or a task without that option) is refused
+    # (`jaxrl.trainers.lm_runs.make_text_task`, `jaxrl.trainers.prompt_data`).
+    if "defaults" not in flat:
+        flat.defaults = ml_collections.ConfigDict()
+    flat.defaults.task = {name: flat.task[name] for name in DIGIT_TASK_FIELDS if name in flat.task}
     return flat
 
 
@@ -166,10 +182,6 @@ def for_start(flat: ml_collections.ConfigDict, pretrained: bool) -> ml_collectio
     for name, value in starting_point_defaults(flat, pretrained).items():
         filled[name] = value
     return filled
-
-
-# Task settings that only the built-in digit tasks read (a prompt file brings its own prompts).
-DIGIT_TASK_FIELDS = ("name", "num_digits", "num_train", "held_out")
 
 
 def prompt_rl_config(
@@ -211,9 +223,4 @@ def prompt_rl_config(
     flat.task.eval_split = ""
     flat.task.prompt_column = "prompt"
     flat.init_from = settings.get("init_from", "")
-    # The preset's digit-task settings: a prompt file or dataset replaces the digit task, so one
-    # of these changed beside it would be ignored (`jaxrl.trainers.prompt_data` refuses it).
-    if "defaults" not in flat:
-        flat.defaults = ml_collections.ConfigDict()
-    flat.defaults.task = {name: flat.task[name] for name in DIGIT_TASK_FIELDS}
     return flat
