@@ -28,16 +28,22 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
-import jax
-import jax.numpy as jnp
-import numpy as np
+# Run from the repository root as `python3 experiments/benchmarks/generation.py`: the repository,
+# not this folder, is where `experiments.benchmarks` and an uninstalled jaxrl are found.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from experiments.benchmarks.lm_shapes import MODEL_SHAPES
-from jaxrl.lm.model import ModelConfig, init_params
-from jaxrl.lm.sampler import SamplingConfig, generate
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from experiments.benchmarks.lm_shapes import MODEL_SHAPES  # noqa: E402
+from jaxrl.lm.model import ModelConfig, init_params  # noqa: E402
+from jaxrl.lm.sampler import SamplingConfig, generate  # noqa: E402
 
 SHAPES = {name: MODEL_SHAPES[name] for name in ("tiny", "smollm2", "1.7b")}
 
