@@ -16,12 +16,12 @@ import os
 import re
 import sys
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 import ml_collections
 
 from jaxrl.config import InputError, fail
-from jaxrl.runner import _open_runs, host_failures_as_input_errors
+from jaxrl.runner import has_checkpoint, host_failures_as_input_errors, run_scope
 
 
 @contextlib.contextmanager
@@ -227,27 +227,31 @@ def main(script_main: Callable[[list[str]], None], positional: bool = False) -> 
         # JAX logs the traceback of a failing callback before re-raising it; the exception itself
         # reaches us (a user's function failing: one line, its traceback in the run's error.log).
         logging.getLogger("jax._src.callback").setLevel(logging.CRITICAL)
-        try:
-            with exit_on_input_error(), host_failures_as_input_errors():
-                script_main(argv)
-        except KeyboardInterrupt:  # outside training (setup, final evaluation): one line too
-            run_dir = _open_runs[-1] if _open_runs else None
-            kept = run_dir is not None and os.path.isdir(run_dir.checkpoint_dir)
-            kept = kept and any(name.isdigit() for name in os.listdir(run_dir.checkpoint_dir))
-            if kept:
-                print(
-                    f"\nInterrupted; the checkpoints in {run_dir.checkpoint_dir} are kept: run "
-                    "the same command again to resume.",
-                    file=sys.stderr,
-                )
-            else:
-                print(
-                    "\nInterrupted before any checkpoint; run the same command again to start.",
-                    file=sys.stderr,
-                )
-            sys.exit(130)
+        with run_scope() as record:
+            try:
+                with exit_on_input_error(), host_failures_as_input_errors():
+                    script_main(argv)
+            except KeyboardInterrupt:  # outside training (setup, final evaluation): one line
+                interrupted(record.run_dir)
 
     app.run(run, flags_parser=parse)
+
+
+def interrupted(run_dir: Any) -> NoReturn:
+    """Ctrl-C outside the training loop (which stops on its own with a checkpoint): one line
+    saying whether checkpoints are kept, and exit status 130."""
+    if run_dir is not None and has_checkpoint(run_dir):
+        print(
+            f"\nInterrupted; the checkpoints in {run_dir.checkpoint_dir} are kept: run the same "
+            "command again to resume.",
+            file=sys.stderr,
+        )
+    else:
+        print(
+            "\nInterrupted before any checkpoint; run the same command again to start.",
+            file=sys.stderr,
+        )
+    sys.exit(130)
 
 
 HELP_FLAGS = ("--help", "-h", "-?", "--helpshort", "--helpfull", "--helpconfig")

@@ -19,6 +19,7 @@ and a line telling how to resume, whatever `run.log_every` is; a second one stop
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import json
 import os
@@ -51,19 +52,52 @@ def config_errors() -> Iterator[None]:
         fail(f"config.{error}")
 
 
+@dataclasses.dataclass
+class RunRecord:
+    """What one run (a script's, or one trainer call's) has reached, for the lines that end it:
+    the run directory it opened (where a failing function's traceback is logged) and the chunk
+    that failed."""
+
+    run_dir: RunDirectory | None = None
+    failed: tuple[int, int, int | None] | None = None  # first and last update, checkpoint kept
+
+
+_record: contextvars.ContextVar[RunRecord | None] = contextvars.ContextVar(
+    "jaxrl_run_record", default=None
+)
+
+
 @contextlib.contextmanager
-def host_failures_as_input_errors() -> Iterator[None]:
-    """A user's function that failed inside a compiled program (a host callback) reaches here
-    as the exception JAX wraps it in: it becomes the one line `report_host_failure` says."""
+def run_scope() -> Iterator[RunRecord]:
+    """The scope of one run: its `RunRecord`, forgotten when the scope ends, so that nothing
+    carries from one trainer call to the next. A scope inside another (a script's, around the
+    trainer it calls) shares the outer one's record."""
+    outer = _record.get()
+    if outer is not None:
+        yield outer
+        return
+    token = _record.set(RunRecord())
     try:
-        yield
-    except InputError:
-        raise
-    except Exception:
-        failure = host.take_failure()  # user code called from inside a compiled program
-        if failure is None:
+        yield _record.get()
+    finally:
+        _record.reset(token)
+
+
+@contextlib.contextmanager
+def host_failures_as_input_errors() -> Iterator[RunRecord]:
+    """One run's scope (`run_scope`), in which a user's function that failed inside a compiled
+    program (a host callback), reaching here as the exception JAX wraps it in, becomes the one
+    line `report_host_failure` says."""
+    with run_scope() as record:
+        try:
+            yield record
+        except InputError:
             raise
-        report_host_failure(failure)
+        except Exception:
+            failure = host.take_failure()  # user code called from inside a compiled program
+            if failure is None:
+                raise
+            report_host_failure(failure, record)
 
 
 # --------------------------------------------------------------------------------------------
@@ -272,39 +306,44 @@ def open_run(workdir: str, resolved_config: Mapping[str, Any]) -> RunDirectory:
     except OSError as error:
         fail(f"--workdir={workdir}: cannot write there ({error.strerror}); pass a writable path")
     resolved = to_jsonable(dict(resolved_config))
-    has_checkpoint = os.path.isdir(run_dir.checkpoint_dir) and any(
-        name.isdigit() for name in os.listdir(run_dir.checkpoint_dir)
-    )
-    if has_checkpoint:
+    if has_checkpoint(run_dir):
         check_same_script(run_dir, workdir)
         check_resumable(run_dir.saved_config(), resolved, workdir)
     run_dir.write_config(resolved)
-    _open_runs.append(run_dir)
+    record = _record.get()
+    if record is not None:
+        record.run_dir = run_dir
     return run_dir
 
 
-_open_runs: list[RunDirectory] = []  # where a failure of host code is logged (see main)
-_failed_updates: list = []  # the failed chunk's [first, last] update and the checkpoint kept
+def has_checkpoint(run_dir: RunDirectory) -> bool:
+    """Whether the run directory holds a checkpoint to resume from."""
+    return os.path.isdir(run_dir.checkpoint_dir) and any(
+        name.isdigit() for name in os.listdir(run_dir.checkpoint_dir)
+    )
 
 
-def report_host_failure(failure: host.HostFailure) -> NoReturn:
+def report_host_failure(failure: host.HostFailure, record: RunRecord | None = None) -> NoReturn:
     """One line naming the user's function and its exception; the traceback goes to the run
-    directory's `error.log` (appended, so every failure of a run is kept)."""
+    directory's `error.log` (appended, so every failure of a run is kept), where this run opened
+    one. "Resume" is said only of a run that has a directory to resume."""
+    record = record or _record.get() or RunRecord()
     where = ""
-    if _open_runs and _open_runs[-1].writes:
-        log = _open_runs[-1].file("error.log")
+    if record.run_dir is not None and record.run_dir.writes:
+        log = record.run_dir.file("error.log")
         with open(log, "a") as f:
             f.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {failure.function}\n")
             f.write(failure.traceback)
         where = f"; traceback in {log}"
     problem = failure.summary()
-    if _failed_updates:
-        first, last, kept = _failed_updates
+    if record.failed is not None:
+        first, last, kept = record.failed
         kept = f"the checkpoint of step {kept} is kept" if kept is not None else "no checkpoint yet"
         where = f" (in updates {first}-{last}; {kept}){where}"
     if isinstance(failure.error, host.HostFunctionError):
         fail(problem + where)  # its message ends with the fix
-    fail(f"{problem}; fix the function and run the same command again to resume{where}")
+    again = "to resume" if record.run_dir is not None else "to start"
+    fail(f"{problem}; fix the function and run the same command again {again}{where}")
 
 
 class _StopRequests:
@@ -468,7 +507,9 @@ def train(
                     )
                 reached = int(np.asarray(states.step).reshape(-1)[0])
             except Exception:  # a host callback failed: keep what was logged, save nothing
-                _failed_updates[:] = [step + 1, end, checkpointer.latest_step()]
+                record = _record.get()
+                if record is not None:
+                    record.failed = (step + 1, end, checkpointer.latest_step())
                 sink.close()
                 checkpointer.close()
                 raise
