@@ -118,22 +118,25 @@ def test_setting_a_run_up_from_parameters_in_memory_copies_no_weight_to_the_host
     assert read[-1] == leaves[0].shape
 
 
-def raises_on_answers(prompts, completions, **columns):
-    """Fine on the empty completions a run tries it on first; raises inside the first update."""
-    if any(completions):
-        raise KeyError("score")
-    return [0.0] * len(completions)
-
-
 def test_a_second_call_s_failure_is_logged_in_its_own_directory(tmp_path):
     """Nothing of the first run is kept for the second: its failing reward's traceback goes to
     its own error.log, and its line names its own run."""
     from jaxrl.trainers import grpo
 
+    calls = []
+
+    def raises_in_training(prompts, completions, **columns):
+        """Fine when tried before training and in the starting model's evaluation; raises in
+        the first update."""
+        calls.append(len(completions))
+        if len(calls) > 2:
+            raise KeyError("score")
+        return [0.0] * len(completions)
+
     config = configured(grpo, None, {**SMALL, "num_steps": 2})
     first = grpo.train(config, tmp_path / "first", train_data=rows(0), rewards=[always_one])
     with pytest.raises(InputError) as failed:
-        grpo.train(config, tmp_path / "second", train_data=rows(0), rewards=[raises_on_answers])
+        grpo.train(config, tmp_path / "second", train_data=rows(0), rewards=[raises_in_training])
     log = tmp_path / "second" / "error.log"
     assert str(failed.value).endswith(f"traceback in {log}") and "raised KeyError" in str(
         failed.value
