@@ -326,9 +326,7 @@ def expand(name: str) -> list[str]:
         for path in REPO.joinpath(*folder.split(".")).glob("*.py")
         if path.stem != "__init__"
     )
-    return [
-        f"{m}.{rest}" if rest else m for m in modules if not attribute or defines(m, attribute)
-    ]
+    return [f"{m}.{rest}" if rest else m for m in modules if not attribute or defines(m, attribute)]
 
 
 def module_of(name: str) -> str | None:
