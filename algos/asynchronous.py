@@ -2,7 +2,8 @@
 overlap, the weights resharded from the training layout to the generation layout in between
 (HybridFlow's step), with AReaL's bound on how old a sample may be.
 
-The devices split in two. The training mesh (`mesh_shape`, the first devices) holds the state:
+The mode is the `Async` passed to `grpo.make` or `multiturn.make`. The devices split in two.
+The training mesh (the Config's `mesh_shape`, the first devices) holds the state:
 fp32 parameters in their training layout (FSDP/TP by the sharding rules), AdamW's moments, and
 the batches generated ahead. The generation mesh (`generation_mesh_shape`, the devices after
 them) holds only a copy of the weights in `generation_dtype` (bfloat16 by default), laid out by
@@ -35,106 +36,142 @@ only the cast (the split degenerates to synchronous GRPO with a bf16 sampler for
 `update` is a host function that dispatches the programs (it cannot be one `jit`: its arrays
 live on two meshes); call it, do not jit it. `make_chunk` runs updates of it for the runner.
 
-`make` is GRPO's; `make_split` is the schedule over any rollout and optimizer steps of that
-shape, and multi-turn GRPO (`algos.multiturn`) runs whole episodes through it: batch i + k's
-conversations, every turn of them, played on the generation mesh by version i's weights.
+`make_split` is the schedule over any learner (`algos.rollouts.Learner`): GRPO's single
+completions, or multi-turn GRPO's whole episodes: batch i + k's conversations, every turn of
+them, played on the generation mesh by version i's weights.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from algos import grpo
-from envs.text import TextTask
+from algos.rollouts import (
+    Learner,
+    check_decode_row_buckets,
+    monitor_of,
+    require_decode_row_buckets,
+)
 from jaxrl import sharding
-from jaxrl.config import ConfigError, require
+from jaxrl.config import ConfigError, require, require_count
 from jaxrl.hparams import HParams, static
 from jaxrl.lm import training
-from jaxrl.lm.model import ModelConfig, Transformer, param_shardings
+from jaxrl.lm.log_probs import log_prob_mismatch
+from jaxrl.lm.model import param_shardings
 from jaxrl.loop import Algorithm
 
 Array = jax.Array
 DTYPES = ("bfloat16", "float32")
 
 
-def validate(config: Any) -> None:
-    """Async mode's checks on a GRPO Config (called from its __post_init__); the device count is
-    checked by `split_devices`, when the meshes are made."""
-    require(
-        isinstance(config.max_staleness, int)
-        and not isinstance(config.max_staleness, bool)
-        and config.max_staleness >= 0,
-        "max_staleness",
-        f"got {config.max_staleness!r}",
-        "use a whole number of updates, 0 (synchronous) or more",
-    )
-    shape = config.generation_mesh_shape
-    require(
-        len(shape) == 3 and all(isinstance(n, int) and n >= 1 for n in shape),
-        "generation_mesh_shape",
-        f"got {shape}",
-        "give three sizes >= 1: (data, fsdp, tensor)",
-    )
-    require(
-        config.generation_dtype in DTYPES,
-        "generation_dtype",
-        f"got {config.generation_dtype!r}",
-        f"choose one of {', '.join(DTYPES)}",
-    )
-    shards = shape[0] * shape[1]
-    completions = config.batch_size * config.group_size
-    require(
-        config.batch_size % shards == 0,
-        "generation_mesh_shape",
-        f"the batch_size={config.batch_size} prompts (of {completions} completions) do not "
-        f"split over the generation mesh's data*fsdp = {shards} batch shards",
-        f"make batch_size a multiple of {shards}, or use fewer generation batch shards",
-    )
-    require(
-        config.lora_rank == 0,
-        "rollout_mode",
-        "async mode trains every parameter for now, not LoRA adapters",
-        "use rollout_mode=sync with LoRA, or lora_rank=0",
-    )
+@dataclasses.dataclass(frozen=True)
+class Async:
+    """Asynchronous rollouts: generation and training on disjoint parts of the devices, two
+    programs that overlap, the weights resharded to the generation layout after every update.
+    The Config's mesh_shape is the training mesh (the first devices); `generation_mesh_shape`
+    the generation mesh (the next ones); `generation_dtype` the dtype of the weights copied
+    there (bfloat16, HybridFlow's; float32 samples exactly as the fp32 trainer would)."""
 
+    generation_mesh_shape: tuple[int, int, int] = (1, 1, 1)
+    generation_dtype: str = "bfloat16"
+    # The oldest policy a trained token may come from, in updates (AReaL's max offpolicyness).
+    max_staleness: int = 0
+    # The generation side's sampler decodes only its rows still sampling (`algos.rollouts.Sync`).
+    decode_row_buckets: int = 0
+    # `update` is a host function dispatching two programs: the runner calls it in a loop.
+    host_loop: ClassVar[bool] = True
 
-def split_devices(config: Any, devices: list | None = None) -> tuple[list, list]:
-    """The training devices (the first prod(mesh_shape)) and the generation devices (the next
-    prod(generation_mesh_shape)); with a single device, that device for both. ConfigError
-    (one line) when the devices do not split so."""
-    devices = list(jax.devices() if devices is None else devices)
-    train, generate = math.prod(config.mesh_shape), math.prod(config.generation_mesh_shape)
-    if len(devices) == 1 and train == generate == 1:
-        return devices, devices
-    if train + generate > len(devices):
-        raise ConfigError(
-            f"generation_mesh_shape: async mode puts the training mesh {config.mesh_shape} and "
-            f"the generation mesh {config.generation_mesh_shape} on disjoint devices, "
-            f"{train} + {generate} of them, but {len(devices)} are available; shrink the "
-            f"meshes to {len(devices)} devices in all (e.g. mesh_shape=({len(devices) // 2},1,1) "
-            f"and generation_mesh_shape=({len(devices) - len(devices) // 2},1,1))"
+    def __post_init__(self) -> None:
+        # ml_collections hands us lists; the settings must stay hashable.
+        object.__setattr__(self, "generation_mesh_shape", tuple(self.generation_mesh_shape))
+        require_count(
+            self, "max_staleness", "use a whole number of updates, 0 (synchronous) or more"
         )
-    return devices[:train], devices[train : train + generate]
+        shape = self.generation_mesh_shape
+        require(
+            len(shape) == 3 and all(isinstance(n, int) and n >= 1 for n in shape),
+            "generation_mesh_shape",
+            f"got {shape}",
+            "give three sizes >= 1: (data, fsdp, tensor)",
+        )
+        require(
+            self.generation_dtype in DTYPES,
+            "generation_dtype",
+            f"got {self.generation_dtype!r}",
+            f"choose one of {', '.join(DTYPES)}",
+        )
+        require_decode_row_buckets(self)
 
+    def check(self, config: Any) -> None:
+        """These settings against the algorithm's Config (the device count is checked by
+        `split_devices`, when the meshes are made)."""
+        shards = self.generation_mesh_shape[0] * self.generation_mesh_shape[1]
+        completions = config.batch_size * config.group_size
+        require(
+            config.batch_size % shards == 0,
+            "generation_mesh_shape",
+            f"the batch_size={config.batch_size} prompts (of {completions} completions) do not "
+            f"split over the generation mesh's data*fsdp = {shards} batch shards",
+            f"make batch_size a multiple of {shards}, or use fewer generation batch shards",
+        )
+        require(
+            config.lora_rank == 0,
+            "rollout_mode",
+            "async mode trains every parameter for now, not LoRA adapters",
+            "use rollout_mode=sync with LoRA, or lora_rank=0",
+        )
+        check_decode_row_buckets(self.decode_row_buckets, config)
 
-def generation_mesh(config: Any, train_mesh: Any) -> Any:
-    """The generation mesh beside `train_mesh` (None, without a training mesh: one device)."""
-    if train_mesh is None:
-        return None
-    rest = [d for d in jax.devices() if d not in set(train_mesh.devices.flat)]
-    if not rest:  # the single device, shared
-        rest = list(train_mesh.devices.flat)
-    needed = math.prod(config.generation_mesh_shape)
-    if len(rest) < needed:
-        split_devices(config)  # raises its one-line error
-    return sharding.make_mesh(*config.generation_mesh_shape, devices=rest[:needed])
+    def split_devices(self, config: Any, devices: list | None = None) -> tuple[list, list]:
+        """The training devices (the first prod(mesh_shape)) and the generation devices (the
+        next prod(generation_mesh_shape)); with a single device, that device for both.
+        ConfigError (one line) when the devices do not split so."""
+        devices = list(jax.devices() if devices is None else devices)
+        train, generate = math.prod(config.mesh_shape), math.prod(self.generation_mesh_shape)
+        if len(devices) == 1 and train == generate == 1:
+            return devices, devices
+        if train + generate > len(devices):
+            raise ConfigError(
+                f"generation_mesh_shape: async mode puts the training mesh {config.mesh_shape} "
+                f"and the generation mesh {self.generation_mesh_shape} on disjoint devices, "
+                f"{train} + {generate} of them, but {len(devices)} are available; shrink the "
+                f"meshes to {len(devices)} devices in all (e.g. mesh_shape="
+                f"({len(devices) // 2},1,1) and generation_mesh_shape="
+                f"({len(devices) - len(devices) // 2},1,1))"
+            )
+        return devices[:train], devices[train : train + generate]
+
+    def generation_mesh(self, config: Any, train_mesh: Any) -> Any:
+        """The generation mesh beside `train_mesh` (None, without a training mesh: one
+        device)."""
+        if train_mesh is None:
+            return None
+        rest = [d for d in jax.devices() if d not in set(train_mesh.devices.flat)]
+        if not rest:  # the single device, shared
+            rest = list(train_mesh.devices.flat)
+        needed = math.prod(self.generation_mesh_shape)
+        if len(rest) < needed:
+            self.split_devices(config)  # raises its one-line error
+        return sharding.make_mesh(*self.generation_mesh_shape, devices=rest[:needed])
+
+    def make(self, learner: Learner) -> Algorithm:
+        """Asynchronous `init(key, hparams)` and a host function `update(state, inputs,
+        hparams)` over the learner's rollout and optimizer steps (`make_split`). The learner's
+        mesh is the training mesh, where its parameters lie; the generation mesh is made beside
+        it. Update i draws its randomness from fold_in(state.key, i), as the synchronous
+        update does."""
+        learner.check_memory()
+        # With k > 0 the clip is taken around the behaviour policy too (`grpo.policy_loss`):
+        # with the proximal policy the update's own start, AReaL's clip never acts on one
+        # optimizer step per batch, and stale batches without it stalled reverse_digits.
+        return make_split(self, learner, learner.make_optimize(self.max_staleness > 0))
 
 
 class Ahead(NamedTuple):
@@ -169,93 +206,50 @@ class Reshard(NamedTuple):
     bytes_per_device: int  # the most any one generation device holds
 
 
-def make(
-    config: grpo.Config, model: ModelConfig, task: TextTask, params: Any, mesh: Any = None
-) -> Algorithm:
-    """Asynchronous GRPO as `init(key, hparams)` and a host function `update(state, inputs,
-    hparams)` (the contract of `grpo.make`, which calls this for rollout_mode=async). `mesh` is
-    the training mesh, where `params` lie; the generation mesh is made beside it. Update i
-    draws its randomness from fold_in(state.key, i), as synchronous GRPO does."""
-    grpo.check_memory(config, model, task)
-    config = static(config)
-    transformer = Transformer(model, mesh=mesh)
-    # With k > 0 the clip is taken around the behaviour policy too (`grpo.policy_loss`): with
-    # the proximal policy the update's own start, AReaL's clip never acts on one optimizer
-    # step per batch, and stale batches without it stalled reverse_digits (README).
-    loss_fn = grpo.make_loss(transformer, config, behaviour_clip=config.max_staleness > 0)
-    optimize = grpo.make_optimize(transformer, loss_fn, config, mesh)
-    return make_split(
-        config,
-        model,
-        params,
-        mesh,
-        make_rollout=lambda gen_mesh: grpo.make_rollout(config, model, task, gen_mesh),
-        optimize=optimize,
-        unpack_inputs=grpo.unpack_inputs,
-        rollout_data=task.data,
-        name=f"GRPO ({config.variant}, async)",
-        make_trainer_log_probs=lambda gen_mesh: (
-            lambda params, batch: grpo.completion_log_probs(
-                Transformer(model, mesh=gen_mesh), params, batch, config.temperature
-            )[0]
-        ),
-    )
-
-
 def make_split(
-    config: Any,
-    model: ModelConfig,
-    params: Any,
-    mesh: Any,
-    *,
-    make_rollout: Callable[[Any], Callable[..., tuple[dict, dict]]],
-    optimize: Callable[..., tuple[Any, dict]],
-    unpack_inputs: Callable[[Any], tuple[Any, Any]],
-    rollout_data: Any = None,
-    name: str = "GRPO (async)",
-    make_trainer_log_probs: Callable[[Any], Callable[[Any, dict], Any]] | None = None,
+    rollout: Async, learner: Learner, optimize: Callable[..., tuple[Any, dict]]
 ) -> Algorithm:
-    """The split-mesh schedule over any GRPO-shaped trainer (single completions, conversations):
+    """The split-mesh schedule over any learner (`algos.rollouts.Learner`: single completions,
+    conversations) and its optimizer steps `optimize`:
 
-    - `make_rollout(generation_mesh)` -> `rollout(params, key, hparams, data) -> (batch,
-      metrics)`, the synchronous update's sampling; its batch holds `sampler_log_probs` and
-      `fresh_mask` over the trained tokens, read by the decoupled loss and the mismatch metric;
+    - `learner.make_rollout(generation_mesh, row_buckets)` -> `rollout(params, key, hparams,
+      data) -> (batch, metrics)`, the synchronous update's sampling; its batch holds
+      `sampler_log_probs` and `fresh_mask` over the trained tokens, read by the decoupled loss
+      and the mismatch metric;
     - `optimize(state, batch, hparams, shuffle_key, policy, reference_params) -> (state,
       step_metrics)`, the synchronous update's optimizer steps on a batch (its loss reads
       `behaviour_log_probs` when present);
-    - `unpack_inputs(inputs) -> (reference_params, data)`, `data` the rollout's (a prompt
-      table), `rollout_data` its value at init (for the shapes of the batches ahead);
-    - `make_trainer_log_probs(generation_mesh) -> trainer_log_probs(params, batch) -> [B, N]`,
-      the trainer's forward over a batch: with k > 0 the log-prob mismatch is taken on the
-      generation mesh, right after sampling, under the generation copy's weights (no training
-      step ever holds the weights a batch was sampled with); without it, or with k = 0, the
-      training step takes it.
+    - `learner.unpack_inputs(inputs) -> (reference_params, data)`, `data` the rollout's (a
+      prompt table), `learner.data` its value at init (for the shapes of the batches ahead);
+    - `learner.make_trainer_log_probs(generation_mesh) -> trainer_log_probs(params, batch) ->
+      [B, N]`, the trainer's forward over a batch: with k > 0 the log-prob mismatch is taken on
+      the generation mesh, right after sampling, under the generation copy's weights (no
+      training step ever holds the weights a batch was sampled with); with k = 0 the training
+      step takes it.
 
     Update i's rollout key and shuffle key are split from fold_in(state.key, i), as the
-    synchronous updates of `grpo.make` and `multiturn.make` split them."""
-    lag = config.max_staleness
-    mismatch_at_generation = lag > 0 and make_trainer_log_probs is not None
-    train_mesh, gen_mesh = mesh, generation_mesh(config, mesh)
-    rollout = make_rollout(gen_mesh)
+    synchronous update (`algos.rollouts.Sync`) splits them."""
+    config, model, unpack_inputs = static(learner.config), learner.model, learner.unpack_inputs
+    lag = rollout.max_staleness
+    mismatch_at_generation = lag > 0
+    train_mesh, gen_mesh = learner.mesh, rollout.generation_mesh(config, learner.mesh)
+    generate_batch = learner.make_rollout(gen_mesh, rollout.decode_row_buckets)
     if mismatch_at_generation:
-        trainer_log_probs = make_trainer_log_probs(gen_mesh)
+        trainer_log_probs = learner.make_trainer_log_probs(gen_mesh)
 
     def sample(gen_params: Any, key: Array, hp: HParams, data: Any) -> tuple[dict, dict]:
         """The rollout, and with k > 0 its sampler/trainer mismatch under its own weights."""
-        batch, metrics = rollout(gen_params, key, hp, data)
+        batch, metrics = generate_batch(gen_params, key, hp, data)
         if mismatch_at_generation:
             trainer = trainer_log_probs(gen_params, batch)
-            gap = grpo.log_prob_mismatch(batch["sampler_log_probs"], trainer, batch["fresh_mask"])
+            gap = log_prob_mismatch(batch["sampler_log_probs"], trainer, batch["fresh_mask"])
             metrics = dict(metrics, **gap)
         return batch, metrics
 
+    params = learner.params
     base_init = training.make_init(params, config, train_mesh, model)
-    dtype = jnp.dtype(config.generation_dtype)
-    monitor = None
-    if config.warn_no_signal_updates > 0:
-        monitor = grpo.no_signal_monitor(
-            name, config.warn_no_signal_updates, dynamic=config.dynamic_sampling
-        )
+    dtype = jnp.dtype(rollout.generation_dtype)
+    monitor = monitor_of(f"{learner.name}, async", config)
 
     def on(where: Any, tree: Any, batch: bool = False) -> Any:
         """`tree` placed on mesh `where` (split along its leading axis with `batch`)."""
@@ -358,7 +352,7 @@ def make_split(
             lambda x: jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x)), tree
         )
         shapes = jax.eval_shape(
-            generate_ahead_shapes, *map(abstract, (state.params, state.key, hp, rollout_data))
+            generate_ahead_shapes, *map(abstract, (state.params, state.key, hp, learner.data))
         )
         zeros = lambda s: jnp.zeros(s.shape, s.dtype)  # noqa: E731
         ahead = tuple(

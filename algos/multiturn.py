@@ -3,6 +3,7 @@ environment, sampling, the environment's turns and the update in one compiled pr
 
     env = make_guess_my_number(tokenizer)                   # envs.text.multiturn
     algorithm = multiturn.make(Config(), model, env, params, tokenizer.eos_id, tokenizer.pad_id)
+    algorithm = multiturn.make(..., rollout=Partial(rollout_budget=2, max_staleness=2))
 
 Each update, for `batch_size` games drawn from the environment (one reset key each):
 
@@ -22,21 +23,28 @@ Each update, for `batch_size` games drawn from the environment (one reset key ea
    only; the environment's tokens are context and carry no loss. Old log-probs are recomputed
    by one forward pass over the recorded conversations (`dialogue.policy_log_probs` gives the
    sampler's log-probs again).
+
+How generation meets training is the rollout passed to `make` (`algos.rollouts`): `Sync()` by
+default, `algos.partial.Partial` (conversations carried across updates, its budget in turns:
+`algos.multiturn_partial`) or `algos.asynchronous.Async` (episodes played on a generation mesh).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from algos import grpo
+from algos.dynamic_sampling import group_has_signal, keep_varied_groups
+from algos.rollouts import Learner, Sync
 from jaxrl.config import require
 from jaxrl.hparams import HParams, static, swept
 from jaxrl.lm import dialogue, training
+from jaxrl.lm.log_probs import log_prob_mismatch, log_probs_and_entropy
 from jaxrl.lm.model import ModelConfig, Transformer
 from jaxrl.loop import Algorithm
 
@@ -46,14 +54,12 @@ CREDIT = ("episode", "turn")
 
 
 @dataclasses.dataclass(frozen=True)
-class Config(grpo.Config):
-    """GRPO's settings, read for conversations: `batch_size` games per update, `group_size`
-    episodes of each, `max_new_tokens` the most tokens of one turn."""
+class Config(grpo.GroupConfig):
+    """The settings GRPO shares (`grpo.GroupConfig`), read for conversations: `batch_size` games
+    per update, `group_size` episodes of each, `sampling.max_new_tokens` the most tokens of one
+    turn; and how credit is assigned over the turns."""
 
     credit: str = "episode"  # "episode" (the return) or "turn" (discounted return per turn)
-    # rollout_mode=partial carries conversations across updates (`algos.multiturn_partial`);
-    # its rollout_budget counts turns per update (0: the game's max_turns).
-    rollout_budget_unit: ClassVar[str] = "turns"
     gamma: float = swept(1.0)  # the per-turn discount of credit="turn"
 
     def __post_init__(self) -> None:
@@ -76,12 +82,6 @@ class Config(grpo.Config):
             "variant",
             "remax's greedy baseline is not built for conversations",
             "use grpo, dr_grpo, dapo or rloo",
-        )
-        require(
-            self.overlong_buffer == 0,
-            "overlong_buffer",
-            "DAPO's overlong penalty is for single completions; a conversation has many turns",
-            "drop it",
         )
         require(self.lora_rank == 0, "lora_rank", "LoRA is not built for multi-turn yet", "use 0")
 
@@ -143,20 +143,23 @@ def policy_logits_of(model: Transformer, params: Any, batch: dict[str, Array]) -
     )
 
 
-def make_loss(model: Transformer, config: Config, capacity: int) -> Callable[..., tuple]:
+def make_loss(
+    model: Transformer, config: Config, capacity: int, behaviour_clip: bool = False
+) -> Callable[..., tuple]:
     """`loss_fn(params, batch, hparams) -> (loss, metrics)` over a batch of conversations: the
     recorded slots (tokens, mask, positions [N, S]), the policy's tokens gathered (predictors,
     targets, valid [N, K]), token advantages [N, K] and episode weights [N]; old_log_probs
     [N, K] when samples are reused; behaviour_log_probs [N, K] when the episodes are older than
     the proximal policy; sampler_log_probs and fresh_mask [N, K] for the logprob_mismatch
-    metrics."""
+    metrics. With behaviour_log_probs in the batch, `behaviour_clip` is `grpo.policy_loss`'s.
+    """
     config = static(config)
     spec = config.spec
 
     def loss_fn(params: Any, batch: dict[str, Array], hp: HParams):
         logits = policy_logits_of(model, params, batch)
-        log_probs, entropy = grpo.log_probs_and_entropy(
-            logits, batch["targets"], config.temperature
+        log_probs, entropy = log_probs_and_entropy(
+            logits, batch["targets"], config.sampling.temperature
         )
         old = batch.get("old_log_probs", jax.lax.stop_gradient(log_probs))
         loss, metrics = grpo.policy_loss(
@@ -168,12 +171,10 @@ def make_loss(model: Transformer, config: Config, capacity: int) -> Callable[...
             # max_staleness > 0): AReaL's decoupled objective, with the clip around the
             # behaviour policy that one optimizer step per batch needs (`grpo.policy_loss`).
             behaviour_log_probs=batch.get("behaviour_log_probs"),
-            behaviour_clip=config.max_staleness > 0,
+            behaviour_clip=behaviour_clip,
         )  # fmt: skip
         if "sampler_log_probs" in batch:
-            metrics.update(
-                grpo.log_prob_mismatch(batch["sampler_log_probs"], old, batch["fresh_mask"])
-            )
+            metrics.update(log_prob_mismatch(batch["sampler_log_probs"], old, batch["fresh_mask"]))
         ones = jnp.ones_like(batch["weights"])
         metrics["entropy"] = grpo.aggregate(entropy, batch["valid"], ones, "token_mean", 1)
         return loss - hp.entropy_coef * metrics["entropy"], metrics
@@ -195,7 +196,7 @@ def episode_metrics(episodes: dialogue.Episodes, group_size: int) -> dict[str, A
     success (a positive return), turns, zero_variance_fraction (games whose group_size
     episodes all returned the same) and slots_used."""
     returns = episodes.rewards.sum(axis=1)
-    varied = grpo.group_has_signal(returns.reshape(-1, group_size))
+    varied = group_has_signal(returns.reshape(-1, group_size))
     return {
         "return": returns.mean(),
         "success": (returns > 0).mean(),
@@ -207,13 +208,12 @@ def episode_metrics(episodes: dialogue.Episodes, group_size: int) -> dict[str, A
 
 def keep_varied_games(config: Config, episodes: dialogue.Episodes) -> tuple[Any, dict]:
     """Dynamic sampling over games: of the drawn games' episodes (group_size per game, a game's
-    adjacent), keep batch_size games, those whose episodes' returns differ first
-    (`grpo.select_groups`), and report the counts (`grpo.selection_metrics`)."""
+    adjacent), keep batch_size games, those whose episodes' returns differ first, and report the
+    counts (`algos.dynamic_sampling.keep_varied_groups`)."""
     returns = episodes.rewards.sum(axis=1).reshape(-1, config.group_size)
-    varied = grpo.group_has_signal(returns)
-    keep = grpo.select_groups(varied, config.batch_size)
-    kept = grpo.take_groups(episodes, keep, returns.shape[0], config.group_size)
-    return kept, grpo.selection_metrics(varied, varied[keep])
+    varied = group_has_signal(returns)
+    kept, _, selected = keep_varied_groups(episodes, varied, config.batch_size, config.group_size)
+    return kept, selected
 
 
 def training_batch(
@@ -261,8 +261,8 @@ def make_rollout(
     `mesh`, their credit assigned. `data` is unused (the games come from `env`); it is there so
     that async mode drives this as it drives GRPO's rollout."""
     config = static(config)
-    capacity = env.max_turns * config.max_new_tokens
-    sampling = config.sampling(eos_id, pad_id)
+    capacity = env.max_turns * config.sampling.max_new_tokens
+    sampling = config.sampling.for_tokens(eos_id, pad_id)
     group = config.group_size
 
     def rollout(policy: Any, key: Array, hp: HParams, data: Any = None):
@@ -293,10 +293,11 @@ def make_optimize(
     adds the old log-probs under `policy` (when samples are reused) and the reference's (when
     given), then runs the minibatch epochs (`grpo.make_optimize`'s contract)."""
     config = static(config)
+    temperature = config.sampling.temperature
 
     def log_probs_of(params: Any, batch: dict[str, Array]) -> Array:
         logits = policy_logits_of(transformer, params, batch)
-        log_probs, _ = grpo.log_probs_and_entropy(logits, batch["targets"], config.temperature)
+        log_probs, _ = log_probs_and_entropy(logits, batch["targets"], temperature)
         return jax.lax.stop_gradient(log_probs)
 
     def optimize(state, batch, hp, shuffle_key, policy, reference_params):
@@ -318,6 +319,65 @@ def unpack_inputs(inputs: Inputs | None) -> tuple[Any, None]:
     return (inputs.reference_params if inputs is not None else None), None
 
 
+def learner(
+    config: Config,
+    model: ModelConfig,
+    env: Any,
+    params: Any,
+    eos_id: int,
+    pad_id: int,
+    mesh: Any = None,
+) -> Learner:
+    """Multi-turn GRPO's pieces as every rollout mode assembles them (`algos.rollouts.Learner`):
+    the synchronous rollout of whole episodes on a given mesh, the optimizer steps on a batch of
+    conversations, the inputs' unpacking and the trainer's log-probs of the policy's tokens."""
+    transformer = Transformer(model, mesh=mesh)
+    capacity = env.max_turns * config.sampling.max_new_tokens
+    temperature = config.sampling.temperature
+
+    def optimize_for(behaviour_clip: bool) -> Callable:
+        loss_fn = make_loss(transformer, config, capacity, behaviour_clip)
+        return make_optimize(transformer, loss_fn, config, mesh)
+
+    def make_rollout_on(on: Any, row_buckets: int) -> Callable:
+        del row_buckets  # 0: `check_rollout`
+        return make_rollout(config, model, env, eos_id, pad_id, on)
+
+    def trainer_log_probs(on: Any) -> Callable[[Any, dict], Array]:
+        return lambda params, batch: log_probs_and_entropy(
+            policy_logits_of(Transformer(model, mesh=on), params, batch),
+            batch["targets"],
+            temperature,
+        )[0]
+
+    return Learner(
+        name="multi-turn GRPO",
+        config=config,
+        model=model,
+        params=params,
+        mesh=mesh,
+        source=env,
+        sampling=config.sampling.for_tokens(eos_id, pad_id),
+        make_rollout=make_rollout_on,
+        make_optimize=optimize_for,
+        unpack_inputs=unpack_inputs,
+        make_trainer_log_probs=trainer_log_probs,
+        check_memory=lambda: None,
+    )
+
+
+def check_rollout(config: Config, rollout: Any) -> None:
+    """A rollout mode's settings against multi-turn GRPO's Config (one-line ConfigErrors);
+    partial mode's turn budget against the game is `multiturn_partial.check_game`'s."""
+    require(
+        rollout.decode_row_buckets == 0,
+        "decode_row_buckets",
+        "multi-turn episodes decode every conversation's turn together",
+        "use 0 with multi-turn GRPO",
+    )
+    rollout.check(config)
+
+
 def make(
     config: Config,
     model: ModelConfig,
@@ -326,6 +386,7 @@ def make(
     eos_id: int,
     pad_id: int,
     mesh: Any = None,
+    rollout: Any = None,
 ) -> Algorithm:
     """Multi-turn GRPO on `env` (an `envs.text.multiturn.TextEnv`) as pure functions of one run,
     from `params`: `init(key, hparams)` and `update(state, inputs, hparams)`, where one update
@@ -336,61 +397,11 @@ def make(
     return), `turns`, `policy_tokens` (per episode), the sampler/trainer `logprob_mismatch_*`,
     and the optimizer steps' means.
 
-    With rollout_mode=async (`algos.asynchronous`) the episodes are played on the generation
-    mesh beside the training mesh `mesh`, from weights up to max_staleness versions old:
-    `update` is then a host function (call it, do not jit it). With rollout_mode=partial
-    (`algos.multiturn_partial`) conversations are carried across updates in the state's slots,
-    rollout_budget turns per update."""
-    transformer = Transformer(model, mesh=mesh)
-    capacity = env.max_turns * config.max_new_tokens
-    loss_fn = make_loss(transformer, config, capacity)
-    optimize = make_optimize(transformer, loss_fn, config, mesh)
-    config = static(config)
-    if config.rollout_mode == "async":
-        from algos import asynchronous  # it builds on grpo, as this module does
-
-        return asynchronous.make_split(
-            config,
-            model,
-            params,
-            mesh,
-            make_rollout=lambda gen_mesh: make_rollout(
-                config, model, env, eos_id, pad_id, gen_mesh
-            ),
-            optimize=optimize,
-            unpack_inputs=unpack_inputs,
-            name="multi-turn GRPO (async)",
-            make_trainer_log_probs=lambda gen_mesh: (
-                lambda params, batch: grpo.log_probs_and_entropy(
-                    policy_logits_of(Transformer(model, mesh=gen_mesh), params, batch),
-                    batch["targets"],
-                    config.temperature,
-                )[0]
-            ),
-        )
-    if config.rollout_mode == "partial":
-        from algos import multiturn_partial  # it builds on this module
-
-        return multiturn_partial.make(
-            config, model, env, params, eos_id, pad_id, mesh, optimize=optimize
-        )
-    rollout = make_rollout(config, model, env, eos_id, pad_id, mesh)
-    monitor = None
-    if config.warn_no_signal_updates > 0:
-        monitor = grpo.no_signal_monitor(
-            "multi-turn GRPO", config.warn_no_signal_updates, dynamic=config.dynamic_sampling
-        )
-
-    def update(state: training.TrainState, inputs: Inputs | None, hp: HParams):
-        reference_params, _ = unpack_inputs(inputs)
-        rollout_key, shuffle_key = jax.random.split(jax.random.fold_in(state.key, state.step))
-        batch, metrics = rollout(state.params, rollout_key, hp)
-        state, step_metrics = optimize(
-            state, batch, hp, shuffle_key, state.params, reference_params
-        )
-        metrics.update(jax.tree.map(jnp.mean, step_metrics))
-        if monitor is not None:
-            jax.debug.callback(monitor, state.step, metrics["zero_variance_fraction"])
-        return state._replace(step=state.step + 1), metrics
-
-    return Algorithm(training.make_init(params, config, mesh, model), update)
+    `rollout` (`algos.rollouts`): `Sync()` when None; `algos.asynchronous.Async(...)` plays the
+    episodes on the generation mesh beside the training mesh `mesh`, from weights up to
+    max_staleness versions old (`update` is then a host function: call it, do not jit it);
+    `algos.partial.Partial(...)` carries conversations across updates in the state's slots,
+    rollout_budget turns per update (`algos.multiturn_partial`)."""
+    rollout = Sync() if rollout is None else rollout
+    check_rollout(config, rollout)
+    return rollout.make(learner(config, model, env, params, eos_id, pad_id, mesh))

@@ -27,18 +27,20 @@ budget in decode steps would have to carry a half-spoken turn too; a turn is at 
 max_new_tokens steps, so the turn budget bounds the decode steps as well.
 
 Staleness: a conversation's tokens are at most ceil(max_turns / budget) - 1 versions old when
-it trains, and `validate_env` requires that within max_staleness, so no conversation is ever
+it trains, and `check_game` requires that within max_staleness, so no conversation is ever
 cut short. A group that would still exceed the bound -- an ended group that waited too long
 for a training slot, with rollout_groups > batch_size -- is finished and dropped (its slots
 freed untrained, counted in `dropped_groups`), as in single-turn partial mode: training on it
 would exceed the bound, and cutting it earlier would score an unfinished conversation.
 
 The cache's write column is shared by the slots; each update starts by moving the cache left
-by the previous update's columns (`partial.move_cache_left`), which puts every carried
+by the previous update's columns (`carried_rollouts.move_cache_left`), which puts every carried
 conversation's history just before a fixed column, and a slot's record is its own (the row's
 `origin`: the cache column of its record's slot 0). With max_staleness 0, a budget of max_turns
 and rollout_groups = batch_size, every conversation starts and ends in one update and the
 samples and the parameters are synchronous multi-turn GRPO's, bit for bit.
+
+The mode is `algos.partial.Partial` passed to `multiturn.make`, which hands it here.
 """
 
 from __future__ import annotations
@@ -49,25 +51,28 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from algos import partial
+from algos import multiturn
+from algos.carried_rollouts import (
+    State,
+    choose_groups,
+    move_cache_left,
+    staleness_metrics,
+    train_if_any,
+)
+from algos.rollouts import Learner
 from jaxrl.config import require
 from jaxrl.hparams import HParams, static
 from jaxrl.lm import dialogue, training
-from jaxrl.lm.model import ModelConfig, Transformer
+from jaxrl.lm.model import Transformer
 from jaxrl.lm.sampler import map_cache
 from jaxrl.loop import Algorithm
 
 Array = jax.Array
 
 
-def budget(config: Any, env: Any) -> int:
-    """Turns per update: rollout_budget, or the game's max_turns when it is 0."""
-    return config.rollout_budget or env.max_turns
-
-
-def validate_env(config: Any, env: Any) -> None:
-    """Partial mode's checks that need the game (the Config's own run in `partial.validate`):
-    one-line ConfigErrors naming the field."""
+def check_game(rollout: Any, env: Any) -> None:
+    """Partial mode's checks that need the game (the others are `Partial.check`'s): one-line
+    ConfigErrors naming the field. `rollout` is the `algos.partial.Partial`."""
     require(
         not getattr(env, "batched", False),
         "rollout_mode",
@@ -76,20 +81,21 @@ def validate_env(config: Any, env: Any) -> None:
         "use rollout_mode=sync or async with a host game",
     )
     require(
-        config.rollout_budget <= env.max_turns,
+        rollout.rollout_budget <= env.max_turns,
         "rollout_budget",
-        f"got {config.rollout_budget} turns, more than a game's max_turns={env.max_turns}",
+        f"got {rollout.rollout_budget} turns, more than a game's max_turns={env.max_turns}",
         f"use at most {env.max_turns} (0 means max_turns)",
     )
-    updates = math.ceil(env.max_turns / budget(config, env))
+    turns = rollout.budget(env.max_turns)
+    updates = math.ceil(env.max_turns / turns)
     require(
-        updates - 1 <= config.max_staleness,
+        updates - 1 <= rollout.max_staleness,
         "max_staleness",
         f"a conversation of max_turns={env.max_turns} takes {updates} updates of "
-        f"{budget(config, env)} turns, so its first tokens are {updates - 1} versions old when "
-        f"it trains, beyond the bound {config.max_staleness}",
+        f"{turns} turns, so its first tokens are {updates - 1} versions old when "
+        f"it trains, beyond the bound {rollout.max_staleness}",
         f"raise max_staleness to {updates - 1}, or rollout_budget to "
-        f"{math.ceil(env.max_turns / (config.max_staleness + 1))}",
+        f"{math.ceil(env.max_turns / (rollout.max_staleness + 1))}",
     )
 
 
@@ -102,59 +108,41 @@ class Slots(NamedTuple):
     shift: Array  # cache columns the last update used: how far the cache moves left next
 
 
-class State(NamedTuple):
-    """Multi-turn GRPO's `TrainState` fields plus the carried conversations (checkpointed)."""
-
-    params: Any
-    opt_state: Any
-    key: Array
-    step: Array
-    slots: Slots
-
-
 def _typed(key: Array) -> bool:
     return jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
 
 
-def make(
-    config: Any,
-    model: ModelConfig,
-    env: Any,
-    params: Any,
-    eos_id: int,
-    pad_id: int,
-    mesh: Any = None,
-    *,
-    optimize: Any,
-) -> Algorithm:
+def make(rollout: Any, learner: Learner) -> Algorithm:
     """Multi-turn GRPO with partial rollouts as `init(key, hparams)` and `update(state, inputs,
-    hparams)` (`algos.multiturn.make` calls this for rollout_mode=partial, with its `optimize`).
-    Update i draws its new games and sampling keys from fold_in(state.key, i) as multi-turn
-    GRPO does, so a resumed run repeats an uninterrupted one."""
-    from algos import multiturn  # it calls this module
-
-    validate_env(config, env)
+    hparams)` (`algos.partial.Partial.make` hands `multiturn.make`'s learner here); the state
+    is a `carried_rollouts.State` holding `Slots`. Update i draws its new games and sampling
+    keys from fold_in(state.key, i) as multi-turn GRPO does, so a resumed run repeats an
+    uninterrupted one."""
+    config, model, env, mesh = learner.config, learner.model, learner.source, learner.mesh
+    check_game(rollout, env)
+    max_staleness = rollout.max_staleness
+    # The decoupled objective's clip around the behaviour policy with max_staleness > 0.
+    optimize = learner.make_optimize(max_staleness > 0)
     config = static(config)
     transformer = Transformer(model, mesh=mesh)
-    sampling = config.sampling(eos_id, pad_id)
+    sampling = learner.sampling
+    new_tokens = sampling.max_new_tokens
     groups, group_size = config.batch_size, config.group_size
-    slot_groups = config.rollout_groups or groups
-    rows, turns = slot_groups * group_size, budget(config, env)
-    capacity = env.max_turns * config.max_new_tokens
+    slot_groups = rollout.rollout_groups or groups
+    rows, turns = slot_groups * group_size, rollout.budget(env.max_turns)
+    capacity = env.max_turns * new_tokens
     reset = dialogue.env_reset(env)
     opening_shape = jax.eval_shape(lambda k: reset(k)[1], jax.random.split(jax.random.key(0), rows))
     opening_width, message_type = opening_shape.ids.shape[1], type(opening_shape)
-    size = dialogue.episode_length(
-        opening_width, env.max_turns, config.max_new_tokens, env.max_message_tokens
-    )
+    size = dialogue.episode_length(opening_width, env.max_turns, new_tokens, env.max_message_tokens)
     # Cache geometry: a turn writes at most max_new_tokens + 1 (an appended end of turn) +
     # the widest message columns. A carried conversation has spoken a whole number of
     # budgets, fewer than max_turns turns; its history ends at column `start` after the move
     # left, and an update writes at most `turns` turns after it.
-    turn_columns = config.max_new_tokens + 1 + env.max_message_tokens
+    turn_columns = new_tokens + 1 + env.max_message_tokens
     start = opening_width + turns * ((env.max_turns - 1) // turns) * turn_columns
     cache_length = start + turns * turn_columns
-    base_init = training.make_init(params, config, mesh, model)
+    base_init = training.make_init(learner.params, config, mesh, model)
 
     def pick(free: Array, new: Any, old: Any) -> Any:
         """Per row, `new` where `free`, else `old` (the cache by each leaf's batch axis)."""
@@ -204,7 +192,7 @@ def make(
         return State(state.params, state.opt_state, state.key, state.step, slots)
 
     def update(state: State, inputs: Any, hp: HParams):
-        reference_params, _ = multiturn.unpack_inputs(inputs)
+        reference_params, _ = learner.unpack_inputs(inputs)
         version = state.step
         # Multi-turn GRPO's key schedule: with nothing carried, its games and samples.
         rollout_key, shuffle_key = jax.random.split(jax.random.fold_in(state.key, state.step))
@@ -220,12 +208,12 @@ def make(
         # The staleness bound: a group that would train on tokens older than max_staleness
         # versions is dropped (see the module docstring; it can only happen to a group that
         # waited for a training slot, with rollout_groups > batch_size).
-        too_old = slots.live & (version - slots.started > config.max_staleness)
+        too_old = slots.live & (version - slots.started > max_staleness)
         free = ~(slots.live & ~too_old)
 
         carried = dict(slots.conversations)
         carried["cache"] = dict(
-            partial.move_cache_left(model, carried["cache"], slots.shift),
+            move_cache_left(model, carried["cache"], slots.shift),
             index=jnp.asarray(start, jnp.int32),
         )
         carried["origin"] = carried["origin"] - slots.shift
@@ -254,7 +242,7 @@ def make(
         # Groups whose conversations all ended train now (up to batch_size, the oldest first).
         done = conversations["done"]
         complete = jnp.all(done.reshape(slot_groups, group_size), axis=1)
-        chosen, trains, freed = partial.choose_groups(complete, started[::group_size], groups)
+        chosen, trains, freed = choose_groups(complete, started[::group_size], groups)
         chosen_rows = (chosen[:, None] * group_size + jnp.arange(group_size)).reshape(-1)
         take = lambda x: jnp.take(x, chosen_rows, axis=0)  # noqa: E731
         chosen_conversations = jax.tree.map(
@@ -276,12 +264,12 @@ def make(
         token_versions = jnp.take_along_axis(versions, gathered.slots, axis=1)
         # The same parameters sampled these conversations' every token and cache entry.
         batch["fresh_mask"] = trained_mask & (take(started) == version)[:, None]
-        if config.max_staleness > 0:
+        if max_staleness > 0:
             # Older conversations: AReaL's decoupled objective, as in single-turn partial mode.
             # With the bound at 0 every token is the proximal policy's and the loss stays
             # multi-turn GRPO's, bit for bit.
             batch["behaviour_log_probs"] = gathered.sampled_log_probs
-        train_state, metrics = partial.train_if_any(
+        train_state, metrics = train_if_any(
             optimize, state, batch, hp, shuffle_key, reference_params, jnp.any(trains)
         )
 
@@ -304,9 +292,7 @@ def make(
                 "decode_columns": shift.astype(jnp.float32),
             }
         )
-        metrics.update(
-            partial.staleness_metrics(version - token_versions, trained_mask, config.max_staleness)
-        )
+        metrics.update(staleness_metrics(version - token_versions, trained_mask, max_staleness))
         freed_rows = jnp.repeat(freed, group_size, total_repeat_length=rows)
         slots = Slots(conversations, ~freed_rows, started, shift)
         state = State(train_state.params, train_state.opt_state, state.key, state.step + 1, slots)

@@ -29,14 +29,21 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from algos import dpo, grpo, ppo_lm, reward_model
+from algos import dpo, ppo_lm, reward_model
+from algos.dynamic_sampling import (
+    no_signal_monitor,
+    select_groups,
+    selection_metrics,
+    validate_dynamic_sampling,
+)
 from envs.text import TextTask
+from envs.text.reward_terms import task_rewards
 from jaxrl import sharding
 from jaxrl.config import require, require_positive
 from jaxrl.hparams import HParams, static, swept
 from jaxrl.lm import training
 from jaxrl.lm.model import ModelConfig, Transformer
-from jaxrl.lm.sampler import SamplingConfig, generate
+from jaxrl.lm.sampler import Sampling, generate, require_sampling
 from jaxrl.loop import Algorithm
 
 Array = jax.Array
@@ -59,10 +66,8 @@ class Config(dpo.Config):
     label_noise: float = swept(0.0)
     ensemble_rule: str = "mean"  # how a reward-model ensemble's scores combine
     ensemble_std_coefficient: float = swept(1.0)  # k of "mean_minus_std"
-    max_new_tokens: int = 8
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
+    # max_new_tokens, temperature, top_k, top_p (flags keep their flat names)
+    sampling: Sampling = dataclasses.field(default_factory=Sampling)
     reference: str = "in_step"  # on-policy samples: the reference runs in the step
     # DAPO-style dynamic sampling (as in grpo.py): draw oversample_factor x batch_size prompts
     # and keep batch_size pairs, those with a preference (not every sample scored the same)
@@ -74,9 +79,9 @@ class Config(dpo.Config):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        require_positive(self, "num_epochs", "num_minibatches", "max_new_tokens", "temperature")
-        grpo.validate_dynamic_sampling(self)
-        SamplingConfig(self.max_new_tokens, 0, 0, self.temperature, self.top_k, self.top_p)
+        require_positive(self, "num_epochs", "num_minibatches")
+        validate_dynamic_sampling(self)
+        require_sampling(self)
         require(
             self.num_samples >= 2,
             "num_samples",
@@ -120,12 +125,6 @@ class Config(dpo.Config):
             f"make batch_size / (num_minibatches * grad_accum_steps) a multiple of {shards}",
         )
 
-    def sampling(self, eos_id: int, pad_id: int) -> SamplingConfig:
-        """The sampler's settings for a tokenizer's EOS and padding ids."""
-        return SamplingConfig(
-            self.max_new_tokens, eos_id, pad_id, self.temperature, self.top_k, self.top_p
-        )
-
 
 def best_and_worst(scores: Array) -> tuple[Array, Array, Array]:
     """From scores [num_prompts, num_samples]: the index of each prompt's best-scored sample
@@ -166,11 +165,11 @@ def make(
         ppo_lm.make_reward_model_scores(reward_model_config, mesh) if reward_model_config else None
     )
     config = static(config)
-    sampling = config.sampling(task.eos_id, task.pad_id)
+    sampling = config.sampling.for_tokens(task.eos_id, task.pad_id)
     samples = config.num_samples
     monitor = None
     if config.warn_no_signal_updates > 0:
-        monitor = grpo.no_signal_monitor(
+        monitor = no_signal_monitor(
             "online DPO", config.warn_no_signal_updates, "tied_fraction", config.dynamic_sampling
         )
 
@@ -224,7 +223,7 @@ def make(
         )
         tokens = jnp.concatenate([grouped.tokens, completion.tokens], axis=1)
         attention_mask = jnp.concatenate([grouped.mask, completion.mask], axis=1)
-        task_reward, metrics = grpo.task_rewards(task, grouped, completion)
+        task_reward, metrics = task_rewards(task, grouped, completion)
         metrics["reward"] = task_reward.mean()
         if scores_of is None:
             scores = task_reward
@@ -242,8 +241,8 @@ def make(
         prompt_index = jnp.arange(config.batch_size)
         if config.dynamic_sampling:
             # Keep batch_size of the drawn prompts' pairs, those with a preference first.
-            prompt_index = grpo.select_groups(weight > 0, config.batch_size)
-            metrics.update(grpo.selection_metrics(weight > 0, weight[prompt_index] > 0))
+            prompt_index = select_groups(weight > 0, config.batch_size)
+            metrics.update(selection_metrics(weight > 0, weight[prompt_index] > 0))
             chosen, rejected, weight = (
                 chosen[prompt_index],
                 rejected[prompt_index],

@@ -21,8 +21,8 @@ the policy version that sampled each of them. One update, still one compiled pro
                     (`grpo.policy_loss`'s behaviour_clip)
 
 The policy version of a token is the update (`state.step`) that sampled it; a trained token's
-staleness is the training update's version minus its own. `validate` requires a completion of
-max_new_tokens to fit in max_staleness + 1 budgets, and decoding never stops before the budget
+staleness is the training update's version minus its own. `Partial.check` requires a completion
+of max_new_tokens to fit in max_staleness + 1 budgets, and decoding never stops before the budget
 while some row could otherwise miss its bound, so every completion ends in time. A group that
 would still break the bound (an ended group that waited too long for a training slot, with
 over-provisioning) is dropped -- its slot freed without training, counted in `dropped_groups`
@@ -40,23 +40,36 @@ With max_staleness 0 (then the budget must cover max_new_tokens) and rollout_gro
 batch_size, every group starts and ends in one update and the samples and the parameters are
 those of synchronous GRPO, bit for bit (behaviour == proximal, so no importance weight is
 applied).
+
+The mode is the `Partial` passed to `grpo.make` (or `multiturn.make`, whose budget counts turns:
+`algos.multiturn_partial`); what the two share is `algos.carried_rollouts`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from algos import grpo
-from envs.text import PromptBatch, TextTask
+from algos import grpo, multiturn, multiturn_partial
+from algos.carried_rollouts import (
+    State,
+    choose_groups,
+    move_cache_left,
+    staleness_metrics,
+    train_if_any,
+)
+from algos.dynamic_sampling import group_has_signal
+from algos.rollouts import Learner, check_decode_row_buckets, require_decode_row_buckets
+from envs.text import PromptBatch
 from jaxrl import sharding
 from jaxrl.config import require, require_count
 from jaxrl.hparams import HParams, static
 from jaxrl.lm import training
-from jaxrl.lm.model import ModelConfig, Transformer, init_cache, positions_from_mask
+from jaxrl.lm.model import Transformer, init_cache, positions_from_mask
 from jaxrl.lm.sampler import (
     Completion,
     decode_live_rows,
@@ -70,68 +83,104 @@ from jaxrl.loop import Algorithm
 Array = jax.Array
 
 
-def budget(config: Any) -> int:
-    """Decode steps per update: rollout_budget, or max_new_tokens when it is 0."""
-    return config.rollout_budget or config.max_new_tokens
+@dataclasses.dataclass(frozen=True)
+class Partial:
+    """Partial rollouts (APRIL): every update decodes at most `rollout_budget` steps (0:
+    max_new_tokens; multi-turn GRPO: turns, 0 the game's max_turns); groups whose completions
+    all ended train, unfinished ones keep their KV-cache slot and continue in the next update,
+    freed slots take new prompts. The KV cache holds the prompt + budget x (1 + floor(
+    (max_new_tokens - 1) / budget)) columns (`geometry`): synchronous GRPO's prompt +
+    max_new_tokens when the budget divides max_new_tokens, up to budget - 1 more otherwise, and
+    every decode step reads them all."""
 
+    rollout_budget: int = 0
+    # Prompt groups decoded at once (APRIL's over-provisioning): decoding stops once batch_size
+    # of them have ended, which train; 0 means batch_size.
+    rollout_groups: int = 0
+    # The oldest policy a trained token may come from, in updates (AReaL's max offpolicyness).
+    max_staleness: int = 0
+    # Decode only the rows still sampling (`algos.rollouts.Sync`'s); single completions only.
+    decode_row_buckets: int = 0
+    host_loop: ClassVar[bool] = False
 
-def validate(config: Any) -> None:
-    """Partial mode's checks on a GRPO Config (called from its __post_init__)."""
-    for name in ("rollout_budget", "rollout_groups", "max_staleness"):
-        require_count(config, name, "use a whole number, 0 or more")
-    require(
-        config.rollout_groups == 0 or config.rollout_groups >= config.batch_size,
-        "rollout_groups",
-        f"got {config.rollout_groups}, fewer than the batch_size={config.batch_size} groups an "
-        "update trains",
-        f"use 0 (batch_size) or {config.batch_size} or more",
-    )
-    shards = training.check_mesh_shape(config.mesh_shape)
-    slot_rows = (config.rollout_groups or config.batch_size) * config.group_size
-    require(
-        slot_rows % shards == 0,
-        "rollout_groups",
-        f"{slot_rows} slot rows (rollout_groups x group_size) do not split over the mesh's "
-        f"data*fsdp = {shards} batch shards",
-        f"make rollout_groups x group_size a multiple of {shards}",
-    )
-    require(
-        config.lora_rank == 0,
-        "rollout_mode",
-        "partial rollouts train every parameter for now, not LoRA adapters",
-        "use rollout_mode=sync with LoRA, or lora_rank=0",
-    )
-    require(
-        not config.dynamic_sampling,
-        "rollout_mode",
-        "partial rollouts do not combine with dynamic_sampling yet",
-        "use rollout_mode=sync with dynamic sampling",
-    )
-    require(
-        config.spec.baseline != "greedy",
-        "rollout_mode",
-        "partial rollouts do not generate ReMax's greedy baseline",
-        "use rollout_mode=sync with variant=remax",
-    )
-    if config.rollout_budget_unit != "decode steps":
-        return  # the budget counts something else (turns: `algos.multiturn_partial`)
-    require(
-        config.rollout_budget <= config.max_new_tokens,
-        "rollout_budget",
-        f"got {config.rollout_budget}, more decode steps than a completion of "
-        f"max_new_tokens={config.max_new_tokens} can take",
-        f"use at most {config.max_new_tokens} (0 means max_new_tokens)",
-    )
-    updates = math.ceil(config.max_new_tokens / budget(config))
-    require(
-        updates - 1 <= config.max_staleness,
-        "max_staleness",
-        f"a completion of max_new_tokens={config.max_new_tokens} takes {updates} updates of "
-        f"{budget(config)} decode steps, so its first tokens are {updates - 1} versions old when "
-        f"it trains, beyond the bound {config.max_staleness}",
-        f"raise max_staleness to {updates - 1}, or rollout_budget to "
-        f"{math.ceil(config.max_new_tokens / (config.max_staleness + 1))}",
-    )
+    def __post_init__(self) -> None:
+        for name in ("rollout_budget", "rollout_groups", "max_staleness"):
+            require_count(self, name, "use a whole number, 0 or more")
+        require_decode_row_buckets(self)
+
+    def check(self, config: Any) -> None:
+        """These settings against the algorithm's Config: the batch and mesh the slots split
+        over, what partial mode does not support yet and, for single completions, the decode
+        budget against max_new_tokens and the staleness bound (multi-turn GRPO's budget is
+        checked against the game, `multiturn_partial.check_game`)."""
+        require(
+            self.rollout_groups == 0 or self.rollout_groups >= config.batch_size,
+            "rollout_groups",
+            f"got {self.rollout_groups}, fewer than the batch_size={config.batch_size} groups "
+            "an update trains",
+            f"use 0 (batch_size) or {config.batch_size} or more",
+        )
+        shards = training.check_mesh_shape(config.mesh_shape)
+        slot_rows = (self.rollout_groups or config.batch_size) * config.group_size
+        require(
+            slot_rows % shards == 0,
+            "rollout_groups",
+            f"{slot_rows} slot rows (rollout_groups x group_size) do not split over the mesh's "
+            f"data*fsdp = {shards} batch shards",
+            f"make rollout_groups x group_size a multiple of {shards}",
+        )
+        require(
+            config.lora_rank == 0,
+            "rollout_mode",
+            "partial rollouts train every parameter for now, not LoRA adapters",
+            "use rollout_mode=sync with LoRA, or lora_rank=0",
+        )
+        require(
+            not config.dynamic_sampling,
+            "rollout_mode",
+            "partial rollouts do not combine with dynamic_sampling yet",
+            "use rollout_mode=sync with dynamic sampling",
+        )
+        require(
+            config.spec.baseline != "greedy",
+            "rollout_mode",
+            "partial rollouts do not generate ReMax's greedy baseline",
+            "use rollout_mode=sync with variant=remax",
+        )
+        if isinstance(config, multiturn.Config):
+            return  # the budget counts turns (`multiturn_partial.check_game`)
+        new_tokens = config.sampling.max_new_tokens
+        require(
+            self.rollout_budget <= new_tokens,
+            "rollout_budget",
+            f"got {self.rollout_budget}, more decode steps than a completion of "
+            f"max_new_tokens={new_tokens} can take",
+            f"use at most {new_tokens} (0 means max_new_tokens)",
+        )
+        steps = self.budget(new_tokens)
+        updates = math.ceil(new_tokens / steps)
+        require(
+            updates - 1 <= self.max_staleness,
+            "max_staleness",
+            f"a completion of max_new_tokens={new_tokens} takes {updates} updates of "
+            f"{steps} decode steps, so its first tokens are {updates - 1} versions old when "
+            f"it trains, beyond the bound {self.max_staleness}",
+            f"raise max_staleness to {updates - 1}, or rollout_budget to "
+            f"{math.ceil(new_tokens / (self.max_staleness + 1))}",
+        )
+        check_decode_row_buckets(self.decode_row_buckets, config, self.rollout_groups)
+
+    def budget(self, limit: int) -> int:
+        """Decode steps (turns) per update: rollout_budget, or `limit` (max_new_tokens, or the
+        game's max_turns) when it is 0."""
+        return self.rollout_budget or limit
+
+    def make(self, learner: Learner) -> Algorithm:
+        """The learner's algorithm with partial rollouts: single completions (GRPO) here,
+        conversations in `algos.multiturn_partial`."""
+        if isinstance(learner.config, multiturn.Config):
+            return multiturn_partial.make(self, learner)
+        return make_completions(self, learner)
 
 
 class Slots(NamedTuple):
@@ -152,16 +201,6 @@ class Slots(NamedTuple):
     shift: Array  # decode steps of the last update: how far the cache moves left before the next
 
 
-class State(NamedTuple):
-    """GRPO's `TrainState` fields plus the carried rollouts, so checkpoints hold them."""
-
-    params: Any
-    opt_state: Any
-    key: Array
-    step: Array
-    slots: Slots
-
-
 class Geometry(NamedTuple):
     """Where rows sit in the cache: prompts end (and carried rows' histories end) at column
     `start`; an update decodes into columns start ... start + budget - 1 < length."""
@@ -179,91 +218,31 @@ def geometry(prompt_length: int, max_new_tokens: int, steps: int) -> Geometry:
     return Geometry(start, start + steps)
 
 
-def move_cache_left(model: ModelConfig, cache: Any, shift: Array) -> Any:
-    """The cache's columns moved left by `shift` along each leaf's sequence axis (read off
-    `init_cache`); what falls off the left comes back on the right, where the next writes go."""
-    roll = lambda _, axis, leaf: leaf if axis is None else jnp.roll(leaf, -shift, axis=axis)  # noqa: E731
-    return map_cache(model, roll, cache)
-
-
-def choose_groups(complete: Array, started: Array, groups: int) -> tuple[Array, Array, Array]:
-    """Of the slot groups, those that train now: the `groups` ended ones (`complete`) that
-    started first (`started`, per group), fewer when fewer ended. Returns the chosen groups'
-    indices [groups], whether each trains (else it takes part at weight 0), and the slot groups
-    freed by training."""
-    order = jnp.where(complete, started, jnp.iinfo(jnp.int32).max)
-    chosen = jnp.argsort(order, stable=True)[:groups]
-    trains = complete[chosen]
-    freed = jnp.zeros(complete.shape, bool).at[chosen].set(trains)
-    return chosen, trains, freed
-
-
-def staleness_metrics(staleness: Array, trained: Array, max_staleness: int) -> dict[str, Array]:
-    """Per update: the trained tokens' staleness (the training version minus the version that
-    sampled each) as mean, max, off-policy fraction and a histogram `staleness_<age>`."""
-    count = jnp.maximum(trained.sum(), 1).astype(jnp.float32)
-    metrics = {
-        "staleness_mean": jnp.sum(staleness * trained) / count,
-        "staleness_max": jnp.max(jnp.where(trained, staleness, 0)).astype(jnp.float32),
-        "offpolicy_token_fraction": jnp.sum((staleness > 0) & trained) / count,
-    }
-    for age in range(max_staleness + 1):
-        metrics[f"staleness_{age}"] = jnp.sum((staleness == age) & trained) / count
-    return metrics
-
-
-def train_if_any(
-    optimize: Any,
-    state: Any,
-    batch: dict[str, Array],
-    hp: HParams,
-    shuffle_key: Array,
-    reference_params: Any,
-    any_ended: Array,
-) -> tuple[training.TrainState, dict[str, Array]]:
-    """The optimizer steps on `batch` when some group ended (`any_ended`); otherwise none, since
-    Adam would move the parameters on zero gradients, and zeros for the step metrics. `state`
-    holds params, opt_state, key and step; the returned state only those."""
-    start = training.TrainState(state.params, state.opt_state, state.key, state.step)
-
-    def train(train_state: training.TrainState):
-        train_state, step_metrics = optimize(
-            train_state, batch, hp, shuffle_key, train_state.params, reference_params
-        )
-        return train_state, jax.tree.map(jnp.mean, step_metrics)
-
-    def skip(train_state: training.TrainState):
-        shapes = jax.eval_shape(train, train_state)[1]
-        return train_state, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-
-    return jax.lax.cond(any_ended, train, skip, start)
-
-
-def make(
-    config: grpo.Config, model: ModelConfig, task: TextTask, params: Any, mesh: Any = None
-) -> Algorithm:
+def make_completions(rollout: Partial, learner: Learner) -> Algorithm:
     """GRPO with partial rollouts as `init(key, hparams)` and `update(state, inputs, hparams)`
-    (the contract of `grpo.make`, which calls this for rollout_mode=partial). The state is a
-    `State`; update i draws its prompts and samples from fold_in(state.key, i) as GRPO does."""
-    grpo.check_memory(config, model, task)
+    (the contract of `grpo.make`). The state is a `State` holding `Slots`; update i draws its
+    prompts and samples from fold_in(state.key, i) as GRPO does."""
+    config, model, task, mesh = learner.config, learner.model, learner.source, learner.mesh
+    groups, group_size = config.batch_size, config.group_size
+    slot_groups = rollout.rollout_groups or groups  # groups decoded at once; batch_size train
+    new_tokens = config.sampling.max_new_tokens
+    rows, steps = slot_groups * group_size, rollout.budget(new_tokens)
+    grpo.check_memory(config, model, task, slot_groups=slot_groups, budget=steps)
     transformer = Transformer(model, mesh=mesh)
     # With max_staleness > 0, the clip around the behaviour policy too (`grpo.policy_loss`):
     # AReaL's clip, around this update's own start, never acts on one optimizer step per
     # batch, and without it staleness 1 collapsed reverse_digits after learning it (README).
-    loss_fn = grpo.make_loss(transformer, config, behaviour_clip=config.max_staleness > 0)
+    max_staleness = rollout.max_staleness
+    optimize = learner.make_optimize(max_staleness > 0)
     config = static(config)
-    optimize = grpo.make_optimize(transformer, loss_fn, config, mesh)
     spec = config.spec
-    sampling = config.sampling(task.eos_id, task.pad_id)
-    groups, group_size = config.batch_size, config.group_size
-    slot_groups = config.rollout_groups or groups  # groups decoded at once; batch_size train
-    rows, new_tokens, steps = slot_groups * group_size, config.max_new_tokens, budget(config)
+    sampling = learner.sampling
     prompt_shape = jax.eval_shape(
         lambda key: task.sample_prompts(key, slot_groups, task.data), jax.random.key(0)
     )
     prompt_length = prompt_shape.tokens.shape[1]
     where = geometry(prompt_length, new_tokens, steps)
-    base_init = training.make_init(params, config, mesh, model)
+    base_init = training.make_init(learner.params, config, mesh, model)
 
     def empty_slots() -> Slots:
         per_row = lambda s: jnp.zeros((rows, *s.shape[1:]), s.dtype)  # noqa: E731
@@ -373,7 +352,7 @@ def make(
             alive = s.live & ~s.done
             ended = jnp.all((s.live & s.done).reshape(slot_groups, group_size), axis=1)
             age = version - s.started
-            at_risk = alive & (new_tokens - s.length > steps * (config.max_staleness - age))
+            at_risk = alive & (new_tokens - s.length > steps * (max_staleness - age))
             enough = (ended.sum() >= groups) & ~jnp.any(at_risk)
             return (step < steps) & jnp.any(alive) & ~enough
 
@@ -419,12 +398,12 @@ def make(
             (jnp.int32(0), key, carried),
             slots.cache,
             slots.logits,
-            config.decode_row_buckets,
+            rollout.decode_row_buckets,
         )
         return slots._replace(cache=cache, logits=logits, shift=taken)
 
-    def update(state: State, inputs: grpo.Inputs | None, hp: HParams):
-        reference_params, task_data = grpo.unpack_inputs(inputs)
+    def update(state: State, inputs: Any, hp: HParams):
+        reference_params, task_data = learner.unpack_inputs(inputs)
         version = state.step
         # GRPO's key schedule, so that with nothing carried the samples are synchronous GRPO's.
         rollout_key, shuffle_key = jax.random.split(jax.random.fold_in(state.key, state.step))
@@ -434,7 +413,7 @@ def make(
         slots = state.slots
         # The staleness bound: a group that would train on tokens older than max_staleness
         # versions is dropped (see the module docstring; a valid config never has one).
-        too_old = slots.live & (version - slots.started > config.max_staleness)
+        too_old = slots.live & (version - slots.started > max_staleness)
         slots = slots._replace(live=slots.live & ~too_old)
         prompts = task.sample_prompts(prompt_key, slot_groups, task_data)
         refilled = ~slots.live
@@ -465,7 +444,7 @@ def make(
             lengths, new_tokens, config.overlong_buffer, hp.overlong_penalty
         )
         by_group = rewards.reshape(groups, group_size)
-        has_signal = grpo.group_has_signal(by_group)
+        has_signal = group_has_signal(by_group)
         advantages = grpo.group_advantages(
             by_group, spec.baseline, spec.scale_by_std, config.std_eps
         )
@@ -483,7 +462,7 @@ def make(
             # The same parameters sampled these rows' every token and cache entry.
             "fresh_mask": trained_mask & (started == version)[:, None],
         }
-        if config.max_staleness > 0:
+        if max_staleness > 0:
             # Older samples: AReaL's decoupled objective. With the bound at 0 every token is
             # the proximal policy's and the loss stays GRPO's, bit for bit.
             batch["behaviour_log_probs"] = log_probs
@@ -509,7 +488,7 @@ def make(
             decode_steps=slots.shift.astype(jnp.float32),
             dropped_groups=too_old.sum().astype(jnp.float32) / group_size,
         )
-        metrics.update(staleness_metrics(staleness, trained_mask, config.max_staleness))
+        metrics.update(staleness_metrics(staleness, trained_mask, max_staleness))
         freed_rows = jnp.repeat(freed, group_size, total_repeat_length=rows)
         slots = slots._replace(live=slots.live & ~freed_rows)
         state = State(train_state.params, train_state.opt_state, state.key, state.step + 1, slots)

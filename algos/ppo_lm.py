@@ -43,14 +43,16 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from algos import grpo, ppo, reward_model
+from algos import ppo, reward_model
 from envs.text import TextTask
+from envs.text.reward_terms import task_rewards
 from jaxrl import sharding
 from jaxrl.config import require, require_in_range, require_positive
 from jaxrl.hparams import HParams, static, swept
 from jaxrl.lm import training
+from jaxrl.lm.log_probs import completion_log_probs, log_probs_and_entropy
 from jaxrl.lm.model import ModelConfig, Transformer, head_logits
-from jaxrl.lm.sampler import SamplingConfig, generate
+from jaxrl.lm.sampler import Sampling, generate, require_sampling
 from jaxrl.loop import Algorithm
 
 Array = jax.Array
@@ -90,10 +92,9 @@ class Config(training.TrainConfig):
     # How the scores of a reward-model ensemble combine (reward_model.ensemble_reward).
     ensemble_rule: str = "mean"
     ensemble_std_coefficient: float = swept(1.0)  # k of "mean_minus_std"
-    max_new_tokens: int = 8  # completion length; sampling stops there
-    temperature: float = 1.0  # sampling temperature, also applied to the trained log-probs
-    top_k: int = 0
-    top_p: float = 1.0
+    # max_new_tokens, temperature (also applied to the trained log-probs), top_k, top_p; the
+    # flags keep their flat names (--config.temperature).
+    sampling: Sampling = dataclasses.field(default_factory=Sampling)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mesh_shape", tuple(self.mesh_shape))
@@ -107,8 +108,6 @@ class Config(training.TrainConfig):
             "grad_accum_steps",
             "num_steps",
             "max_grad_norm",
-            "max_new_tokens",
-            "temperature",
             "clip_ratio",
             "clip_value",
             "kl_horizon",
@@ -171,7 +170,7 @@ class Config(training.TrainConfig):
             "would be ignored",
             "drop it, or set ensemble_rule=mean_minus_std",
         )
-        SamplingConfig(self.max_new_tokens, 0, 0, self.temperature, self.top_k, self.top_p)
+        require_sampling(self)
         steps = self.num_minibatches * self.grad_accum_steps
         require(
             self.batch_size % steps == 0,
@@ -188,12 +187,6 @@ class Config(training.TrainConfig):
             f"micro-batch of {micro} completions (batch_size / (num_minibatches * "
             f"grad_accum_steps)) does not split over the mesh's data*fsdp = {shards} batch shards",
             f"make it a multiple of {shards}",
-        )
-
-    def sampling(self, eos_id: int, pad_id: int) -> SamplingConfig:
-        """The sampler's settings for a tokenizer's EOS and padding ids."""
-        return SamplingConfig(
-            self.max_new_tokens, eos_id, pad_id, self.temperature, self.top_k, self.top_p
         )
 
 
@@ -377,7 +370,7 @@ def make_forward(
             )
             head = params["critic"]
             values = hidden[:, :-1].astype(jnp.float32) @ head["score_kernel"] + head["score_bias"]
-        log_probs, entropy = grpo.log_probs_and_entropy(logits, completion, config.temperature)
+        log_probs, entropy = log_probs_and_entropy(logits, completion, config.sampling.temperature)
         return log_probs, entropy, values
 
     return forward
@@ -454,7 +447,7 @@ def make(
     reference = Transformer(model, mesh=mesh)
     scores_of = make_reward_model_scores(reward_model_config, mesh) if reward_model_config else None
     config = static(config)
-    sampling = config.sampling(task.eos_id, task.pad_id)
+    sampling = config.sampling.for_tokens(task.eos_id, task.pad_id)
     base_init = training.make_init(params, config, mesh)
 
     def init(key: Array, hp: HParams) -> State:
@@ -496,7 +489,7 @@ def make(
             "attention_mask": jnp.concatenate([prompts.mask, completion.mask], axis=1),
             "completion_mask": completion.mask,
         }
-        task_reward, metrics = grpo.task_rewards(task, prompts, completion)
+        task_reward, metrics = task_rewards(task, prompts, completion)
         metrics["reward"] = task_reward.mean()  # the task's, whatever the score is
         if scores_of is None:
             scores = task_reward
@@ -513,7 +506,9 @@ def make(
 
         old_log_probs, _, old_values = jax.lax.stop_gradient(forward(state.params, batch))
         reference_log_probs, _ = jax.lax.stop_gradient(
-            grpo.completion_log_probs(reference, inputs.reference_params, batch, config.temperature)
+            completion_log_probs(
+                reference, inputs.reference_params, batch, config.sampling.temperature
+            )
         )
         mask = completion.mask
         rewards = kl_penalized_rewards(

@@ -258,37 +258,43 @@ FIXED_BYTES = 64 * (1 << 20)
 
 
 def grpo_estimate(
-    config: Any, model: ModelConfig, prompt_length: int, mesh_shape: Any = None
+    config: Any,
+    model: ModelConfig,
+    prompt_length: int,
+    mesh_shape: Any = None,
+    slot_groups: int = 0,
+    budget: int = 0,
 ) -> Estimate:
     """`update_estimate` of one GRPO update (`algos.grpo.Config`) on prompts of
-    `prompt_length` tokens."""
+    `prompt_length` tokens; with `slot_groups` > 0, partial rollouts' (`algos.partial`) of that
+    many carried groups, decoding `budget` steps per update (0: max_new_tokens)."""
+    new_tokens = config.sampling.max_new_tokens
     completions = config.batch_size * config.group_size
     steps = config.num_minibatches * config.grad_accum_steps
     estimate = update_estimate(
         model,
         rows=completions // steps,
-        length=prompt_length + config.max_new_tokens,
-        scored=config.max_new_tokens,
+        length=prompt_length + new_tokens,
+        scored=new_tokens,
         lora_rank=config.lora_rank,
         lora_targets=config.lora_targets,
         rollout_prompts=config.batch_size,
         group_size=config.group_size,
         prompt_length=prompt_length,
-        new_tokens=config.max_new_tokens,
+        new_tokens=new_tokens,
         mesh_shape=tuple(mesh_shape or config.mesh_shape),
     )
-    if getattr(config, "rollout_mode", "sync") != "partial":
+    if slot_groups == 0:
         return estimate
     # Partial rollouts (`algos.partial`): the sampler's slots are part of the state, held
     # through the training phase too; its rollout decodes into them in place of a fresh cache.
-    groups = config.rollout_groups or config.batch_size
     carried, rollout = partial_slots(
         model,
-        slot_rows=groups * config.group_size,
-        slot_prompts=groups,
+        slot_rows=slot_groups * config.group_size,
+        slot_prompts=slot_groups,
         prompt_length=prompt_length,
-        new_tokens=config.max_new_tokens,
-        budget=config.rollout_budget or config.max_new_tokens,
+        new_tokens=new_tokens,
+        budget=budget or new_tokens,
         mesh_shape=tuple(mesh_shape or config.mesh_shape),
     )
     parts = dict(estimate.parts)
@@ -301,7 +307,7 @@ def grpo_estimate(
     # partial mode trains every parameter, so no LoRA merge is kept through it).
     step = sum(parts[name] for name in STEP_PARTS)
     data, fsdp, _ = tuple(mesh_shape or config.mesh_shape)
-    logits = 2 * groups * config.group_size * model.vocab_size * 4 / (data * fsdp)
+    logits = 2 * slot_groups * config.group_size * model.vocab_size * 4 / (data * fsdp)
     temporaries = max(step, rollout + parts["generation_copy"] + logits) + FIXED_BYTES
     return Estimate(parts, estimate.state + carried, temporaries)
 

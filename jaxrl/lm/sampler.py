@@ -10,15 +10,37 @@ sit in the same XLA program as a policy update (GRPO does exactly that).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from jaxrl.config import require, require_in_range
+from jaxrl.config import require, require_in_range, require_positive
 from jaxrl.lm.model import ModelConfig, Transformer, init_cache, positions_from_mask
 
 Array = jax.Array
+
+
+def check_sampling(settings: Any) -> None:
+    """The checks of max_new_tokens, temperature, top_k and top_p that every sampler obeys."""
+    require(
+        settings.max_new_tokens >= 1,
+        "max_new_tokens",
+        f"got {settings.max_new_tokens}",
+        "set it >= 1",
+    )
+    require(
+        settings.temperature >= 0,
+        "temperature",
+        f"got {settings.temperature}",
+        "use 0 (greedy) or > 0",
+    )
+    require(
+        settings.top_k >= 0, "top_k", f"got {settings.top_k}", "use 0 (off) or a positive count"
+    )
+    require_in_range(settings, "top_p", 0.0, 1.0)
+    require(settings.top_p > 0, "top_p", "got 0", "use a value in (0, 1]; 1 turns it off")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,15 +55,41 @@ class SamplingConfig:
     top_p: float = 1.0  # 1 keeps every token
 
     def __post_init__(self) -> None:
-        require(
-            self.max_new_tokens >= 1, "max_new_tokens", f"got {self.max_new_tokens}", "set it >= 1"
+        check_sampling(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+    """The sampling settings a user chooses: a section of the Config of every algorithm that
+    trains on its own samples (GRPO, multi-turn GRPO, PPO, online DPO). `for_tokens` completes
+    them with a tokenizer's EOS and padding ids into the sampler's `SamplingConfig`, the one
+    place that is done. The temperature also scales the trained log-probs, so it is > 0 here
+    (greedy evaluation replaces it)."""
+
+    max_new_tokens: int = 8  # completion (multi-turn: turn) length; sampling stops there
+    temperature: float = 1.0  # sampling temperature, also applied to the trained log-probs
+    top_k: int = 0  # 0: no top-k filtering
+    top_p: float = 1.0  # 1: no nucleus filtering
+
+    def __post_init__(self) -> None:
+        require_positive(self, "max_new_tokens", "temperature")
+        check_sampling(self)
+
+    def for_tokens(self, eos_id: int, pad_id: int) -> SamplingConfig:
+        """The sampler's settings for a tokenizer's (or a game's) EOS and padding ids."""
+        return SamplingConfig(
+            self.max_new_tokens, eos_id, pad_id, self.temperature, self.top_k, self.top_p
         )
-        require(
-            self.temperature >= 0, "temperature", f"got {self.temperature}", "use 0 (greedy) or > 0"
-        )
-        require(self.top_k >= 0, "top_k", f"got {self.top_k}", "use 0 (off) or a positive count")
-        require_in_range(self, "top_p", 0.0, 1.0)
-        require(self.top_p > 0, "top_p", "got 0", "use a value in (0, 1]; 1 turns it off")
+
+
+def require_sampling(config: Any) -> None:
+    """A Config's `sampling` section is a `Sampling` (one line naming the fix otherwise)."""
+    require(
+        isinstance(config.sampling, Sampling),
+        "sampling",
+        f"got {type(config.sampling).__name__}",
+        "pass jaxrl.lm.sampler.Sampling(max_new_tokens=..., temperature=...)",
+    )
 
 
 class Completion(NamedTuple):
@@ -325,3 +373,22 @@ def generate(
         lengths=final["mask"].sum(axis=-1),
         prefilled_tokens=jnp.asarray(prompts * prompt_length, jnp.int32),
     )
+
+
+def generate_in_chunks(
+    generate_fn: Callable[[Array, Array, Array], Completion],
+    tokens: Array,
+    mask: Array,
+    key: Array,
+    chunks: int,
+) -> Completion:
+    """`generate_fn(tokens, mask, key)` over the rows in `chunks` consecutive parts, one after
+    the other (`lax.map`), so that many times more completions (GRPO's dynamic sampling) take
+    one part's memory at a time; part i samples with split i of `key`. One part: a plain call."""
+    if chunks == 1:
+        return generate_fn(tokens, mask, key)
+    parts = lambda x: x.reshape(chunks, x.shape[0] // chunks, *x.shape[1:])  # noqa: E731
+    out = jax.lax.map(
+        lambda args: generate_fn(*args), (parts(tokens), parts(mask), jax.random.split(key, chunks))
+    )
+    return jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), out)

@@ -1,0 +1,180 @@
+"""GRPO's optimizer steps on one sampled batch of completions, as every rollout mode takes them
+(`make_optimize`): the no-grad log-prob passes (the old policy's when samples are reused, the
+reference's for the KL penalty), then num_epochs x num_minibatches steps of GRPO's loss.
+
+Length buckets (TRL's padding-free, verl's remove-padding, at fixed shapes):
+`Config.length_buckets` = k > 0 sorts each micro-batch's completions by the positions they need
+and splits them into k sub-batches, each run at the smallest of max_new_tokens / 8, / 4, / 2,
+/ 1 that holds its longest completion (`jaxrl.lm.training`'s `LengthBuckets`). Every sub-batch
+carries the micro-batch's denominators (`normalisers`), so their gradients sum to the
+micro-batch's: the same update, up to rounding. The no-grad passes run in the same buckets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jaxrl.config import require, require_count
+from jaxrl.lm import training
+from jaxrl.lm.log_probs import completion_log_probs
+from jaxrl.lm.model import Transformer
+
+Array = jax.Array
+
+
+def validate_length_buckets(config: Any) -> None:
+    """Check length_buckets against the micro-batch it splits and the mesh that splits it."""
+    require_count(
+        config, "length_buckets", "use 0 (off) or a number of sub-batches per micro-batch"
+    )
+    buckets = config.length_buckets
+    if buckets == 0:
+        return
+    micro = config.micro_batch_size
+    require(
+        micro % buckets == 0,
+        "length_buckets",
+        f"{buckets} does not divide the micro-batch of {micro} completions",
+        f"choose a divisor of {micro}",
+    )
+    shards = training.check_mesh_shape(config.mesh_shape)
+    require(
+        (micro // buckets) % shards == 0,
+        "length_buckets",
+        f"sub-batches of {micro // buckets} completions (micro-batch {micro} / {buckets}) do "
+        f"not split over the mesh's data*fsdp = {shards} batch shards",
+        f"choose length_buckets so that {micro} / length_buckets is a multiple of {shards}",
+    )
+
+
+def bucket_lengths(max_new_tokens: int) -> tuple[int, ...]:
+    """The static completion lengths length buckets run at: max_new_tokens / 8, / 4, / 2 and
+    / 1, rounded up (fewer when they coincide)."""
+    return tuple(sorted({-(-max_new_tokens // d) for d in (8, 4, 2, 1)}))
+
+
+def completion_extent(completion_mask: Array) -> Array:
+    """[B, N] -> [B] the positions each row's completion needs: its last masked one + 1."""
+    positions = jnp.arange(1, completion_mask.shape[1] + 1)
+    return jnp.max(jnp.where(completion_mask, positions, 0), axis=1)
+
+
+def cut_batch(batch: dict[str, Array], length: int) -> dict[str, Array]:
+    """A GRPO batch with its completions cut to their first `length` positions: arrays over the
+    whole sequence [B, prompt + N] keep prompt + length columns, those over the completion
+    [B, N] keep length; per-row ones stay. Causal attention leaves the kept positions' log-probs
+    as they were."""
+    completion = batch["completion_mask"].shape[1]
+    full = batch["tokens"].shape[1]
+    keep = full - completion + length
+
+    def cut(x: Array) -> Array:
+        if x.ndim >= 2 and x.shape[1] == full:
+            return x[:, :keep]
+        if x.ndim >= 2 and x.shape[1] == completion:
+            return x[:, :length]
+        return x
+
+    return {name: cut(x) for name, x in batch.items()}
+
+
+def normalisers(batch: dict[str, Array]) -> dict[str, Array]:
+    """The batch with the denominators of its loss and metrics, computed over all its rows and
+    repeated per row (so they follow the rows into length buckets): kept sequences, kept
+    tokens, all completion tokens, fresh tokens (`aggregate`'s and `log_prob_mismatch`'s)."""
+    rows = batch["weights"].shape[0]
+    mask = batch["completion_mask"].astype(jnp.float32)
+    kept_tokens = jnp.sum(mask * batch["weights"][:, None])
+    values = {
+        "norm_sequences": jnp.maximum(batch["weights"].sum(), 1.0),
+        "norm_tokens": jnp.maximum(kept_tokens, 1.0),
+        "norm_all_tokens": jnp.maximum(mask.sum(), 1.0),
+    }
+    if "fresh_mask" in batch:
+        values["norm_fresh"] = jnp.maximum(batch["fresh_mask"].sum(), 1).astype(jnp.float32)
+    return dict(batch, **{k: jnp.broadcast_to(v, (rows,)) for k, v in values.items()})
+
+
+def length_buckets(config: Any, mesh: Any = None) -> training.LengthBuckets | None:
+    """config.length_buckets as `training.LengthBuckets` over GRPO's batches (None when 0)."""
+    if config.length_buckets == 0:
+        return None
+    return training.LengthBuckets(
+        count=config.length_buckets,
+        lengths=bucket_lengths(config.sampling.max_new_tokens),
+        row_lengths=lambda batch: completion_extent(batch["completion_mask"]),
+        cut=cut_batch,
+        prepare=normalisers,
+        mesh=mesh,
+    )
+
+
+def log_probs_in_buckets(
+    log_probs_of: Callable[[dict[str, Array]], Array],
+    batch: dict[str, Array],
+    buckets: training.LengthBuckets,
+    parts: int,
+) -> Array:
+    """`log_probs_of(sub_batch) -> [rows, length]` (a no-grad pass: the old policy's, the
+    reference's) over `batch` split by length into `parts` sub-batches, each cut to its bucket's
+    length; back in the batch's row order at its full width [B, N], zeros past a cut (no
+    completion token sits there)."""
+    completion = batch["completion_mask"].shape[1]
+
+    def at_length(part: dict[str, Array]) -> Array:
+        log_probs = log_probs_of(part)
+        return jnp.pad(log_probs, ((0, 0), (0, completion - log_probs.shape[1])))
+
+    split, index, order = training.split_by_length(batch, buckets, parts)
+    log_probs = jax.lax.map(
+        lambda args: training.at_bucket_length(at_length, buckets, args[1], args[0]),
+        (split, index),
+    )
+    # Back to the batch's row order.
+    return log_probs.reshape(-1, completion).at[order].set(log_probs.reshape(-1, completion))
+
+
+def make_optimize(transformer: Transformer, loss_fn: Callable, config: Any, mesh: Any) -> Callable:
+    """GRPO's optimizer steps on one sampled batch, as every rollout mode takes them:
+    `optimize(state, batch, hp, shuffle_key, policy, reference_params) -> (state, step_metrics)`
+    adds the old log-probs under `policy` (when samples are reused) and the reference's (when
+    given) to the batch, then runs the minibatch epochs with this update's dropout stream.
+    With config.length_buckets > 0 all three run in length buckets (`length_buckets`).
+    With one optimizer step per batch no old log-prob pass runs: those log-probs are the
+    loss's own, held constant (`grpo.make_loss`), and so are the proximal policy's of AReaL's
+    decoupled objective in partial and async mode (the parameters the update starts from);
+    forcing the pass changes nothing but the time (test_partial_rollouts)."""
+    buckets = length_buckets(config, mesh)
+    temperature = config.sampling.temperature
+    # The no-grad passes split the whole batch into sub-batches as small as training's.
+    parts = config.length_buckets * config.num_minibatches * config.grad_accum_steps
+
+    def no_grad_log_probs(params: Any, batch: dict[str, Array]) -> Array:
+        def log_probs_of(part: dict[str, Array]) -> Array:
+            return completion_log_probs(transformer, params, part, temperature)[0]
+
+        if buckets is not None:
+            log_probs = log_probs_in_buckets(log_probs_of, batch, buckets, parts)
+            return jax.lax.stop_gradient(log_probs)
+        return jax.lax.stop_gradient(log_probs_of(batch))
+
+    def optimize(state, batch, hp, shuffle_key, policy, reference_params):
+        batch = dict(batch)
+        if config.reuses_samples:
+            batch["old_log_probs"] = no_grad_log_probs(policy, batch)
+        if reference_params is not None:
+            batch["reference_log_probs"] = no_grad_log_probs(reference_params, batch)
+        # LoRA dropout: one mask per optimizer step, from this update's own stream.
+        dropout_key = jax.random.fold_in(
+            jax.random.fold_in(state.key, state.step), training.DROPOUT_STREAM
+        )
+        return training.minibatch_epochs(
+            lambda p, micro_batch: loss_fn(p, micro_batch, hp), state, batch, hp, config,
+            shuffle_key, config.num_epochs, config.num_minibatches, mesh, dropout_key, buckets,
+        )  # fmt: skip
+
+    return optimize
