@@ -655,6 +655,11 @@ def learner(
     )  # fmt: skip
 
 
+def check_rollout(config: Config, rollout: Any) -> None:
+    """A rollout mode's settings against GRPO's Config (one-line ConfigErrors)."""
+    rollout.check(config)
+
+
 def make(
     config: Config, model: ModelConfig, task: TextTask, params: Any, mesh: Any = None, rollout=None
 ) -> Algorithm:
@@ -674,5 +679,5 @@ def make(
     only LoRA adapters train and sampling uses the merged parameters (the state's `params`).
     """
     rollout = Sync() if rollout is None else rollout
-    rollout.check(config)
+    check_rollout(config, rollout)
     return rollout.make(learner(config, model, task, params, mesh))

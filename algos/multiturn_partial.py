@@ -128,7 +128,7 @@ def make(rollout: Any, learner: Learner) -> Algorithm:
     sampling = learner.sampling
     new_tokens = sampling.max_new_tokens
     groups, group_size = config.batch_size, config.group_size
-    slot_groups = rollout.rollout_groups or groups
+    slot_groups = rollout.slot_groups(config)
     rows, turns = slot_groups * group_size, rollout.budget(env.max_turns)
     capacity = env.max_turns * new_tokens
     reset = dialogue.env_reset(env)

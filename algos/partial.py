@@ -121,7 +121,7 @@ class Partial:
             f"use 0 (batch_size) or {config.batch_size} or more",
         )
         shards = training.check_mesh_shape(config.mesh_shape)
-        slot_rows = (self.rollout_groups or config.batch_size) * config.group_size
+        slot_rows = self.slot_groups(config) * config.group_size
         require(
             slot_rows % shards == 0,
             "rollout_groups",
@@ -169,6 +169,10 @@ class Partial:
             f"{math.ceil(new_tokens / (self.max_staleness + 1))}",
         )
         check_decode_row_buckets(self.decode_row_buckets, config, self.rollout_groups)
+
+    def slot_groups(self, config: Any) -> int:
+        """Groups decoded at once: rollout_groups, or the Config's batch_size when it is 0."""
+        return self.rollout_groups or config.batch_size
 
     def budget(self, limit: int) -> int:
         """Decode steps (turns) per update: rollout_budget, or `limit` (max_new_tokens, or the
@@ -224,7 +228,7 @@ def make_completions(rollout: Partial, learner: Learner) -> Algorithm:
     prompts and samples from fold_in(state.key, i) as GRPO does."""
     config, model, task, mesh = learner.config, learner.model, learner.source, learner.mesh
     groups, group_size = config.batch_size, config.group_size
-    slot_groups = rollout.rollout_groups or groups  # groups decoded at once; batch_size train
+    slot_groups = rollout.slot_groups(config)  # groups decoded at once; batch_size train
     new_tokens = config.sampling.max_new_tokens
     rows, steps = slot_groups * group_size, rollout.budget(new_tokens)
     grpo.check_memory(config, model, task, slot_groups=slot_groups, budget=steps)

@@ -51,8 +51,9 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 
-from algos import dpo, grpo, online_dpo, ppo_lm, reward_model, sft  # noqa: E402
+from algos import dpo, online_dpo, ppo_lm, reward_model, sft  # noqa: E402
 from envs.text import make_task  # noqa: E402
+from envs.text.reward_terms import task_rewards  # noqa: E402
 from envs.text.task import supervised_batch  # noqa: E402
 from jaxrl import cli, extras, hparams, loop  # noqa: E402
 from jaxrl.config import (
@@ -60,7 +61,7 @@ from jaxrl.config import (
     fail,
 )
 from jaxrl.lm.model import ModelConfig, init_params  # noqa: E402
-from jaxrl.lm.sampler import generate  # noqa: E402
+from jaxrl.lm.sampler import Sampling, generate  # noqa: E402
 from jaxrl.lm.tokenizer import ByteTokenizer  # noqa: E402
 
 # A missing optional extra is one error line, before flags are parsed or anything compiles.
@@ -121,7 +122,7 @@ def gold_labelled_pairs(
     (ties dropped, or with `keep_ties` labelled at random as the model says). Returns the pair
     arrays reward-model training reads, plus `agrees` (whether each label matches the gold
     order)."""
-    sampling = ppo_lm.Config(max_new_tokens=4).sampling(TASK.eos_id, TASK.pad_id)
+    sampling = Sampling(max_new_tokens=4).for_tokens(TASK.eos_id, TASK.pad_id)
 
     @jax.jit
     def sample(key):
@@ -129,7 +130,7 @@ def gold_labelled_pairs(
         prompts = TASK.sample_prompts(prompt_key, FLAGS.num_pairs, None)
         twice = jax.tree.map(lambda x: jnp.repeat(x, 2, axis=0), prompts)
         completion = generate(model, params, twice.tokens, twice.mask, sample_key, sampling)
-        gold, _ = grpo.task_rewards(TASK, twice, completion)
+        gold, _ = task_rewards(TASK, twice, completion)
         tokens = jnp.concatenate([twice.tokens, completion.tokens], axis=1)
         mask = jnp.concatenate([twice.mask, completion.mask], axis=1)
         return tokens, mask, gold
@@ -192,9 +193,9 @@ def train_ensemble(
 def ppo_config(rule: str) -> ppo_lm.Config:
     """The study's PPO settings with the KL flags (checked by `ppo_lm.Config`)."""
     return ppo_lm.Config(
-        batch_size=256, max_new_tokens=4, num_minibatches=4, num_epochs=4, learning_rate=3e-4,
-        kl_coef=FLAGS.kl_coef, target_kl=FLAGS.target_kl, kl_horizon=FLAGS.kl_horizon,
-        ensemble_rule=rule,
+        batch_size=256, sampling=Sampling(max_new_tokens=4), num_minibatches=4, num_epochs=4,
+        learning_rate=3e-4, kl_coef=FLAGS.kl_coef, target_kl=FLAGS.target_kl,
+        kl_horizon=FLAGS.kl_horizon, ensemble_rule=rule,
     )  # fmt: skip
 
 
@@ -283,10 +284,10 @@ def held_out_gold(model: ModelConfig, params: dict, seed: int) -> dict[str, floa
         )
         result = {}
         for name, temperature in (("greedy", 0.0), ("sampled", 1.0)):
-            sampling = ppo_lm.Config(max_new_tokens=4).sampling(TASK.eos_id, TASK.pad_id)
+            sampling = Sampling(max_new_tokens=4).for_tokens(TASK.eos_id, TASK.pad_id)
             sampling = dataclasses.replace(sampling, temperature=temperature)
             completion = generate(model, params, prompts.tokens, prompts.mask, sample_key, sampling)
-            result[name] = grpo.task_rewards(TASK, prompts, completion)[0].mean()
+            result[name] = task_rewards(TASK, prompts, completion)[0].mean()
         return result
 
     return {k: float(v) for k, v in judge(params, jax.random.key(2000 + seed)).items()}
@@ -334,9 +335,9 @@ def online_dpo_run(model: ModelConfig, sft_params: dict, seed: int) -> tuple[dic
     policy's two samples, dpo_epochs passes over them in minibatches of 64."""
     minibatches = FLAGS.dpo_pairs // BATCH
     config = online_dpo.Config(
-        **dpo_config(FLAGS.dpo_pairs, FLAGS.dpo_updates), num_samples=2, max_new_tokens=4,
-        num_epochs=FLAGS.dpo_epochs, num_minibatches=minibatches,
-        label_noise=1.0 / FLAGS.bt_scale,
+        **dpo_config(FLAGS.dpo_pairs, FLAGS.dpo_updates), num_samples=2,
+        sampling=Sampling(max_new_tokens=4), num_epochs=FLAGS.dpo_epochs,
+        num_minibatches=minibatches, label_noise=1.0 / FLAGS.bt_scale,
     )  # fmt: skip
     algorithm = online_dpo.make(config, model, TASK, sft_params)
     hp = hparams.hparams(config)

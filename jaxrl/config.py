@@ -137,10 +137,59 @@ def run_section(**overrides: Any) -> ml_collections.ConfigDict:
     )
 
 
+def sections_of(config_cls: type) -> dict[str, type]:
+    """{field: its dataclass} for a Config's typed sections (a field whose default is itself a
+    dataclass, e.g. `sampling: Sampling`): a config file spells their fields flat, by their own
+    names (`--config.temperature`, not `--config.sampling.temperature`)."""
+    found = {}
+    for field in dataclasses.fields(config_cls):
+        has_factory = field.default_factory is not dataclasses.MISSING
+        default = field.default_factory() if has_factory else field.default
+        if dataclasses.is_dataclass(default) and not isinstance(default, type):
+            found[field.name] = type(default)
+    return found
+
+
+def flat_fields(config: Any) -> dict[str, Any]:
+    """A Config's settings as a config file spells them: its fields, a section's (`sections_of`)
+    in its place by their own names."""
+    sections = sections_of(type(config))
+    values = {}
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        inner = flat_fields(value) if field.name in sections else {field.name: value}
+        values.update(inner)
+    return values
+
+
+def from_flat(config_cls: type, values: Mapping[str, Any]) -> Any:
+    """`config_cls` from its flat settings (`flat_fields`'s spelling), each section built from
+    the names of its fields: `from_flat(grpo.Config, {"batch_size": 4, "temperature": 0.7})`.
+    A bad value raises the Config's (or the section's) one-line ConfigError."""
+    values = dict(values)
+    for name, section in sections_of(config_cls).items():
+        own = {f.name for f in dataclasses.fields(section)}
+        values[name] = from_flat(section, {k: values.pop(k) for k in own if k in values})
+    return config_cls(**values)
+
+
+def flat_defaults(config_cls: type) -> dict[str, Any]:
+    """{flat setting: its default} of `config_cls` (no default: MISSING)."""
+    defaults = {}
+    sections = sections_of(config_cls)
+    for field in dataclasses.fields(config_cls):
+        if field.name in sections:
+            defaults |= flat_defaults(sections[field.name])
+        else:
+            defaults[field.name] = field.default
+    return defaults
+
+
 def config_dict(config: Any, preset: Mapping[str, Any], **sections: Any) -> Any:
-    """A config file's `get_config()` result: the algorithm Config's fields with a preset's
-    values, plus named sections (`run` is added when not given)."""
-    flat = ml_collections.ConfigDict(dataclasses.asdict(config))
+    """A config file's `get_config()` result: the algorithm Config's fields (a typed section's
+    by their own names, `flat_fields`) with a preset's values, plus named sections (`run` is
+    added when not given)."""
+    flat = ml_collections.ConfigDict(flat_fields(config))
     flat.update(dict(preset))
     for name, value in flat.items():
         if isinstance(value, list):  # ml_collections keeps tuples only if they start as tuples
@@ -162,9 +211,11 @@ def build_config(config_cls: type, flat: ml_collections.ConfigDict, settings: tu
     """The frozen algorithm Config from the top-level fields of an ml_collections config.
 
     Sections (nested ConfigDicts: run, model, task, ...) are the script's, discovered, not listed;
-    top-level scalars must be Config fields or one of the script's own `settings`. Any problem is
-    one `error: config.<field>: ...` line."""
-    fields = {f.name for f in dataclasses.fields(config_cls)}
+    top-level scalars must be Config fields (a typed section's by their own names, `from_flat`)
+    or one of the script's own `settings`. Any problem is one `error: config.<field>: ...`
+    line."""
+    defaults = flat_defaults(config_cls)
+    fields = set(defaults)
     values = {k: v for k, v in flat.items() if k in fields}
     unknown = sorted(
         k
@@ -176,11 +227,10 @@ def build_config(config_cls: type, flat: ml_collections.ConfigDict, settings: tu
             f"config.{unknown[0]}: not a setting of {config_cls.__module__}.Config; "
             f"valid settings are {sorted(fields)}"
         )
-    defaults = {f.name: f.default for f in dataclasses.fields(config_cls)}
     for name, value in values.items():
-        check_like_default(name, value, defaults.get(name, dataclasses.MISSING))
+        check_like_default(name, value, defaults[name])
     try:
-        return config_cls(**values)
+        return from_flat(config_cls, values)
     except ConfigError as error:
         fail(f"config.{error}")
     except TypeError as error:

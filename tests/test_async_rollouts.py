@@ -8,24 +8,31 @@ import jax
 import numpy as np
 import pytest
 
-from algos import asynchronous, grpo
+from algos import grpo
+from algos.asynchronous import Async
+from algos.rollouts import Sync
 from jaxrl import hparams, sharding
 from jaxrl.config import ConfigError, InputError
 from jaxrl.lm.model import init_params, param_shardings
+from jaxrl.lm.sampler import Sampling
+from jaxrl.trainers import rollout_modes
 from tests.test_partial_rollouts import TEXT_TASK, TINY, _updates
 
-SYNC = grpo.Config(batch_size=4, group_size=4, max_new_tokens=6, learning_rate=3e-3)
+SYNC = grpo.Config(
+    batch_size=4, group_size=4, sampling=Sampling(max_new_tokens=6), learning_rate=3e-3
+)
 
 
-def _async_updates(config, count, train_devices=None, params=None, seed=3):
-    """`count` asynchronous updates (the training mesh on `train_devices`, if given); the
-    states and the metrics after each."""
+def _async_updates(config, count, train_devices=None, params=None, seed=3, rollout=None):
+    """`count` asynchronous updates with `rollout` (an `Async`; None: its defaults), the
+    training mesh on `train_devices`, if given; the states and the metrics after each."""
     params = init_params(TINY, jax.random.key(0)) if params is None else params
     mesh = None
     if train_devices is not None:
         mesh = sharding.make_mesh(*config.mesh_shape, devices=train_devices)
         params = jax.device_put(params, param_shardings(TINY, mesh))
-    algorithm = grpo.make(config, TINY, TEXT_TASK, params, mesh)
+    rollout = Async() if rollout is None else rollout
+    algorithm = grpo.make(config, TINY, TEXT_TASK, params, mesh, rollout)
     hp = hparams.hparams(config)
     if mesh is not None:
         hp = jax.device_put(hp, sharding.replicated(mesh))
@@ -49,10 +56,11 @@ def test_async_with_bound_zero_equals_synchronous_grpo_on_one_device(buckets):
     """Staleness 0 and an fp32 generation copy on one device (both meshes are that device, the
     programs take turns): the same rewards, losses and parameters as synchronous GRPO; also
     with length buckets in training and row buckets in decoding, in both."""
-    sync = dataclasses.replace(SYNC, **buckets)
-    config = dataclasses.replace(sync, rollout_mode="async", generation_dtype="float32")
-    sync_states, sync_metrics = _updates(sync, 2)
-    async_states, async_metrics = _async_updates(config, 2)
+    rows = buckets.get("decode_row_buckets", 0)
+    sync = dataclasses.replace(SYNC, length_buckets=buckets.get("length_buckets", 0))
+    rollout = Async(generation_dtype="float32", decode_row_buckets=rows)
+    sync_states, sync_metrics = _updates(sync, 2, rollout=Sync(decode_row_buckets=rows))
+    async_states, async_metrics = _async_updates(sync, 2, rollout=rollout)
     for want, got, m_want, m_got in zip(
         sync_states, async_states, sync_metrics, async_metrics, strict=True
     ):
@@ -71,12 +79,10 @@ def test_async_with_bound_zero_equals_synchronous_grpo_on_8_devices():
     sampled on the other 4 devices from weights resharded to an all-data layout."""
     devices = jax.devices()
     sync = dataclasses.replace(SYNC, mesh_shape=(2, 2, 1))
-    config = dataclasses.replace(
-        sync, rollout_mode="async", generation_mesh_shape=(4, 1, 1), generation_dtype="float32"
-    )
+    rollout = Async(generation_mesh_shape=(4, 1, 1), generation_dtype="float32")
     sync_mesh = sharding.make_mesh(2, 2, 1, devices=devices[:4])
     sync_states, _ = _updates(sync, 2, mesh=sync_mesh)
-    async_states, metrics = _async_updates(config, 2, train_devices=devices[:4])
+    async_states, metrics = _async_updates(sync, 2, train_devices=devices[:4], rollout=rollout)
     for want, got in zip(sync_states, async_states, strict=True):
         _assert_same_params(want.params, got.params)
     state = async_states[-1]
@@ -94,10 +100,10 @@ def test_staleness_one_on_8_devices_samples_from_the_last_version():
     the copy on the generation devices is bf16 and half the fp32 bytes."""
     devices = jax.devices()
     config = dataclasses.replace(
-        SYNC, mesh_shape=(2, 2, 1), rollout_mode="async", generation_mesh_shape=(4, 1, 1),
-        max_staleness=1, temperature=1.5,
-    )  # fmt: skip
-    states, metrics = _async_updates(config, 4, train_devices=devices[:4])
+        SYNC, mesh_shape=(2, 2, 1), sampling=Sampling(max_new_tokens=6, temperature=1.5)
+    )
+    rollout = Async(generation_mesh_shape=(4, 1, 1), max_staleness=1)
+    states, metrics = _async_updates(config, 4, train_devices=devices[:4], rollout=rollout)
     assert [m["staleness_max"] for m in metrics] == [0, 1, 1, 1]
     assert [m["offpolicy_token_fraction"] for m in metrics] == [0, 1, 1, 1]
     size = sum(x.size for x in jax.tree.leaves(states[0].params))
@@ -125,10 +131,8 @@ def test_staleness_one_on_8_devices_samples_from_the_last_version():
 def test_staleness_one_logs_the_fp32_log_prob_mismatch_every_update():
     """Bound 1, fp32 generation copy, one device: every update logs the mismatch of its batch
     (sampler against the trainer's forward under the weights that sampled it), fp32-small."""
-    config = dataclasses.replace(
-        SYNC, rollout_mode="async", max_staleness=1, generation_dtype="float32"
-    )
-    _, metrics = _async_updates(config, 3)
+    rollout = Async(max_staleness=1, generation_dtype="float32")
+    _, metrics = _async_updates(SYNC, 3, rollout=rollout)
     assert [m["staleness_max"] for m in metrics] == [0, 1, 1]
     for m in metrics:
         assert 0 <= m["logprob_mismatch_mean"] <= m["logprob_mismatch_max"] < 1e-5
@@ -141,9 +145,9 @@ def test_checkpoint_with_batches_in_flight_resumes_equal_to_an_uninterrupted_run
     staleness grows to the bound and stays there."""
     from jaxrl.checkpoint import Checkpointer
 
-    config = dataclasses.replace(SYNC, rollout_mode="async", max_staleness=2)
+    config = SYNC
     params = init_params(TINY, jax.random.key(0))
-    algorithm = grpo.make(config, TINY, TEXT_TASK, params)
+    algorithm = grpo.make(config, TINY, TEXT_TASK, params, rollout=Async(max_staleness=2))
     hp = hparams.hparams(config)
     state = algorithm.init(jax.random.PRNGKey(5), hp)
     ages = []
@@ -177,21 +181,18 @@ def test_checkpoint_with_batches_in_flight_resumes_equal_to_an_uninterrupted_run
 )
 def test_async_config_errors_name_the_field(settings, field):
     with pytest.raises(ConfigError, match=f"^{field}:"):
-        grpo.Config(**settings)
+        rollout_modes.configure(grpo.Config, settings, grpo.check_rollout)
 
 
 def test_devices_that_do_not_split_are_one_line_error():
-    config = dataclasses.replace(
-        SYNC, batch_size=8, rollout_mode="async", mesh_shape=(4, 1, 1),
-        generation_mesh_shape=(8, 1, 1),
-    )  # fmt: skip
+    config = dataclasses.replace(SYNC, batch_size=8, mesh_shape=(4, 1, 1))
+    rollout = Async(generation_mesh_shape=(8, 1, 1))
     with pytest.raises(ConfigError, match=r"^generation_mesh_shape: .* 4 \+ 8 .* 8 are available"):
-        asynchronous.split_devices(config)
-    one = dataclasses.replace(SYNC, rollout_mode="async")
+        rollout.split_devices(config)
     device = jax.devices()[:1]
-    assert asynchronous.split_devices(one, device) == (device, device)  # shared, one device
-    split = dataclasses.replace(config, mesh_shape=(2, 2, 1), generation_mesh_shape=(4, 1, 1))
-    train, generate = asynchronous.split_devices(split)
+    assert Async().split_devices(SYNC, device) == (device, device)  # shared, one device
+    split = dataclasses.replace(config, mesh_shape=(2, 2, 1))
+    train, generate = Async(generation_mesh_shape=(4, 1, 1)).split_devices(split)
     assert train == jax.devices()[:4] and generate == jax.devices()[4:]
 
 
@@ -315,12 +316,12 @@ def test_async_run_killed_at_a_random_moment_resumes_equal(async_whole, tmp_path
 # --- multi-turn episodes ------------------------------------------------------------------------
 
 MT_SYNC = dict(
-    batch_size=2, group_size=4, max_new_tokens=4, learning_rate=1e-3, credit="turn", gamma=0.9,
-    num_minibatches=2, warn_no_signal_updates=0,
+    batch_size=2, group_size=4, sampling=Sampling(max_new_tokens=4), learning_rate=1e-3,
+    credit="turn", gamma=0.9, num_minibatches=2, warn_no_signal_updates=0,
 )  # fmt: skip
 
 
-def _multiturn_updates(config, count, train_devices=None, asynchronous_=True):
+def _multiturn_updates(config, count, train_devices=None, rollout=None):
     """`count` multi-turn updates on guess-my-number from the digit-favouring tiny model (the
     training mesh on `train_devices`, if given): the states and metrics after each. The
     synchronous update is jitted; the asynchronous one is a host function."""
@@ -334,12 +335,14 @@ def _multiturn_updates(config, count, train_devices=None, asynchronous_=True):
     if train_devices is not None:
         mesh = sharding.make_mesh(*config.mesh_shape, devices=train_devices)
         params = jax.device_put(params, param_shardings(MT_TINY, mesh))
-    algorithm = multiturn.make(config, MT_TINY, env, params, BYTES.eos_id, BYTES.pad_id, mesh)
+    algorithm = multiturn.make(
+        config, MT_TINY, env, params, BYTES.eos_id, BYTES.pad_id, mesh, rollout
+    )
     hp = hparams.hparams(config)
     if mesh is not None:
         hp = jax.device_put(hp, sharding.replicated(mesh))
     state = algorithm.init(jax.random.key(0), hp)
-    update = algorithm.update if config.rollout_mode == "async" else jax.jit(algorithm.update)
+    update = algorithm.update if isinstance(rollout, Async) else jax.jit(algorithm.update)
     states, metrics = [], []
     for _ in range(count):
         state, m = update(state, None, hp)
@@ -355,9 +358,9 @@ def test_multiturn_async_with_bound_zero_equals_synchronous_multiturn_grpo():
     from algos import multiturn
 
     sync = multiturn.Config(**MT_SYNC)
-    config = dataclasses.replace(sync, rollout_mode="async", generation_dtype="float32")
+    rollout = Async(generation_dtype="float32")
     sync_states, sync_metrics, start = _multiturn_updates(sync, 2)
-    async_states, async_metrics, _ = _multiturn_updates(config, 2)
+    async_states, async_metrics, _ = _multiturn_updates(sync, 2, rollout=rollout)
     for want, got, m_want, m_got in zip(
         sync_states, async_states, sync_metrics, async_metrics, strict=True
     ):
@@ -378,11 +381,9 @@ def test_multiturn_async_staleness_one_on_a_split_mesh():
     from algos import multiturn
 
     devices = jax.devices()
-    config = multiturn.Config(
-        **MT_SYNC, rollout_mode="async", max_staleness=1, mesh_shape=(2, 1, 1),
-        generation_mesh_shape=(2, 1, 1),
-    )  # fmt: skip
-    states, metrics, _ = _multiturn_updates(config, 3, train_devices=devices[:2])
+    config = multiturn.Config(**MT_SYNC, mesh_shape=(2, 1, 1))
+    rollout = Async(max_staleness=1, generation_mesh_shape=(2, 1, 1))
+    states, metrics, _ = _multiturn_updates(config, 3, train_devices=devices[:2], rollout=rollout)
     assert [m["staleness_max"] for m in metrics] == [0, 1, 1]
     assert [m["offpolicy_token_fraction"] for m in metrics] == [0, 1, 1]
     assert [int(s.ahead[0].version) for s in states] == [0, 1, 2]
@@ -411,7 +412,8 @@ def test_multiturn_rollout_config_errors_name_the_field(settings, field):
     from algos import multiturn
 
     with pytest.raises(ConfigError, match=f"^{field}:"):
-        multiturn.Config(max_new_tokens=4, batch_size=2, group_size=4, **settings)
+        settings = dict(max_new_tokens=4, batch_size=2, group_size=4, **settings)
+        rollout_modes.configure(multiturn.Config, settings, multiturn.check_rollout)
 
 
 def test_multiturn_script_refuses_devices_that_do_not_split(tmp_path):

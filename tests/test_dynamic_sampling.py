@@ -10,11 +10,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from algos import grpo
+from algos import dynamic_sampling, grpo
 from envs.text import RewardTerm, make_task
 from jaxrl import hparams, loop
 from jaxrl.config import ConfigError
 from jaxrl.lm.model import ModelConfig, init_params
+from jaxrl.lm.sampler import Sampling
 from jaxrl.lm.tokenizer import ByteTokenizer
 
 TOKENIZER = ByteTokenizer()
@@ -38,7 +39,7 @@ def test_select_groups_matches_numpy(seed):
     drawn = int(rng.integers(4, 40))
     count = int(rng.integers(1, drawn + 1))
     has_signal = rng.uniform(size=drawn) < rng.uniform()
-    got = np.asarray(grpo.select_groups(jnp.asarray(has_signal), count))
+    got = np.asarray(dynamic_sampling.select_groups(jnp.asarray(has_signal), count))
     np.testing.assert_array_equal(got, np_select_groups(has_signal, count))
     # Every kept group varies while enough drawn ones do; the rest are filled in.
     assert has_signal[got].sum() == min(count, has_signal.sum())
@@ -47,7 +48,7 @@ def test_select_groups_matches_numpy(seed):
 def test_take_groups_takes_rows_of_completions_and_of_groups():
     rows = np.arange(24).reshape(12, 2)  # 4 groups of 3 completions, 2 values each
     per_group = np.array([10.0, 11.0, 12.0, 13.0])
-    got_rows, got_groups, nothing = grpo.take_groups(
+    got_rows, got_groups, nothing = dynamic_sampling.take_groups(
         (jnp.asarray(rows), jnp.asarray(per_group), None), jnp.array([2, 0]), 4, 3
     )
     np.testing.assert_array_equal(np.asarray(got_rows), rows[[6, 7, 8, 0, 1, 2]])
@@ -90,8 +91,8 @@ def _rollout(config, reward_fn, seed=0):
 @pytest.mark.parametrize("variant", ["grpo", "dapo", "rloo"])
 def test_every_kept_group_varies_when_enough_drawn_ones_do(variant):
     config = grpo.Config(
-        batch_size=4, group_size=4, max_new_tokens=2, variant=variant, dynamic_sampling=True,
-        oversample_factor=4,
+        batch_size=4, group_size=4, sampling=Sampling(max_new_tokens=2), variant=variant,
+        dynamic_sampling=True, oversample_factor=4,
     )  # fmt: skip
     for seed in range(3):
         batch, metrics = _rollout(config, _odd_prompt_parity, seed)
@@ -108,7 +109,9 @@ def test_every_kept_group_varies_when_enough_drawn_ones_do(variant):
             metrics["zero_variance_fraction"], 1 - metrics["groups_varied"] / 16, atol=1e-6
         )
     # Without it the same draws keep whatever varies by chance: some groups carry nothing.
-    plain = grpo.Config(batch_size=16, group_size=4, max_new_tokens=2, variant=variant)
+    plain = grpo.Config(
+        batch_size=16, group_size=4, sampling=Sampling(max_new_tokens=2), variant=variant
+    )
     batch, metrics = _rollout(plain, _odd_prompt_parity, 0)
     assert metrics["zero_variance_fraction"] > 0.25
     assert np.sum(np.abs(batch["advantages"].reshape(16, 4)).max(axis=1) == 0) >= 4
@@ -116,7 +119,11 @@ def test_every_kept_group_varies_when_enough_drawn_ones_do(variant):
 
 def test_too_few_varied_groups_are_filled_with_uniform_ones_and_counted():
     config = grpo.Config(
-        batch_size=4, group_size=4, max_new_tokens=2, dynamic_sampling=True, oversample_factor=2
+        batch_size=4,
+        group_size=4,
+        sampling=Sampling(max_new_tokens=2),
+        dynamic_sampling=True,
+        oversample_factor=2,
     )
     batch, metrics = _rollout(config, lambda prompts, completion: completion.lengths * 0.0)
     assert metrics["groups_varied"] == 0 and metrics["groups_kept_varied"] == 0
@@ -129,7 +136,7 @@ def test_update_with_dynamic_sampling_and_the_no_signal_warning(capfd):
     varies: they run, report the uniform fill, and after 2 consecutive updates without signal
     print one warning line (not one per update)."""
     config = grpo.Config(
-        batch_size=2, group_size=2, max_new_tokens=2, dynamic_sampling=True,
+        batch_size=2, group_size=2, sampling=Sampling(max_new_tokens=2), dynamic_sampling=True,
         warn_no_signal_updates=2,
     )  # fmt: skip
     constant = RewardTerm("zero", 1.0, lambda prompts, completion: completion.lengths * 0.0)
@@ -148,7 +155,7 @@ def test_update_with_dynamic_sampling_and_the_no_signal_warning(capfd):
 
 
 def test_no_signal_monitor_warns_once_per_streak(capsys):
-    monitor = grpo.no_signal_monitor("GRPO", patience=3)
+    monitor = dynamic_sampling.no_signal_monitor("GRPO", patience=3)
     # Out of order, as unordered callbacks may arrive; updates 0-4 have no signal.
     for step, fraction in [(1, 0.9), (0, 1.0), (2, 0.75)]:
         monitor(np.int32(step), np.float32(fraction))
@@ -161,7 +168,7 @@ def test_no_signal_monitor_warns_once_per_streak(capsys):
     assert capsys.readouterr().err.count("warning:") == 0  # only 2 in the new streak
     monitor(np.int32(7), np.float32(0.9))
     assert capsys.readouterr().err.count("warning:") == 1
-    quiet = grpo.no_signal_monitor("GRPO", patience=2)
+    quiet = dynamic_sampling.no_signal_monitor("GRPO", patience=2)
     for step, fraction in enumerate([0.9, 0.5, 0.9, 0.4, 0.9]):  # never two in a row above half
         quiet(np.int32(step), np.float32(fraction))
     assert "warning:" not in capsys.readouterr().err
@@ -178,8 +185,8 @@ def test_multiturn_keeps_the_games_whose_episodes_differ():
 
     env = text_games.make_guess_my_number(BYTES, maximum=8, max_turns=4)
     config = multiturn.Config(
-        batch_size=2, group_size=4, max_new_tokens=4, learning_rate=1e-3, dynamic_sampling=True,
-        oversample_factor=4,
+        batch_size=2, group_size=4, sampling=Sampling(max_new_tokens=4), learning_rate=1e-3,
+        dynamic_sampling=True, oversample_factor=4,
     )  # fmt: skip
     algorithm = multiturn.make(config, DIGITS_TINY, env, digits_model(), BYTES.eos_id, BYTES.pad_id)
     hp = hparams.hparams(config)
@@ -202,8 +209,8 @@ def test_online_dpo_keeps_the_prompts_whose_samples_are_not_tied():
     from algos import online_dpo
 
     config = online_dpo.Config(
-        batch_size=4, num_samples=4, max_new_tokens=2, learning_rate=1e-3, dynamic_sampling=True,
-        oversample_factor=4,
+        batch_size=4, num_samples=4, sampling=Sampling(max_new_tokens=2), learning_rate=1e-3,
+        dynamic_sampling=True, oversample_factor=4,
     )  # fmt: skip
     task = TASK.text_task(TOKENIZER)._replace(
         reward_terms=(RewardTerm("odd", 1.0, _odd_prompt_parity),)

@@ -9,12 +9,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from algos import grpo
+from algos import grpo, optimizer_steps
 from envs.text import make_task
+from envs.text.reward_terms import host_reward
 from envs.text.task import RewardTerm
 from jaxrl import host, hparams, loop, sharding
-from jaxrl.config import ConfigError
+from jaxrl.config import ConfigError, flat_defaults, from_flat
+from jaxrl.lm import training
 from jaxrl.lm.model import ModelConfig, Transformer, init_params, param_shardings
+from jaxrl.lm.sampler import Sampling
 from jaxrl.lm.tokenizer import ByteTokenizer
 
 TOKENIZER = ByteTokenizer()
@@ -129,7 +132,7 @@ def test_config_errors_name_the_field():
     ]
     for settings, field in cases:
         with pytest.raises(ConfigError, match=f"^{field}:"):
-            grpo.Config(**settings)
+            from_flat(grpo.Config, settings)
 
 
 def test_entropy_bonus_subtracts_coef_times_the_token_mean_entropy():
@@ -147,8 +150,8 @@ def test_entropy_bonus_subtracts_coef_times_the_token_mean_entropy():
         "weights": jnp.ones(4),
     }
     model = Transformer(TINY)
-    plain_config = grpo.Config(max_new_tokens=4)
-    bonus_config = grpo.Config(max_new_tokens=4, entropy_coef=0.1)
+    plain_config = grpo.Config(sampling=Sampling(max_new_tokens=4))
+    bonus_config = grpo.Config(sampling=Sampling(max_new_tokens=4), entropy_coef=0.1)
     plain, _ = grpo.make_loss(model, plain_config)(params, batch, hparams.hparams(plain_config))
     bonus, metrics = grpo.make_loss(model, bonus_config)(
         params, batch, hparams.hparams(bonus_config)
@@ -191,8 +194,8 @@ def _run_update(config, mesh, params, terms=None, reference=None):
 @pytest.mark.parametrize("mesh_shape", [(1, 4, 2), (2, 2, 2)])
 def test_sharded_update_equals_single_device(mesh_shape):
     config = grpo.Config(
-        batch_size=8, group_size=4, max_new_tokens=5, learning_rate=1e-3, num_minibatches=2,
-        num_epochs=2, kl_beta=0.05, mesh_shape=mesh_shape,
+        batch_size=8, group_size=4, sampling=Sampling(max_new_tokens=5), learning_rate=1e-3,
+        num_minibatches=2, num_epochs=2, kl_beta=0.05, mesh_shape=mesh_shape,
     )  # fmt: skip
     params = init_params(TINY, jax.random.key(0))
     # A dense reward (the fraction of even token ids), so that the first update's gradient is
@@ -201,7 +204,7 @@ def test_sharded_update_equals_single_device(mesh_shape):
     even = RewardTerm(
         "even", 1.0, lambda prompts, c: jnp.mean((c.tokens % 2 == 0) & c.mask, axis=1)
     )
-    single_config = grpo.Config(**{**config.__dict__, "mesh_shape": (1, 1, 1)})
+    single_config = dataclasses.replace(config, mesh_shape=(1, 1, 1))
     want_params, want = _run_update(single_config, None, params, [even], reference=params)
     mesh = sharding.make_mesh(*mesh_shape)
     reference = jax.device_put(params, param_shardings(TINY, mesh))
@@ -224,7 +227,7 @@ def test_sharded_update_equals_single_device(mesh_shape):
 
 
 def test_generation_and_update_are_one_compiled_program():
-    config = grpo.Config(batch_size=4, group_size=2, max_new_tokens=4)
+    config = grpo.Config(batch_size=4, group_size=2, sampling=Sampling(max_new_tokens=4))
     algorithm = grpo.make(config, TINY, TEXT_TASK, init_params(TINY, jax.random.key(0)))
     hp = hparams.hparams(config)
     state = algorithm.init(jax.random.PRNGKey(0), hp)
@@ -240,7 +243,7 @@ def test_generation_and_update_are_one_compiled_program():
     # figure the generation alone (a third of it) or a program without the gradient stays below.
     # The decoder's layers are one scan too, so its body (one layer) is counted once.
     flops = lowered.compile().cost_analysis()["flops"]
-    sequence = len("rev 123=") + config.max_new_tokens  # at least: BOS comes on top
+    sequence = len("rev 123=") + config.sampling.max_new_tokens  # at least: BOS comes on top
     one_layer = dataclasses.replace(TINY, num_layers=1)
     one_update = 3 * one_layer.flops_per_token(sequence) * sequence * config.batch_size
     assert flops >= one_update * config.group_size, (flops, one_update)
@@ -253,7 +256,11 @@ def test_sweep_over_learning_rate_and_kl_beta_equals_separate_runs():
     reward and a reference unlike the initial model give every run real gradients (near-zero
     ones would be rounding noise, which Adam scales up to steps of the learning rate)."""
     config = grpo.Config(
-        batch_size=4, group_size=4, max_new_tokens=4, num_minibatches=2, num_epochs=2
+        batch_size=4,
+        group_size=4,
+        sampling=Sampling(max_new_tokens=4),
+        num_minibatches=2,
+        num_epochs=2,
     )
     task = TASK.text_task(TOKENIZER, format_weight=1.0)
     algorithm = grpo.make(config, TINY, task, init_params(TINY, jax.random.key(0)))
@@ -287,8 +294,10 @@ def test_host_reward_runs_through_io_callback_on_a_mesh():
         return [float(len(c)) for c in completions]
 
     mesh = sharding.make_mesh(2, 1, 1)
-    terms = [grpo.host_reward(completion_length, TOKENIZER, "length", mesh=mesh)]
-    config = grpo.Config(batch_size=4, group_size=2, max_new_tokens=4, mesh_shape=(2, 1, 1))
+    terms = [host_reward(completion_length, TOKENIZER, "length", mesh=mesh)]
+    config = grpo.Config(
+        batch_size=4, group_size=2, sampling=Sampling(max_new_tokens=4), mesh_shape=(2, 1, 1)
+    )
     params = init_params(TINY, jax.random.key(0))
     _, metrics = _run_update(config, mesh, params, terms)
     # A random model rarely says EOS, so its completions are mostly 4 bytes (some decode to
@@ -317,8 +326,8 @@ def test_host_reward_callback_works_on_numpy_rows():
     def ones(prompts, completions, answer):
         return [1.0] * len(completions)
 
-    terms = [grpo.host_reward(ones, Recording(), "ones")]
-    config = grpo.Config(batch_size=2, group_size=2, max_new_tokens=2)
+    terms = [host_reward(ones, Recording(), "ones")]
+    config = grpo.Config(batch_size=2, group_size=2, sampling=Sampling(max_new_tokens=2))
     _, metrics = _run_update(config, None, init_params(TINY, jax.random.key(0)), terms)
     assert metrics["reward_ones"][-1] == 1.0
     # every decoded row (prompts, completions, answers) a NumPy array
@@ -341,8 +350,8 @@ def test_unusable_host_rewards_are_recorded_as_one_line_failures(rewards, proble
     def bad_reward(prompts, completions, answer):
         return rewards
 
-    terms = [grpo.host_reward(bad_reward, TOKENIZER, "bad")]
-    config = grpo.Config(batch_size=2, group_size=2, max_new_tokens=2)
+    terms = [host_reward(bad_reward, TOKENIZER, "bad")]
+    config = grpo.Config(batch_size=2, group_size=2, sampling=Sampling(max_new_tokens=2))
     with pytest.raises(Exception, match="return"):
         _run_update(config, None, init_params(TINY, jax.random.key(0)), terms)
     failure = host.take_failure()
@@ -373,8 +382,8 @@ def test_grpo_learns_reverse_three_digits_from_random_init():
     from jaxrl.trainers.presets.lm import for_start
 
     flat = for_start(get_config("reverse_digits"), pretrained=False)
-    fields = {k: v for k, v in flat.items() if k in grpo.Config.__dataclass_fields__}
-    config = grpo.Config(**fields)
+    fields = flat_defaults(grpo.Config)  # the Config's settings, its sections' by their names
+    config = from_flat(grpo.Config, {k: v for k, v in flat.items() if k in fields})
     model = ModelConfig(**flat.model.to_dict())
     algorithm = grpo.make(config, model, TEXT_TASK, init_params(model, jax.random.key(seed)))
     hp = hparams.hparams(config)
@@ -392,7 +401,7 @@ def test_grpo_learns_reverse_three_digits_from_random_init():
 
 
 def _optimize_once(config, params, reference=None, lora=False):
-    """One update's optimizer steps (`grpo.make_optimize`) on a hand-made batch of 8
+    """One update's optimizer steps (`optimizer_steps.make_optimize`) on a hand-made batch of 8
     completions of lengths 1 to 8 (max_new_tokens 8) after 4-token prompts: the parameters
     after them and the step metrics."""
     rng = np.random.default_rng(5)
@@ -417,8 +426,8 @@ def _optimize_once(config, params, reference=None, lora=False):
         reference = None if reference is None else params
     model = Transformer(TINY, mesh=mesh)
     hp = hparams.hparams(config)
-    optimize = grpo.make_optimize(model, grpo.make_loss(model, config), config, mesh)
-    init = grpo.training.make_init(params, config, mesh, model=TINY if lora else None)
+    optimize = optimizer_steps.make_optimize(model, grpo.make_loss(model, config), config, mesh)
+    init = training.make_init(params, config, mesh, model=TINY if lora else None)
     state = init(jax.random.key(1), hp)
 
     @jax.jit
@@ -453,11 +462,11 @@ def test_length_buckets_equal_unbucketed_training(settings):
     lora = settings.get("lora_rank", 0) > 0
     settings = dict(settings)
     buckets = settings.pop("length_buckets", None)
-    off = grpo.Config(**base, **settings)
+    off = from_flat(grpo.Config, base | settings)
     want_params, want = _optimize_once(off, params, reference, lora)
-    on = grpo.Config(**base, **settings, length_buckets=buckets or off.micro_batch_size // 2)
+    on = dataclasses.replace(off, length_buckets=buckets or off.micro_batch_size // 2)
     got_params, got = _optimize_once(on, params, reference, lora)
-    assert grpo.bucket_lengths(8) == (1, 2, 4, 8)
+    assert optimizer_steps.bucket_lengths(8) == (1, 2, 4, 8)
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-7, err_msg=name)
     # Adam's step is about lr x g / (|g| + 1e-8): where a gradient element is near 1e-8, its

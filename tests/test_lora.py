@@ -24,6 +24,7 @@ from jaxrl.lm.model import (
     param_shardings,
     unstack_layers,
 )
+from jaxrl.lm.sampler import Sampling
 from jaxrl.lm.tokenizer import ByteTokenizer
 
 # One layer holds every kind of target; a second would only double the compile times.
@@ -340,8 +341,8 @@ def test_lora_grpo_update_trains_only_the_adapters():
                        num_heads=4, num_kv_heads=2, max_position_embeddings=32)  # fmt: skip
     params = init_params(tiny, jax.random.key(0))
     config = grpo.Config(
-        batch_size=4, group_size=4, max_new_tokens=4, learning_rate=1e-2, num_minibatches=2,
-        num_epochs=1, lora_rank=2, lora_dropout=0.1,
+        batch_size=4, group_size=4, sampling=Sampling(max_new_tokens=4), learning_rate=1e-2,
+        num_minibatches=2, num_epochs=1, lora_rank=2, lora_dropout=0.1,
     )  # fmt: skip
     algorithm = grpo.make(config, tiny, task, params)
     hp = hparams.hparams(config)

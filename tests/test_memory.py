@@ -1,16 +1,16 @@
 """The memory estimate (jaxrl.lm.memory) against XLA's own plan of the GRPO update, and GRPO's
 refusal, before compiling, of an update the device cannot hold."""
 
-import dataclasses
-
 import jax
 import pytest
 
 from algos import grpo
+from algos.partial import Partial
 from experiments.benchmarks import memory_plan
 from jaxrl.config import ConfigError
 from jaxrl.lm import memory
 from jaxrl.lm.model import init_params
+from jaxrl.lm.sampler import Sampling
 
 GIB = 1 << 30
 
@@ -91,25 +91,27 @@ def test_partial_rollouts_estimate_holds_the_carried_slots():
     task = memory_plan.fixed_length_task(prompt_length, model.vocab_size)
     params = jax.eval_shape(lambda: init_params(model, jax.random.key(0)))
 
-    def state_bytes(config):
+    def state_bytes(config, rollout=None):
         hp = hparams.hparams(config)
         state = jax.eval_shape(
-            lambda p, key: grpo.make(config, model, task, p).init(key, hp),
+            lambda p, key: grpo.make(config, model, task, p, rollout=rollout).init(key, hp),
             params,
             jax.random.key(0),
         )
         return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state))
 
-    sync = grpo.Config(batch_size=4, group_size=4, max_new_tokens=32)
-    partial = dict(rollout_mode="partial", rollout_budget=12, max_staleness=2)
+    sync = grpo.Config(batch_size=4, group_size=4, sampling=Sampling(max_new_tokens=32))
     estimates = {"sync": memory.grpo_estimate(sync, model, prompt_length)}
     assert "carried_slots" not in estimates["sync"].parts
     for name, groups in (("partial", 0), ("provisioned", 8)):
-        config = dataclasses.replace(sync, rollout_groups=groups, **partial)
-        estimates[name] = estimate = memory.grpo_estimate(config, model, prompt_length)
+        rollout = Partial(rollout_budget=12, max_staleness=2, rollout_groups=groups)
+        estimates[name] = estimate = memory.grpo_estimate(
+            sync, model, prompt_length, slot_groups=rollout.slot_groups(sync), budget=12
+        )
         carried = estimate.parts["carried_slots"]
         assert estimate.state == pytest.approx(estimates["sync"].state + carried)
-        assert carried == pytest.approx(state_bytes(config) - state_bytes(sync), rel=0.02), name
+        grown = state_bytes(sync, rollout) - state_bytes(sync)
+        assert carried == pytest.approx(grown, rel=0.02), name
     # 8 x 4 slot rows against 4 x 4: twice the carried state.
     ratio = (
         estimates["provisioned"].parts["carried_slots"]

@@ -11,10 +11,10 @@ import pytest
 from algos import multiturn
 from envs.text import multiturn as games
 from jaxrl import hparams
-from jaxrl.config import ConfigError
+from jaxrl.config import ConfigError, from_flat
 from jaxrl.lm import dialogue
 from jaxrl.lm.model import ModelConfig, Transformer, init_params
-from jaxrl.lm.sampler import SamplingConfig
+from jaxrl.lm.sampler import Sampling, SamplingConfig
 from jaxrl.lm.tokenizer import ByteTokenizer
 from tests.test_text_games import Reference
 
@@ -172,8 +172,8 @@ def test_the_update_is_one_program_and_trains():
     env = games.make_guess_my_number(BYTES, maximum=8, max_turns=4)
     params = digits_model()
     config = multiturn.Config(
-        batch_size=2, group_size=4, max_new_tokens=4, learning_rate=1e-3, credit="turn",
-        gamma=0.9, num_minibatches=2,
+        batch_size=2, group_size=4, sampling=Sampling(max_new_tokens=4), learning_rate=1e-3,
+        credit="turn", gamma=0.9, num_minibatches=2,
     )  # fmt: skip
     algorithm = multiturn.make(config, TINY, env, params, BYTES.eos_id, BYTES.pad_id)
     hp = hparams.hparams(config)
@@ -194,13 +194,20 @@ def test_the_update_is_one_program_and_trains():
         ("credit", "token", "unknown credit"),
         ("gamma", 0.9, "read only by credit=turn"),
         ("variant", "remax", "greedy baseline"),
-        ("overlong_buffer", 2, "overlong penalty"),
     ],
 )
 def test_config_errors_name_the_field(field, value, message):
     with pytest.raises(ConfigError, match=message) as error:
-        multiturn.Config(max_new_tokens=4, **{field: value})
+        from_flat(multiturn.Config, {"max_new_tokens": 4, field: value})
     assert field in str(error.value)
+
+
+def test_single_completion_settings_are_not_multiturn_settings():
+    """DAPO's overlong penalty (and length buckets) are GRPO's settings for single completions:
+    multi-turn GRPO's Config does not take them (it used to inherit and refuse them)."""
+    for field in ("overlong_buffer", "overlong_penalty", "length_buckets"):
+        with pytest.raises(TypeError, match=field):
+            multiturn.Config(**{field: 2})
 
 
 def test_supervised_rows_are_laid_out_as_the_sampler_lays_out_a_conversation(conversation):

@@ -12,17 +12,21 @@ import numpy as np
 import pytest
 
 from algos import multiturn
+from algos.partial import Partial
 from envs.text import multiturn as games
 from jaxrl import hparams
 from jaxrl.config import ConfigError
 from jaxrl.lm import dialogue
 from jaxrl.lm.model import Transformer
+from jaxrl.lm.sampler import Sampling
+from jaxrl.trainers import rollout_modes
 from tests.test_multiturn import BYTES, TINY, digits_model
 
 ENV = games.make_guess_my_number(BYTES, maximum=8, max_turns=4)
 SYNC = multiturn.Config(
-    batch_size=2, group_size=4, max_new_tokens=4, learning_rate=1e-3, credit="turn", gamma=0.9
-)
+    batch_size=2, group_size=4, sampling=Sampling(max_new_tokens=4), learning_rate=1e-3,
+    credit="turn", gamma=0.9,
+)  # fmt: skip
 
 
 def ends_early(env):
@@ -42,20 +46,17 @@ STAGGERED = ends_early(ENV)
 # One turn per update: a conversation of 4 turns spans 4 updates, so its first tokens are 3
 # versions old when it trains. 3 games in the slots, 2 trained per update (APRIL's
 # over-provisioning).
-CARRIED = dataclasses.replace(
-    SYNC,
-    rollout_mode="partial",
-    rollout_budget=1,
-    max_staleness=3,
-    temperature=1.5,
-    rollout_groups=3,
-)
+CARRIED = dataclasses.replace(SYNC, sampling=Sampling(max_new_tokens=4, temperature=1.5))
+CARRYING = Partial(rollout_budget=1, max_staleness=3, rollout_groups=3)
 
 
-def run_updates(config, count, hp=None, state=None, update=None, env=ENV):
-    """`count` jitted updates from `state` (or a fresh one, seed 0); the algorithm, the
-    hyper-parameters, the jitted update, and the states and metrics after each."""
-    algorithm = multiturn.make(config, TINY, env, digits_model(), BYTES.eos_id, BYTES.pad_id)
+def run_updates(config, count, hp=None, state=None, update=None, env=ENV, rollout=None):
+    """`count` jitted updates from `state` (or a fresh one, seed 0) with `rollout` (None:
+    sync); the algorithm, the hyper-parameters, the jitted update, and the states and metrics
+    after each."""
+    algorithm = multiturn.make(
+        config, TINY, env, digits_model(), BYTES.eos_id, BYTES.pad_id, rollout=rollout
+    )
     hp = hparams.hparams(config) if hp is None else hp
     state = algorithm.init(jax.random.key(0), hp) if state is None else state
     update = jax.jit(algorithm.update) if update is None else update
@@ -70,16 +71,15 @@ def run_updates(config, count, hp=None, state=None, update=None, env=ENV):
 @pytest.fixture(scope="module")
 def carried_run():
     """Ten updates of CARRIED on STAGGERED (one compile, shared by the tests below)."""
-    return run_updates(CARRIED, 10, env=STAGGERED)
+    return run_updates(CARRIED, 10, env=STAGGERED, rollout=CARRYING)
 
 
 def test_partial_with_bound_zero_equals_synchronous_multiturn_grpo():
     """Staleness 0 and a budget of max_turns (rollout_budget 0): every conversation starts and
     ends in one update; the same conversations (tokens, loss mask, sampler log-probs, rewards)
     and the same parameters after each of 2 updates, bit for bit (fp32)."""
-    partial_config = dataclasses.replace(SYNC, rollout_mode="partial")
     *_, sync_states, sync_metrics = run_updates(SYNC, 2)
-    *_, states, metrics = run_updates(partial_config, 2)
+    *_, states, metrics = run_updates(SYNC, 2, rollout=Partial())
     rollout = jax.jit(multiturn.make_rollout(SYNC, TINY, ENV, BYTES.eos_id, BYTES.pad_id))
     hp = hparams.hparams(SYNC)
     params = digits_model()
@@ -96,7 +96,7 @@ def test_partial_with_bound_zero_equals_synchronous_multiturn_grpo():
         )
         gathered = dialogue.policy_tokens(
             dialogue.episodes_of(dict(conversations, record=record)),
-            ENV.max_turns * SYNC.max_new_tokens,
+            ENV.max_turns * SYNC.sampling.max_new_tokens,
         )
         np.testing.assert_array_equal(gathered.tokens, batch["targets"])
         np.testing.assert_array_equal(gathered.valid, batch["valid"])
@@ -132,7 +132,7 @@ def test_conversations_carry_over_within_the_staleness_bound(carried_run):
     for m in metrics:
         assert m["dropped_groups"] == 0 and m["trained_groups"] <= 2
         # A budget of one turn: at most one turn's columns (4 tokens, an end, a message).
-        assert m["decode_columns"] <= SYNC.max_new_tokens + 1 + ENV.max_message_tokens
+        assert m["decode_columns"] <= SYNC.sampling.max_new_tokens + 1 + ENV.max_message_tokens
         histogram = sum(m[f"staleness_{age}"] for age in range(4))
         assert m["trained_tokens"] == 0 or abs(histogram - 1) < 1e-6
         assert 0 <= m["offpolicy_token_fraction"] <= 1
@@ -155,7 +155,7 @@ def test_carried_conversations_continue_where_they_stopped(carried_run):
     between updates and refilled slots lost nothing of a carried conversation."""
     _, _, update, _, _ = carried_run
     held = hparams.hparams(dataclasses.replace(CARRIED, learning_rate=1e-30))
-    *_, states, _ = run_updates(CARRIED, 6, hp=held, update=update, env=STAGGERED)
+    *_, states, _ = run_updates(CARRIED, 6, hp=held, update=update, env=STAGGERED, rollout=CARRYING)
     leaves = jax.tree.leaves(digits_model()), jax.tree.leaves(states[-1].params)
     assert max(float(np.abs(a - b).max()) for a, b in zip(*leaves, strict=True)) < 1e-20
     params = digits_model()
@@ -163,9 +163,9 @@ def test_carried_conversations_continue_where_they_stopped(carried_run):
     @jax.jit
     def recorded_and_recomputed(conversations):
         episodes = dialogue.episodes_of(conversations)
-        gathered = dialogue.policy_tokens(episodes, ENV.max_turns * SYNC.max_new_tokens)
+        gathered = dialogue.policy_tokens(episodes, ENV.max_turns * SYNC.sampling.max_new_tokens)
         recomputed = dialogue.policy_log_probs(
-            Transformer(TINY), params, episodes, gathered, CARRIED.temperature
+            Transformer(TINY), params, episodes, gathered, CARRIED.sampling.temperature
         )
         versions = jnp.take_along_axis(conversations["record"]["versions"], gathered.slots, 1)
         return gathered.sampled_log_probs, recomputed, gathered.valid, versions
@@ -196,7 +196,7 @@ def test_checkpoint_mid_conversation_resumes_equal_to_an_uninterrupted_run(carri
     checkpoints.save(2, state, {})
     resumed, _ = checkpoints.restore(algorithm.init(jax.random.key(0), hp))
     *_, resumed_states, _ = run_updates(
-        CARRIED, 3, hp=hp, state=resumed, update=update, env=STAGGERED
+        CARRIED, 3, hp=hp, state=resumed, update=update, env=STAGGERED, rollout=CARRYING
     )
     uninterrupted = states[4]
     for a, b in zip(
@@ -219,16 +219,15 @@ def test_checkpoint_mid_conversation_resumes_equal_to_an_uninterrupted_run(carri
 def test_partial_config_errors_name_the_field(settings, field, message):
     """One-line errors naming the field: from the Config, or from make (the game's turns)."""
     with pytest.raises(ConfigError, match=f"^{field}:.*{message}"):
-        config = dataclasses.replace(SYNC, rollout_mode="partial", **settings)
-        multiturn.make(config, TINY, ENV, None, BYTES.eos_id, BYTES.pad_id)
+        rollout = Partial(**settings)
+        multiturn.make(SYNC, TINY, ENV, None, BYTES.eos_id, BYTES.pad_id, rollout=rollout)
 
 
 def test_a_turn_budget_is_not_checked_against_max_new_tokens():
     """rollout_budget counts turns here: 3 turns with 2-token turns is a valid Config."""
-    config = multiturn.Config(
-        max_new_tokens=2, rollout_mode="partial", rollout_budget=3, max_staleness=1
-    )
-    assert config.rollout_budget == 3
+    settings = dict(max_new_tokens=2, rollout_mode="partial", rollout_budget=3, max_staleness=1)
+    _, rollout = rollout_modes.configure(multiturn.Config, settings, multiturn.check_rollout)
+    assert rollout.rollout_budget == 3
 
 
 # --- through the script: kill -9 after a checkpoint mid-conversation, then resume -------------

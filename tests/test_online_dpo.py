@@ -8,8 +8,9 @@ import pytest
 
 from algos import online_dpo, reward_model
 from jaxrl import hparams, loop
-from jaxrl.config import ConfigError
+from jaxrl.config import ConfigError, from_flat
 from jaxrl.lm.model import init_params
+from jaxrl.lm.sampler import Sampling
 from tests.test_grpo import TEXT_TASK, TINY
 from tests.test_ppo_lm import MODEL, SEEDS, fine_tuned  # noqa: F401  (a fixture)
 
@@ -63,14 +64,16 @@ def test_config_errors_name_the_field():
         (dict(top_p=0.0), "top_p"),
     ):
         with pytest.raises(ConfigError, match=f"^{field}: "):
-            online_dpo.Config(**settings)
+            from_flat(online_dpo.Config, settings)
 
 
 def test_sampling_ranking_and_update_are_one_compiled_program():
     """A reward model whose bias is 1 higher scores every sample exactly 1 higher, from the same
     executable that sampled the completions and stepped the optimizer; the pairs (and so the
     update) do not change, since a shift keeps every ranking."""
-    config = online_dpo.Config(batch_size=4, num_samples=3, max_new_tokens=4, learning_rate=1e-3)
+    config = online_dpo.Config(
+        batch_size=4, num_samples=3, sampling=Sampling(max_new_tokens=4), learning_rate=1e-3
+    )
     lm = init_params(TINY, jax.random.key(0))
     reward = reward_model.init_params(lm, TINY, jax.random.key(1))
     algorithm = online_dpo.make(config, TINY, TEXT_TASK, lm, reward_model_config=TINY)
@@ -98,8 +101,8 @@ def test_online_dpo_raises_the_answer_reward_of_a_briefly_fine_tuned_policy(fine
     samples' answer reward by 0.2 or more over the last 10 updates (when written: about 0.6 for
     seed 0 after 30-40 updates, where it levelled off)."""
     config = online_dpo.Config(
-        batch_size=256, num_samples=4, max_new_tokens=4, learning_rate=5e-4, num_epochs=2,
-        num_minibatches=4,
+        batch_size=256, num_samples=4, sampling=Sampling(max_new_tokens=4), learning_rate=5e-4,
+        num_epochs=2, num_minibatches=4,
     )  # fmt: skip
     hp = hparams.hparams(config)
 

@@ -7,6 +7,9 @@ import numpy as np
 import pytest
 
 from algos import grpo
+from algos.partial import Partial
+from algos.rollouts import Sync
+from jaxrl.lm.log_probs import completion_log_probs, log_prob_mismatch
 
 # --- the decoupled objective -----------------------------------------------------------------
 
@@ -112,7 +115,7 @@ def test_log_prob_mismatch_is_over_the_marked_tokens():
     sampler = jnp.array([[-1.0, -2.0, -3.0], [-0.5, -0.5, -9.0]])
     trainer = jnp.array([[-1.1, -2.0, -3.5], [-0.5, -0.7, 0.0]])
     mask = jnp.array([[True, True, True], [True, True, False]])
-    got = grpo.log_prob_mismatch(sampler, trainer, mask)
+    got = log_prob_mismatch(sampler, trainer, mask)
     np.testing.assert_allclose(float(got["logprob_mismatch_mean"]), (0.1 + 0.5 + 0.2) / 5, 1e-6)
     np.testing.assert_allclose(float(got["logprob_mismatch_max"]), 0.5, 1e-6)
 
@@ -126,7 +129,9 @@ from envs.text.task import RewardTerm  # noqa: E402
 from jaxrl import hparams, sharding  # noqa: E402
 from jaxrl.config import ConfigError  # noqa: E402
 from jaxrl.lm.model import ModelConfig, Transformer, init_params, param_shardings  # noqa: E402
+from jaxrl.lm.sampler import Sampling  # noqa: E402
 from jaxrl.lm.tokenizer import ByteTokenizer  # noqa: E402
+from jaxrl.trainers import rollout_modes  # noqa: E402
 
 TINY = ModelConfig(
     vocab_size=260, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
@@ -142,12 +147,13 @@ TEXT_TASK = (
 )
 
 
-def _updates(config, count, params=None, seed=3, mesh=None):
-    """`count` updates one by one (on `mesh`, if given); the states after each."""
+def _updates(config, count, params=None, seed=3, mesh=None, rollout=None):
+    """`count` updates one by one (on `mesh`, if given) with `rollout` (None: sync); the states
+    after each."""
     params = init_params(TINY, jax.random.key(0)) if params is None else params
     if mesh is not None:
         params = jax.device_put(params, param_shardings(TINY, mesh))
-    algorithm = grpo.make(config, TINY, TEXT_TASK, params, mesh)
+    algorithm = grpo.make(config, TINY, TEXT_TASK, params, mesh, rollout)
     hp = hparams.hparams(config)
     state = algorithm.init(jax.random.PRNGKey(seed), hp)
     update = jax.jit(algorithm.update)
@@ -162,10 +168,11 @@ def _updates(config, count, params=None, seed=3, mesh=None):
 def test_partial_with_bound_zero_equals_synchronous_grpo():
     """Staleness 0 (so the budget covers max_new_tokens): the same samples in every update and
     the same parameters after it, bit for bit, as synchronous GRPO."""
-    sync = grpo.Config(batch_size=4, group_size=4, max_new_tokens=6, learning_rate=3e-3)
-    partial = dataclasses.replace(sync, rollout_mode="partial", rollout_budget=6)
+    sync = grpo.Config(
+        batch_size=4, group_size=4, sampling=Sampling(max_new_tokens=6), learning_rate=3e-3
+    )
     sync_states, sync_metrics = _updates(sync, 3)
-    partial_states, partial_metrics = _updates(partial, 3)
+    partial_states, partial_metrics = _updates(sync, 3, rollout=Partial(rollout_budget=6))
     rollout = jax.jit(grpo.make_rollout(sync, TINY, TEXT_TASK), static_argnums=())
     hp = hparams.hparams(sync)
     params = init_params(TINY, jax.random.key(0))
@@ -196,12 +203,12 @@ def test_partial_with_bound_zero_equals_synchronous_grpo_on_8_devices():
     synchronous GRPO's, both sharded the same way."""
     mesh_shape = (2, 2, 2)
     sync = grpo.Config(
-        batch_size=4, group_size=4, max_new_tokens=6, learning_rate=3e-3, mesh_shape=mesh_shape
-    )
-    partial = dataclasses.replace(sync, rollout_mode="partial")
+        batch_size=4, group_size=4, sampling=Sampling(max_new_tokens=6), learning_rate=3e-3,
+        mesh_shape=mesh_shape,
+    )  # fmt: skip
     mesh = sharding.make_mesh(*mesh_shape)
     sync_states, _ = _updates(sync, 2, mesh=mesh)
-    partial_states, _ = _updates(partial, 2, mesh=mesh)
+    partial_states, _ = _updates(sync, 2, mesh=mesh, rollout=Partial())
     for want, got in zip(sync_states, partial_states, strict=True):
         wanted, gotten = jax.device_get(want.params), jax.device_get(got.params)
         for a, b in zip(jax.tree.leaves(wanted), jax.tree.leaves(gotten), strict=True):
@@ -209,15 +216,16 @@ def test_partial_with_bound_zero_equals_synchronous_grpo_on_8_devices():
 
 
 CARRYING = grpo.Config(
-    batch_size=4, group_size=4, max_new_tokens=12, learning_rate=3e-3,
-    rollout_mode="partial", rollout_budget=4, max_staleness=2, temperature=1.5,
+    batch_size=4, group_size=4, sampling=Sampling(max_new_tokens=12, temperature=1.5),
+    learning_rate=3e-3,
 )  # fmt: skip
+CARRIED = Partial(rollout_budget=4, max_staleness=2)
 
 
 @pytest.fixture(scope="module")
 def carrying_run():
     """8 partial updates of CARRYING (samples carried over, up to 2 versions old)."""
-    return _updates(CARRYING, 8)
+    return _updates(CARRYING, 8, rollout=CARRIED)
 
 
 @pytest.mark.parametrize("rollout_groups", [0, 8])
@@ -225,8 +233,10 @@ def test_staleness_never_exceeds_the_bound_and_groups_carry_over(rollout_groups,
     """Over 8 updates: no trained token older than the bound, some carried over. With as many
     slots as the batch (0) no group waits, so none is dropped; over-provisioned (8 groups of
     slots for 4 trained) decoding stops once 4 have ended and at most 4 train."""
-    config = dataclasses.replace(CARRYING, rollout_groups=rollout_groups)
-    states, metrics = carrying_run if rollout_groups == 0 else _updates(config, 8)
+    rollout = dataclasses.replace(CARRIED, rollout_groups=rollout_groups)
+    states, metrics = (
+        carrying_run if rollout_groups == 0 else _updates(CARRYING, 8, rollout=rollout)
+    )
     ages = [m["staleness_max"] for m in metrics]
     assert max(ages) <= 2, ages
     assert max(ages) >= 1, ages  # some groups did carry over
@@ -280,7 +290,7 @@ def test_staleness_never_exceeds_the_bound_and_groups_carry_over(rollout_groups,
 )
 def test_rollout_config_errors_name_the_field(settings, field):
     with pytest.raises(ConfigError, match=f"^{field}:"):
-        grpo.Config(**settings)
+        rollout_modes.configure(grpo.Config, settings, grpo.check_rollout)
 
 
 def test_carried_rows_continue_where_they_stopped():
@@ -289,13 +299,13 @@ def test_carried_rows_continue_where_they_stopped():
     it recomputed from the whole prompt and completion: the cache moved left between updates
     and the refilled slots lost nothing of a carried row's history."""
     config = grpo.Config(
-        batch_size=4, group_size=4, max_new_tokens=12, learning_rate=1e-30,
-        rollout_mode="partial", rollout_budget=5, max_staleness=2, temperature=1.5,
+        batch_size=4, group_size=4, sampling=Sampling(max_new_tokens=12, temperature=1.5),
+        learning_rate=1e-30,
     )  # fmt: skip
     params = init_params(TINY, jax.random.key(0))
     # 12 tokens take 3 updates of 5 steps: after 8 updates the slots hold rows started in
     # update 7 and carried into update 8.
-    states, _ = _updates(config, 8, params)
+    states, _ = _updates(config, 8, params, rollout=Partial(rollout_budget=5, max_staleness=2))
     slots = states[-1].slots
     for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(states[-1].params), strict=True):
         np.testing.assert_array_equal(a, b)
@@ -304,7 +314,8 @@ def test_carried_rows_continue_where_they_stopped():
         "attention_mask": jnp.concatenate([slots.prompts.mask, slots.mask], axis=1),
         "completion_mask": slots.mask,
     }
-    trainer, _ = grpo.completion_log_probs(Transformer(TINY), params, batch, config.temperature)
+    temperature = config.sampling.temperature
+    trainer, _ = completion_log_probs(Transformer(TINY), params, batch, temperature)
     mask = np.asarray(slots.mask)
     versions = np.asarray(slots.versions)
     spans = [len(set(versions[row][mask[row]])) for row in range(mask.shape[0])]
@@ -319,11 +330,11 @@ def test_checkpoint_mid_rollout_resumes_equal_to_an_uninterrupted_run(tmp_path):
     from jaxrl.checkpoint import Checkpointer
 
     config = grpo.Config(
-        batch_size=4, group_size=4, max_new_tokens=12, learning_rate=3e-3,
-        rollout_mode="partial", rollout_budget=5, max_staleness=2,
-    )  # fmt: skip
+        batch_size=4, group_size=4, sampling=Sampling(max_new_tokens=12), learning_rate=3e-3
+    )
     params = init_params(TINY, jax.random.key(0))
-    algorithm = grpo.make(config, TINY, TEXT_TASK, params)
+    rollout = Partial(rollout_budget=5, max_staleness=2)
+    algorithm = grpo.make(config, TINY, TEXT_TASK, params, rollout=rollout)
     hp = hparams.hparams(config)
     update = jax.jit(algorithm.update)
     state = algorithm.init(jax.random.PRNGKey(5), hp)
@@ -486,12 +497,10 @@ def test_partial_run_killed_at_a_random_moment_resumes_equal(partial_whole, tmp_
 def test_partial_with_length_buckets_equals_unbucketed():
     """Partial mode (carried rows, the decoupled loss) trained in length buckets: the same
     samples and metrics in every update, the parameters equal to Adam-amplified rounding."""
-    config = grpo.Config(
-        batch_size=4, group_size=4, max_new_tokens=12, learning_rate=3e-3,
-        rollout_mode="partial", rollout_budget=4, max_staleness=2, temperature=1.5,
-    )  # fmt: skip
-    plain_states, plain = _updates(config, 3)
-    bucketed_states, bucketed = _updates(dataclasses.replace(config, length_buckets=4), 3)
+    config = CARRYING
+    plain_states, plain = _updates(config, 3, rollout=CARRIED)
+    in_buckets = dataclasses.replace(config, length_buckets=4)
+    bucketed_states, bucketed = _updates(in_buckets, 3, rollout=CARRIED)
     for want, got, want_metrics, got_metrics in zip(
         plain_states, bucketed_states, plain, bucketed, strict=True
     ):
@@ -510,7 +519,8 @@ def test_partial_with_decode_row_buckets_samples_the_same(carrying_run):
     over 8 updates with carried rows, the same tokens, versions and rewards in every update,
     the parameters equal to Adam-amplified rounding (the smaller matmuls round differently)."""
     plain_states, plain = carrying_run
-    bucketed_states, bucketed = _updates(dataclasses.replace(CARRYING, decode_row_buckets=4), 8)
+    rollout = dataclasses.replace(CARRIED, decode_row_buckets=4)
+    bucketed_states, bucketed = _updates(CARRYING, 8, rollout=rollout)
     for want, got, want_metrics, got_metrics in zip(
         plain_states, bucketed_states, plain, bucketed, strict=True
     ):
@@ -532,14 +542,14 @@ def test_decode_row_buckets_on_8_devices_equal_one_device():
     devices (rows gathered across the batch shards): the same samples as on one device, the
     parameters equal to rounding, over 2 updates."""
     mesh_shape = (2, 2, 2)
-    sync = dataclasses.replace(CARRYING, rollout_mode="sync", rollout_budget=0, max_staleness=0)
-    for config in (sync, CARRYING):
-        config = dataclasses.replace(config, decode_row_buckets=4)
-        one, _ = _updates(config, 2)
+    config = CARRYING
+    for rollout in (Sync(), CARRIED):
+        rollout = dataclasses.replace(rollout, decode_row_buckets=4)
+        one, _ = _updates(config, 2, rollout=rollout)
         sharded = dataclasses.replace(config, mesh_shape=mesh_shape)
-        eight, _ = _updates(sharded, 2, mesh=sharding.make_mesh(*mesh_shape))
+        eight, _ = _updates(sharded, 2, mesh=sharding.make_mesh(*mesh_shape), rollout=rollout)
         for want, got in zip(one, eight, strict=True):
-            if config.rollout_mode == "partial":
+            if isinstance(rollout, Partial):
                 np.testing.assert_array_equal(jax.device_get(got.slots.tokens), want.slots.tokens)
             leaves = jax.tree.leaves(jax.device_get(got.params)), jax.tree.leaves(want.params)
             assert max(np.abs(a - b).max() for a, b in zip(*leaves, strict=True)) < 2 * 5e-3 * 3e-3
@@ -554,7 +564,7 @@ def test_proximal_log_probs_are_the_loss_pass_held_constant(monkeypatch, carryin
     assert not CARRYING.reuses_samples
     skipped_states, skipped = (run[:3] for run in carrying_run)
     monkeypatch.setattr(grpo.Config, "reuses_samples", property(lambda self: True))
-    explicit_states, explicit = _updates(CARRYING, 3)
+    explicit_states, explicit = _updates(CARRYING, 3, rollout=CARRIED)
     assert max(m["staleness_max"] for m in skipped) >= 1  # the decoupled objective acted
     for want, got, want_metrics, got_metrics in zip(
         explicit_states, skipped_states, explicit, skipped, strict=True

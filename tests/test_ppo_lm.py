@@ -12,7 +12,9 @@ from algos import grpo, ppo_lm, reward_model, sft
 from envs.text.task import supervised_batch
 from jaxrl import hparams, loop, sharding
 from jaxrl.config import ConfigError
+from jaxrl.lm.log_probs import completion_log_probs
 from jaxrl.lm.model import ModelConfig, Transformer, init_params, param_shardings
+from jaxrl.lm.sampler import Sampling
 from jaxrl.trainers.presets.grpo import get_config
 from tests.test_grpo import TEXT_TASK, TINY
 
@@ -136,9 +138,9 @@ def test_value_head_forward_reads_the_logits_grpo_reads():
     params = ppo_lm.init_params(lm, TINY)
     params["value_head"] = {"kernel": jnp.ones((TINY.hidden_size,)), "bias": jnp.float32(0.5)}
     batch = completion_batch()
-    config = ppo_lm.Config(temperature=0.7)
+    config = ppo_lm.Config(sampling=Sampling(temperature=0.7))
     log_probs, entropy, values = ppo_lm.make_forward(TINY, None, None, config)(params, batch)
-    want, want_entropy = grpo.completion_log_probs(Transformer(TINY), lm, batch, 0.7)
+    want, want_entropy = completion_log_probs(Transformer(TINY), lm, batch, 0.7)
     np.testing.assert_allclose(log_probs, want, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(entropy, want_entropy, rtol=1e-5, atol=1e-6)
     hidden, _ = Transformer(TINY).apply(
@@ -170,7 +172,9 @@ def test_generation_reward_model_and_update_are_one_compiled_program(critic):
     """One executable holds the sampler, the reward model and the optimizer: a reward model
     whose bias is 1 higher gives scores exactly 1 higher from the same compiled program, which
     also sampled completions and took optimizer steps."""
-    config = ppo_lm.Config(batch_size=4, max_new_tokens=4, num_epochs=2, critic=critic)
+    config = ppo_lm.Config(
+        batch_size=4, sampling=Sampling(max_new_tokens=4), num_epochs=2, critic=critic
+    )
     algorithm, hp, inputs = make_rlhf(config, critic)
     state = algorithm.init(jax.random.key(0), hp)
     chunk = loop.make_chunk(algorithm.update, 2, runs_axis=False)
@@ -185,7 +189,7 @@ def test_generation_reward_model_and_update_are_one_compiled_program(critic):
 
 
 def test_an_ensemble_of_reward_models_is_combined_by_the_rule():
-    config = ppo_lm.Config(batch_size=4, max_new_tokens=3, num_epochs=1)
+    config = ppo_lm.Config(batch_size=4, sampling=Sampling(max_new_tokens=3), num_epochs=1)
     algorithm, hp, inputs = make_rlhf(config)
     lm = inputs.reference_params
     members = [reward_model.init_params(lm, TINY, jax.random.key(k)) for k in range(3)]
@@ -207,7 +211,11 @@ def test_sharded_update_equals_single_device(mesh_shape):
     """Two updates (rollout by the reward model, 2 epochs x 2 minibatches) on 8 devices reach
     the single-device metrics and parameters within float tolerance."""
     settings = dict(
-        batch_size=8, max_new_tokens=4, num_epochs=2, num_minibatches=2, learning_rate=1e-3
+        batch_size=8,
+        sampling=Sampling(max_new_tokens=4),
+        num_epochs=2,
+        num_minibatches=2,
+        learning_rate=1e-3,
     )
     config = ppo_lm.Config(**settings)
     algorithm, hp, inputs = make_rlhf(config)
@@ -270,7 +278,11 @@ def test_ppo_raises_the_answer_reward_of_a_briefly_fine_tuned_policy(fine_tuned)
     over the last 10 updates (after 40 updates seed 0 was at 0.71 and rising, 1 and 2 at
     0.88-0.90)."""
     config = ppo_lm.Config(
-        batch_size=256, max_new_tokens=4, num_minibatches=4, num_epochs=4, learning_rate=3e-4
+        batch_size=256,
+        sampling=Sampling(max_new_tokens=4),
+        num_minibatches=4,
+        num_epochs=4,
+        learning_rate=3e-4,
     )
     hp = hparams.hparams(config)
 
@@ -294,8 +306,8 @@ def test_remax_raises_the_answer_reward_of_the_same_starts(fine_tuned):
     0.96 over the last 10 updates, seed 0 went from 0.28 to 0.62 (its greedy reward 0.53 to
     0.65); each must gain 0.3 and the median reach 0.9."""
     config = grpo.Config(
-        variant="remax", batch_size=256, group_size=1, max_new_tokens=4, learning_rate=3e-4,
-        num_epochs=4, num_minibatches=4,
+        variant="remax", batch_size=256, group_size=1, sampling=Sampling(max_new_tokens=4),
+        learning_rate=3e-4, num_epochs=4, num_minibatches=4,
     )  # fmt: skip
     hp = hparams.hparams(config)
 

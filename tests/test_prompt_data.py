@@ -14,6 +14,7 @@ import tensorflow_datasets as tfds
 
 from algos import grpo
 from envs.text.prompt_dataset import prompt_dataset_task
+from envs.text.reward_terms import host_reward
 from jaxrl import hparams, loop
 from jaxrl.config import ConfigError
 from jaxrl.data.prompts import (
@@ -25,6 +26,7 @@ from jaxrl.data.prompts import (
     tokenize_prompts,
 )
 from jaxrl.lm.model import ModelConfig, init_params
+from jaxrl.lm.sampler import Sampling
 from jaxrl.lm.tokenizer import ByteTokenizer, load_tokenizer
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -184,9 +186,9 @@ def test_every_column_reaches_each_weighted_host_reward():
         return [1.0] * len(completions)
 
     task = prompt_dataset_task("say_digit", table, BYTES)
-    task = task.with_reward(grpo.host_reward(record, BYTES, "length", 0.5, table=table))
-    task = task.with_reward(grpo.host_reward(ones, BYTES, "ones", 2.0, table=table))
-    config = grpo.Config(batch_size=4, group_size=2, max_new_tokens=3)
+    task = task.with_reward(host_reward(record, BYTES, "length", 0.5, table=table))
+    task = task.with_reward(host_reward(ones, BYTES, "ones", 2.0, table=table))
+    config = grpo.Config(batch_size=4, group_size=2, sampling=Sampling(max_new_tokens=3))
     algorithm = grpo.make(config, TINY, task, init_params(TINY, jax.random.key(0)))
     hp = hparams.hparams(config)
     state = algorithm.init(jax.random.key(1), hp)

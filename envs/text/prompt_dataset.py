@@ -3,10 +3,11 @@ sampled inside the compiled program, and rewards that are the user's own Python 
 
     table = tokenize_prompts(read_prompt_jsonl("train.jsonl"), tokenizer)
     task = prompt_dataset_task("train.jsonl", table, tokenizer)
-    task = task.with_reward(grpo.host_reward(math_answer_reward, tokenizer, "answer", table=table))
+    task = task.with_reward(host_reward(math_answer_reward, tokenizer, "answer", table=table))
 
 Each sampled prompt carries its row index (`PromptBatch.row`), which is how a host reward finds
-the row's other columns (the `answer`, say) without decoding anything back from tokens.
+the row's other columns (the `answer`, say) without decoding anything back from tokens
+(`envs.text.reward_terms.host_reward`).
 """
 
 from __future__ import annotations

@@ -130,6 +130,7 @@ def build_step(params: dict[str, Any]) -> harness.Step:
     from envs.text import RewardTerm, TextTask
     from jaxrl import hparams, loop
     from jaxrl.lm.model import ModelConfig, init_params
+    from jaxrl.lm.sampler import Sampling
 
     k, seed = params["K"], params["seed"]
     calls = sum(harness.call_counts(params["steps"], params["warmup"], k))
@@ -158,8 +159,7 @@ def build_step(params: dict[str, Any]) -> harness.Step:
     config = grpo.Config(
         batch_size=size["prompts_per_update"],
         group_size=size["group_size"],
-        max_new_tokens=size["max_new_tokens"],
-        temperature=TEMPERATURE,
+        sampling=Sampling(max_new_tokens=size["max_new_tokens"], temperature=TEMPERATURE),
         learning_rate=LEARNING_RATE,
         kl_beta=KL_BETA,
         num_steps=calls * k,

@@ -74,12 +74,11 @@ def grpo_run(
     new_tokens: int = 256,
     grad_accum_steps: int = 1,
     lora_rank: int | None = None,
-    **rollout: Any,
 ) -> tuple[Any, Any, int]:
-    """The (grpo.Config, ModelConfig, prompt length) of one measured configuration; `rollout`
-    holds partial mode's Config fields (rollout_mode, rollout_budget, ...), if any."""
+    """The (grpo.Config, ModelConfig, prompt length) of one measured configuration."""
     from algos import grpo
     from jaxrl.lm.model import ModelConfig
+    from jaxrl.lm.sampler import Sampling
 
     spec = SHAPES[shape]
     model = ModelConfig(**spec["model"], dtype=dtype, param_dtype=param_dtype, remat=remat)
@@ -87,10 +86,9 @@ def grpo_run(
     config = grpo.Config(
         batch_size=prompts or spec["prompts"],
         group_size=group_size,
-        max_new_tokens=new_tokens,
+        sampling=Sampling(max_new_tokens=new_tokens),
         grad_accum_steps=grad_accum_steps,
         lora_rank=rank,
-        **rollout,
     )
     return config, model, prompt_len
 
@@ -176,7 +174,7 @@ def main() -> None:
             "remat": model.remat,
             "lora_rank": config.lora_rank,
             "batch": f"{config.batch_size}x{config.group_size}x({prompt_len}+"
-            f"{config.max_new_tokens})",
+            f"{config.sampling.max_new_tokens})",
             "grad_accum_steps": config.grad_accum_steps,
             "compile_s": round(seconds, 1),
             **{f"xla_{k}_gib": round(v / GIB, 2) for k, v in fields.items()},

@@ -3,9 +3,10 @@ rollouts, as trained (issue 39; the README's "Length-bucketed training" profile)
 
 Each figure is a separately compiled piece, timed after warm-up updates from the SFT run:
 - the whole update (`grpo.make`'s, jitted), median over --updates updates;
-- the same update with `grpo.make_optimize` replaced by a no-op (rollout, scoring, bookkeeping);
-- GRPO's optimizer steps alone (`grpo.make_optimize`) on batches captured from steady-state
-  updates, as run and with the explicit no-grad old / proximal log-prob pass forced;
+- the same update with `optimizer_steps.make_optimize` replaced by a no-op (rollout, scoring,
+  bookkeeping);
+- GRPO's optimizer steps alone (`optimizer_steps.make_optimize`) on batches captured from
+  steady-state updates, as run and with the explicit no-grad old / proximal log-prob pass forced;
 - one decode step of the model at the mode's rows x cache columns, and the prefill of a batch
   of prompts into a fresh cache.
 
@@ -31,7 +32,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from algos import grpo, partial  # noqa: E402
+from algos import grpo, optimizer_steps, partial  # noqa: E402
 from jaxrl import hparams, sharding  # noqa: E402
 from jaxrl.lm import training  # noqa: E402
 from jaxrl.lm.model import Transformer, init_cache, positions_from_mask  # noqa: E402
@@ -73,13 +74,15 @@ def main() -> None:
             flat.rollout_mode, flat.rollout_budget = "partial", args.budget
             flat.max_staleness, flat.rollout_groups = args.max_staleness, args.rollout_groups
     # The run directory is named, never created: nothing is written.
-    run = lm_runs.setup(flat, f"{tempfile.gettempdir()}/partial_phases", grpo.Config, "grpo")
-    config, mesh = run.config, run.mesh
+    workdir = f"{tempfile.gettempdir()}/partial_phases"
+    run = lm_runs.setup(flat, workdir, grpo.Config, "grpo", grpo.check_rollout)
+    config, mesh, rollout = run.config, run.mesh, run.rollout
+    max_staleness = getattr(rollout, "max_staleness", 0)
     prompts = prompt_data.read_task(run)
     params, model, _ = lm_runs.initial_params(run)
     task_data = jax.device_put(prompts.task.data, sharding.replicated(mesh))
     inputs, hp = grpo.Inputs(None, task_data), hparams.hparams(config)
-    real_make_optimize = grpo.make_optimize
+    real_make_optimize = optimizer_steps.make_optimize
     captured = []
 
     def no_training(transformer, loss_fn, cfg, mesh):
@@ -94,9 +97,9 @@ def main() -> None:
         return optimize
 
     def updates(label: str, stub: bool) -> tuple[float, object]:
-        grpo.make_optimize = no_training if stub else real_make_optimize
-        algorithm = grpo.make(config, model, prompts.task, params, mesh)
-        grpo.make_optimize = real_make_optimize
+        optimizer_steps.make_optimize = no_training if stub else real_make_optimize
+        algorithm = grpo.make(config, model, prompts.task, params, mesh, rollout)
+        optimizer_steps.make_optimize = real_make_optimize
         update = jax.jit(algorithm.update)
         state = algorithm.init(jax.random.key(0), hp)
         for _ in range(args.warm):
@@ -122,13 +125,13 @@ def main() -> None:
     _, state = updates("update without training", stub=True)
 
     transformer = Transformer(model, mesh=mesh)
-    loss_fn = grpo.make_loss(transformer, config, behaviour_clip=config.max_staleness > 0)
+    loss_fn = grpo.make_loss(transformer, config, behaviour_clip=max_staleness > 0)
     train_state = training.TrainState(state.params, state.opt_state, state.key, state.step)
     batches = captured[-20:]
     for label, forced in (("training pass", False), ("training pass, proximal pass forced", True)):
         if forced:  # the explicit no-grad pass runs when samples are reused
             grpo.Config.reuses_samples = property(lambda self: True)
-        optimize = jax.jit(grpo.make_optimize(transformer, loss_fn, hparams.static(config), mesh))
+        optimize = jax.jit(real_make_optimize(transformer, loss_fn, hparams.static(config), mesh))
         key = jax.random.key(2)
         times = [
             seconds(optimize, train_state, b, hp, key, train_state.params, None, reps=1)
@@ -137,13 +140,15 @@ def main() -> None:
         print(json.dumps(dict(piece=label, ms=round(1e3 * np.mean(times), 2))), flush=True)
 
     # One decode step and the prefill at this mode's shapes.
-    groups = config.rollout_groups if args.mode == "partial" else config.batch_size
+    groups = rollout.rollout_groups if args.mode == "partial" else config.batch_size
     batch = prompts.task.sample_prompts(jax.random.key(1), groups, task_data)
     prompt_length = batch.tokens.shape[1]  # the update's: prompts padded as a batch
     if args.mode == "partial":
-        columns = partial.geometry(prompt_length, config.max_new_tokens, args.budget).length
+        columns = partial.geometry(
+            prompt_length, config.sampling.max_new_tokens, args.budget
+        ).length
     else:
-        columns = prompt_length + config.max_new_tokens
+        columns = prompt_length + config.sampling.max_new_tokens
     rows = groups * config.group_size
     weights = generation_copy(params, model)
 

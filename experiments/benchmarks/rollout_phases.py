@@ -52,6 +52,7 @@ def main() -> None:
     from experiments.benchmarks.lm_shapes import MODEL_SHAPES
     from jaxrl import hparams
     from jaxrl.lm.model import ModelConfig, init_params
+    from jaxrl.lm.sampler import Sampling
     from jaxrl.lm.tokenizer import ByteTokenizer
     from jaxrl.trainers.presets.lm import TINY_MODEL
 
@@ -74,7 +75,7 @@ def main() -> None:
         config = grpo.Config(
             batch_size=args.batch_size,
             group_size=args.group_size,
-            max_new_tokens=new_tokens,
+            sampling=Sampling(max_new_tokens=new_tokens),
             warn_no_signal_updates=0,
         )
         hp = hparams.hparams(config)

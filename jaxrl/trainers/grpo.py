@@ -32,17 +32,14 @@ def train(
     Called as `train(config=None, workdir=None, *, model=None, train_data=None, eval_data=None,
     rewards=None, game=None)`: `config` is experiments/configs/grpo.py's (`config(preset)`), the
     parts are `jaxrl.trainers.base`'s; returns Result(state, summary, run_dir)."""
-    run = lm_runs.setup(flat, workdir, grpo.Config, "grpo", parts)
-    config, mesh = run.config, run.mesh
-    if config.rollout_mode == "async":
-        with runner.config_errors():  # the devices split into the training and generation meshes
-            asynchronous.split_devices(config)
+    run = lm_runs.setup(flat, workdir, grpo.Config, "grpo", parts, grpo.check_rollout)
+    config, mesh, rollout = run.config, run.mesh, run.rollout
     prompts = prompt_data.read_task(run)
     params, model, source = lm_runs.initial_params(run)
     evaluate = prompt_eval.evaluator(run, model, prompts)
     run_dir, initial = prompt_eval.open_run_with_initial_evaluation(run, evaluate, params)
 
-    algorithm = grpo.make(config, model, prompts.task, params, mesh)
+    algorithm = grpo.make(config, model, prompts.task, params, mesh, rollout)
     # The starting model is the KL penalty's reference; a prompt file's token table is the
     # prompts' source. Both are the update's inputs, placed on the devices once.
     task_data = jax.device_put(prompts.task.data, sharding.replicated(mesh))
@@ -56,8 +53,8 @@ def train(
         units_per_step=config.completions_per_update,
         after_chunk=prompt_eval.evaluate_every(run, evaluate, lambda state: state.params),
         # Async mode's two programs on two meshes are dispatched from the host.
-        chunk=asynchronous.make_chunk if config.rollout_mode == "async" else None,
-        host_loop=config.rollout_mode == "async",
+        chunk=asynchronous.make_chunk if rollout.host_loop else None,
+        host_loop=rollout.host_loop,
     )
     result = runner.train(job, run.flat.run, run_dir, kill_after_chunk)
     summary = prompt_eval.finish(

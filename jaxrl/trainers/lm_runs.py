@@ -86,6 +86,7 @@ class Setup(NamedTuple):
     source: Checkpoint  # where the parameters come from (see `initial_params`)
     tokenizer_source: str  # "byte" or the tokenizer.json path the run copies
     parts: Parts = Parts()
+    rollout: Any = None  # GRPO's and multi-turn GRPO's rollout mode (`algos.rollouts`)
 
     def data(self, field: str) -> str | GivenRows:
         """config.task.<field>'s rows: given in memory, or the path of a JSONL file ("" none)."""
@@ -98,15 +99,24 @@ def setup(
     config_cls: type,
     name: str,
     parts: Parts | None = None,
+    check_rollout: Callable[[Any, Any], None] | None = None,
 ) -> Setup:
     """Check the config, and make the mesh, task, starting checkpoint and tokenizer (each problem
     one error line). With init_from, the architecture comes from the checkpoint and only the
     model section's dtype, param_dtype and remat apply; the tokenizer comes from the checkpoint
     unless config.task.tokenizer names one, and must fit the model's vocabulary. `workdir` None
-    is runs/<name>-<task>-<date>-<time>."""
+    is runs/<name>-<task>-<date>-<time>. An algorithm with rollout modes passes its
+    `check_rollout`: the config file's rollout settings become the Setup's `rollout` object
+    (`rollout_modes`)."""
+    # Only the algorithms with rollout modes import them (and through them envs, 2 s).
+    from jaxrl.trainers import rollout_modes
+
+    settings = SETTINGS + (rollout_modes.SETTINGS if check_rollout else ())
     # Every setting checked first (the ones left to the starting point at their random-model
     # values), then the checkpoint read, then those settings filled in for it and checked again.
-    config = build_config(config_cls, for_start(flat, pretrained=False), SETTINGS)
+    config = build_config(config_cls, for_start(flat, pretrained=False), settings)
+    if check_rollout:
+        rollout_modes.for_run(flat, config, check_rollout)
     check_run_settings(flat.run)
     mesh = make_mesh(config.mesh_shape)
     # A game's task section (jaxrl/trainers/game_play.py) names a game, not a text task.
@@ -114,7 +124,8 @@ def setup(
     parts = parts or Parts()
     source = start_checkpoint(flat, parts.model)
     resolve_defaults(flat, source)
-    config = build_config(config_cls, flat, SETTINGS)
+    config = build_config(config_cls, flat, settings)
+    rollout = rollout_modes.for_run(flat, config, check_rollout) if check_rollout else None
     tokenizer, tokenizer_source = run_tokenizer(flat.task.tokenizer, source)
     check_vocabulary(tokenizer, source.model, source, "config.task.tokenizer")
     try:  # the settings against the model they will train (a LoRA target it lacks)
@@ -126,7 +137,7 @@ def setup(
     )
     return Setup(
         name, flat, config, mesh, task, tokenizer, source.model, workdir, source,
-        tokenizer_source, parts,
+        tokenizer_source, parts, rollout,
     )  # fmt: skip
 
 

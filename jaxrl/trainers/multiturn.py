@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from algos import asynchronous, multiturn, multiturn_partial
+from algos.partial import Partial
 from jaxrl import runner, statistics
 from jaxrl.lm import checkpoints
 from jaxrl.trainers import base, game_play, lm_runs, prompt_data, prompt_eval
@@ -78,28 +79,27 @@ def train(
     model=None, train_data=None, eval_data=None, rewards=None, game=None)`: `config` is
     experiments/configs/multiturn.py's (`config(preset)`), the parts are
     `jaxrl.trainers.base`'s; returns Result(state, summary, run_dir)."""
-    run = lm_runs.setup(flat, workdir, multiturn.Config, "multiturn", parts)
-    config, mesh, section = run.config, run.mesh, run.flat.task
-    if config.rollout_mode == "async":
-        with runner.config_errors():  # the devices split into the training and generation meshes
-            asynchronous.split_devices(config)
+    run = lm_runs.setup(
+        flat, workdir, multiturn.Config, "multiturn", parts, multiturn.check_rollout
+    )
+    config, mesh, section, rollout = run.config, run.mesh, run.flat.task, run.rollout
     game = game_play.make_game(section, run.tokenizer, run.parts.game)
-    if config.rollout_mode == "partial":
+    if isinstance(rollout, Partial):
         with runner.config_errors():  # the turn budget and the staleness bound against max_turns
-            multiturn_partial.validate_env(config, game.env)
+            multiturn_partial.check_game(rollout, game.env)
     params, model, source = lm_runs.initial_params(run)
-    turn_tokens = config.max_new_tokens
+    turn_tokens, temperature = config.sampling.max_new_tokens, config.sampling.temperature
     evaluate = game_play.evaluator(section, game, model, run.tokenizer, turn_tokens, mesh)
     num_samples = prompt_data.eval_samples(run)
 
     def evaluate_both(params) -> tuple[dict, list[str]]:
-        sampled = evaluate(params, config.temperature)
+        sampled = evaluate(params, temperature)
         greedy = evaluate(params, 0.0)
         tools = section.game == game_play.TOOL_GAME
         row = evaluation_row(sampled, "eval_success", tools)
         row |= evaluation_row(greedy, "eval_success_greedy", tools)
         if num_samples:  # pass@k: each evaluation game played eval_samples times, sampled
-            games = evaluate.successes(params, config.temperature, num_samples)
+            games = evaluate.successes(params, temperature, num_samples)
             row |= prompt_eval.pass_at_k_fields(games)
         return row | {"_success": sampled.success}, sampled.transcripts
 
@@ -111,7 +111,7 @@ def train(
             f.write("\n".join(before))
 
     algorithm = multiturn.make(
-        config, model, game.env, params, game.end_of_turn, run.tokenizer.pad_id, mesh
+        config, model, game.env, params, game.end_of_turn, run.tokenizer.pad_id, mesh, rollout
     )
     inputs = multiturn.Inputs(params if config.kl_beta > 0 else None)
 
@@ -137,8 +137,8 @@ def train(
         units_per_step=config.batch_size * config.group_size,
         after_chunk=after_chunk,
         # Async mode's two programs on two meshes are dispatched from the host.
-        chunk=asynchronous.make_chunk if config.rollout_mode == "async" else None,
-        host_loop=config.rollout_mode == "async",
+        chunk=asynchronous.make_chunk if rollout.host_loop else None,
+        host_loop=rollout.host_loop,
     )
     result = runner.train(job, run.flat.run, run_dir, kill_after_chunk)
     params = result.states.params
@@ -154,7 +154,7 @@ def train(
     public = lambda row: {k: v for k, v in row.items() if not k.startswith("_")}  # noqa: E731
     change = final["_success"] - initial["_success"]  # paired: the same games and keys
     episodes_per_update = config.batch_size * config.group_size
-    if config.rollout_mode == "partial":  # the episodes trained on, not batch_size per update
+    if isinstance(rollout, Partial):  # the episodes trained on, not batch_size per update
         log_every = run.flat.run.log_every
         every = runner.block_length(config.num_steps, log_every)  # updates per metrics row
         trained = prompt_eval.last_rows(run_dir, config.num_steps, config.num_steps, log_every)

@@ -12,9 +12,10 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from algos import grpo
+from algos.asynchronous import Async
 from envs.text import TextTask, protocol
 from envs.text.prompt_dataset import prompt_dataset_task
+from envs.text.reward_terms import host_reward
 from jaxrl import host
 from jaxrl.config import ConfigError, fail
 from jaxrl.data.chat import ChatDataError, source_name
@@ -277,11 +278,9 @@ def task_problems_as_prompts(run: lm_runs.Setup) -> PromptData | None:
 def rollout_mesh(run: lm_runs.Setup) -> Any:
     """The mesh the rollout (and so a host reward's per-shard callback) runs on: in async mode
     the generation mesh beside the training one, else the run's mesh."""
-    if getattr(run.config, "rollout_mode", "sync") != "async":
+    if not isinstance(run.rollout, Async):
         return run.mesh
-    from algos import asynchronous
-
-    return asynchronous.generation_mesh(run.config, run.mesh)
+    return run.rollout.generation_mesh(run.config, run.mesh)
 
 
 def host_rewarded_task(
@@ -290,9 +289,7 @@ def host_rewarded_task(
     """The task of sampling `table`'s prompts, rewarded by the host `functions`."""
     task = prompt_dataset_task(name, table, run.tokenizer)
     for function_name, function, weight in functions:
-        term = grpo.host_reward(
-            function, run.tokenizer, function_name, weight, rollout_mesh(run), table
-        )
+        term = host_reward(function, run.tokenizer, function_name, weight, rollout_mesh(run), table)
         task = task.with_reward(term)
     return task
 
@@ -308,7 +305,7 @@ def text_task(run: lm_runs.Setup) -> TextTask:
         fail(f"config.{where}.{error}")
     for name, function, weight in reward_functions(run):
         task = task.with_reward(
-            grpo.host_reward(function, run.tokenizer, name, weight, rollout_mesh(run))
+            host_reward(function, run.tokenizer, name, weight, rollout_mesh(run))
         )
     return task
 
@@ -355,10 +352,10 @@ def reward_models(
         )
     (model,) = models
     limit = model.max_position_embeddings
-    if prompt_length + run.config.max_new_tokens > limit:
+    if prompt_length + run.config.sampling.max_new_tokens > limit:
         fail(
             f"config.max_new_tokens: prompts of {prompt_length} tokens + "
-            f"{run.config.max_new_tokens} new ones exceed the reward model's "
+            f"{run.config.sampling.max_new_tokens} new ones exceed the reward model's "
             f"max_position_embeddings={limit}; set max_new_tokens <= {limit - prompt_length}"
         )
     params = [p for p, _ in loaded]
@@ -405,10 +402,10 @@ def read_task(run: lm_runs.Setup) -> Prompts:
         prompts = Prompts(sampler, None, shape[1], task.name, reward_key, len(problems), problems)
     # The model (init_from's architecture included) is known before any parameter is built.
     limit = run.model.max_position_embeddings
-    if prompts.prompt_length + config.max_new_tokens > limit:
+    if prompts.prompt_length + config.sampling.max_new_tokens > limit:
         fail(
             f"config.max_new_tokens: prompts of {prompts.prompt_length} tokens + "
-            f"{config.max_new_tokens} new ones exceed the model's max_position_embeddings="
+            f"{config.sampling.max_new_tokens} new ones exceed the model's max_position_embeddings="
             f"{limit}; set max_new_tokens <= {limit - prompts.prompt_length}"
             + (" or a shorter max_prompt_length" if data is not None else "")
         )

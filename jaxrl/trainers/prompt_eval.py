@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
+from algos.partial import Partial
 from envs.text import protocol
 from jaxrl import distributed, host, logging, runner, statistics
 from jaxrl.lm import checkpoints
@@ -24,7 +25,6 @@ from jaxrl.lm.completions import (
     task_accuracy,
 )
 from jaxrl.lm.model import ModelConfig
-from jaxrl.lm.sampler import SamplingConfig
 from jaxrl.logging import RunDirectory
 from jaxrl.trainers import lm_runs
 from jaxrl.trainers.prompt_data import PromptData, Prompts, eval_samples
@@ -69,19 +69,6 @@ class HeldOut(NamedTuple):
     samples: np.ndarray | None = None
 
 
-def sampling_for(run: lm_runs.Setup) -> SamplingConfig:
-    """How the evaluation samples: as training does (temperature, top-k, top-p)."""
-    config = run.config
-    return SamplingConfig(
-        max_new_tokens=config.max_new_tokens,
-        eos_id=run.tokenizer.eos_id,
-        pad_id=run.tokenizer.pad_id,
-        temperature=getattr(config, "temperature", 1.0),
-        top_k=getattr(config, "top_k", 0),
-        top_p=getattr(config, "top_p", 1.0),
-    )
-
-
 def pass_at_ks(num_samples: int) -> list[int]:
     """The k reported for `num_samples` samples per prompt: 1, the powers of 2 between, and n."""
     ks = {1, num_samples}
@@ -110,7 +97,7 @@ def task_evaluator(run: lm_runs.Setup, model: ModelConfig, held_out: Any, proble
     def evaluate(params: Any) -> HeldOut:
         _, mean_score, completions = task_accuracy(
             model, params, run.task, run.tokenizer, problems, held_out.tokens, held_out.mask,
-            run.config.max_new_tokens, run.mesh, run.flat.eval_batch_size,
+            run.config.sampling.max_new_tokens, run.mesh, run.flat.eval_batch_size,
         )  # fmt: skip
         scores = [run.task.score(p, c) for p, c in zip(problems, completions, strict=True)]
         correct = np.array([s == 1.0 for s in scores], np.float64)
@@ -142,8 +129,8 @@ def file_evaluator(run: lm_runs.Setup, model: ModelConfig, data: PromptData):
 
     def evaluate(params: Any) -> HeldOut:
         texts = greedy_completions(
-            model, params, run.tokenizer, table.tokens, table.mask, run.config.max_new_tokens,
-            run.mesh, run.flat.eval_batch_size,
+            model, params, run.tokenizer, table.tokens, table.mask,
+            run.config.sampling.max_new_tokens, run.mesh, run.flat.eval_batch_size,
         )  # fmt: skip
         completions: list = texts
         if table.conversational:
@@ -197,8 +184,9 @@ def sample(
 ) -> list[list[str]]:
     """`eval_samples` completions of every held-out prompt, sampled as training samples, with a
     key fixed by the run's seed (the same params give the same samples)."""
+    sampling = run.config.sampling.for_tokens(run.tokenizer.eos_id, run.tokenizer.pad_id)
     return sampled_completions(
-        model, params, run.tokenizer, tokens, mask, sampling_for(run), eval_samples(run),
+        model, params, run.tokenizer, tokens, mask, sampling, eval_samples(run),
         jax.random.fold_in(jax.random.key(run.flat.seed), 1), run.mesh,
         run.flat.eval_batch_size,
     )  # fmt: skip
@@ -355,7 +343,7 @@ def summary_fields(
     completions = config.num_steps * completions_per_update
     tokens = config.num_steps * completions_per_update * length  # generated tokens
     partial = {}
-    if getattr(config, "rollout_mode", "sync") == "partial":
+    if isinstance(run.rollout, Partial):
         # Partial rollouts train a varying number of groups per update, and decode tokens that
         # train later, or never (dropped for staleness): count what was trained on, every
         # update's, not a sync run's fixed batch.
@@ -370,7 +358,7 @@ def summary_fields(
     # The training pass's tokens: every trained completion at its fixed shape (with
     # length_buckets > 0 the pass runs shorter buckets, so this is an upper bound).
     trained_per_update = (
-        completions / config.num_steps * (prompts.prompt_length + config.max_new_tokens)
+        completions / config.num_steps * (prompts.prompt_length + config.sampling.max_new_tokens)
     )
     summary = {
         "task": prompts.name,

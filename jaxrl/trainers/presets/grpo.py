@@ -77,15 +77,20 @@ PRESET_SETTINGS = {
 
 
 def get_config(preset: str = "reverse_digits") -> ml_collections.ConfigDict:
-    """The preset's config: `algos.grpo.Config` fields, the LM sections, the reward settings and
-    the batch size of the greedy evaluation (`eval_batch_size`)."""
+    """The preset's config: `algos.grpo.Config` fields, the rollout mode's settings, the LM
+    sections, the reward settings and the batch size of the greedy evaluation
+    (`eval_batch_size`)."""
     from algos import grpo
+    from jaxrl.trainers import rollout_modes
 
     chosen = preset_of(PRESETS, preset)
     settings = PRESET_SETTINGS.get(preset, {})
     # 25 updates per compiled chunk (a real model: 5).
     chunk = 5 if "init_from" in settings else 25
     config = prompt_rl_config(grpo.Config(), chosen, settings, max(1, chosen["num_steps"] // chunk))
+    # How generation meets training: rollout_mode and each mode's settings, flat
+    # (`jaxrl.trainers.rollout_modes` makes the rollout object of them).
+    config.update(rollout_modes.defaults())
     if preset in POSITIONS:
         config.model.max_position_embeddings = POSITIONS[preset]
     if config.init_from:

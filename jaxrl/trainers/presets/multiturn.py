@@ -61,10 +61,11 @@ PRESETS = {
 
 
 def get_config(preset: str = "guess_my_number") -> ml_collections.ConfigDict:
-    """The preset's config: `algos.multiturn.Config` fields, the LM sections with a game's task
-    section (`jaxrl/trainers/game_play.game_task`), and how often to evaluate."""
+    """The preset's config: `algos.multiturn.Config` fields, the rollout mode's settings, the LM
+    sections with a game's task section (`jaxrl/trainers/game_play.game_task`), and how often to
+    evaluate."""
     from algos import multiturn
-    from jaxrl.trainers import game_play
+    from jaxrl.trainers import game_play, rollout_modes
 
     chosen = dict(preset_of(PRESETS, preset))
     game = chosen.pop("task")
@@ -78,4 +79,7 @@ def get_config(preset: str = "guess_my_number") -> ml_collections.ConfigDict:
     )
     config.task = game_play.game_task(**game)
     config.run.log_every = 1
+    # How generation meets training: rollout_mode and each mode's settings, flat
+    # (`jaxrl.trainers.rollout_modes`); partial mode's rollout_budget counts turns.
+    config.update(rollout_modes.defaults())
     return config
