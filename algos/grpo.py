@@ -661,7 +661,12 @@ def check_rollout(config: Config, rollout: Any) -> None:
 
 
 def make(
-    config: Config, model: ModelConfig, task: TextTask, params: Any, mesh: Any = None, rollout=None
+    config: Config,
+    model: ModelConfig,
+    task: TextTask,
+    params: Any,
+    mesh: Any = None,
+    rollout: Any = None,
 ) -> Algorithm:
     """GRPO as pure functions of one run on `task`, starting from `params` (placed on `mesh`, if
     given): `init(key, hparams)` and `update(state, inputs, hparams)`, one rollout and

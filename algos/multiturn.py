@@ -291,7 +291,7 @@ def make_optimize(
     """The optimizer steps on one batch of conversations, as every rollout mode takes them:
     `optimize(state, batch, hp, shuffle_key, policy, reference_params) -> (state, step_metrics)`
     adds the old log-probs under `policy` (when samples are reused) and the reference's (when
-    given), then runs the minibatch epochs (`grpo.make_optimize`'s contract)."""
+    given), then runs the minibatch epochs (`optimizer_steps.make_optimize`'s contract)."""
     config = static(config)
     temperature = config.sampling.temperature
 
