@@ -38,12 +38,12 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from algos import grpo
+from algos import grpo, optimizer_steps
 from algos.dynamic_sampling import group_has_signal, keep_varied_groups
 from algos.rollouts import Learner, Sync
 from jaxrl.config import require
 from jaxrl.hparams import HParams, static, swept
-from jaxrl.lm import dialogue, training
+from jaxrl.lm import dialogue
 from jaxrl.lm.log_probs import log_prob_mismatch, log_probs_and_entropy
 from jaxrl.lm.model import ModelConfig, Transformer
 from jaxrl.loop import Algorithm
@@ -288,10 +288,9 @@ def make_rollout(
 def make_optimize(
     transformer: Transformer, loss_fn: Callable, config: Config, mesh: Any
 ) -> Callable:
-    """The optimizer steps on one batch of conversations, as every rollout mode takes them:
-    `optimize(state, batch, hp, shuffle_key, policy, reference_params) -> (state, step_metrics)`
-    adds the old log-probs under `policy` (when samples are reused) and the reference's (when
-    given), then runs the minibatch epochs (`optimizer_steps.make_optimize`'s contract)."""
+    """The optimizer steps on one batch of conversations, as every rollout mode takes them
+    (`optimizer_steps.optimize_with`): the old and reference log-probs of the policy's tokens
+    by one forward pass over the recorded conversations, then the minibatch epochs."""
     config = static(config)
     temperature = config.sampling.temperature
 
@@ -300,18 +299,7 @@ def make_optimize(
         log_probs, _ = log_probs_and_entropy(logits, batch["targets"], temperature)
         return jax.lax.stop_gradient(log_probs)
 
-    def optimize(state, batch, hp, shuffle_key, policy, reference_params):
-        batch = dict(batch)
-        if config.reuses_samples:
-            batch["old_log_probs"] = log_probs_of(policy, batch)
-        if reference_params is not None:
-            batch["reference_log_probs"] = log_probs_of(reference_params, batch)
-        return training.minibatch_epochs(
-            lambda p, micro_batch: loss_fn(p, micro_batch, hp), state, batch, hp, config,
-            shuffle_key, config.num_epochs, config.num_minibatches, mesh,
-        )  # fmt: skip
-
-    return optimize
+    return optimizer_steps.optimize_with(loss_fn, log_probs_of, config, mesh)
 
 
 def unpack_inputs(inputs: Inputs | None) -> tuple[Any, None]:

@@ -1,5 +1,6 @@
 """GRPO's optimizer steps on one sampled batch of completions, as every rollout mode takes them
-(`make_optimize`): the no-grad log-prob passes (the old policy's when samples are reused, the
+(`make_optimize`; `optimize_with` is the same steps over any batch, multi-turn GRPO's
+conversations too): the no-grad log-prob passes (the old policy's when samples are reused, the
 reference's for the KL penalty), then num_epochs x num_minibatches steps of GRPO's loss.
 
 Length buckets (TRL's padding-free, verl's remove-padding, at fixed shapes):
@@ -138,29 +139,19 @@ def log_probs_in_buckets(
     return log_probs.reshape(-1, completion).at[order].set(log_probs.reshape(-1, completion))
 
 
-def make_optimize(transformer: Transformer, loss_fn: Callable, config: Any, mesh: Any) -> Callable:
-    """GRPO's optimizer steps on one sampled batch, as every rollout mode takes them:
-    `optimize(state, batch, hp, shuffle_key, policy, reference_params) -> (state, step_metrics)`
-    adds the old log-probs under `policy` (when samples are reused) and the reference's (when
-    given) to the batch, then runs the minibatch epochs with this update's dropout stream.
-    With config.length_buckets > 0 all three run in length buckets (`length_buckets`).
-    With one optimizer step per batch no old log-prob pass runs: those log-probs are the
-    loss's own, held constant (`grpo.make_loss`), and so are the proximal policy's of AReaL's
-    decoupled objective in partial and async mode (the parameters the update starts from);
-    forcing the pass changes nothing but the time (test_partial_rollouts)."""
-    buckets = length_buckets(config, mesh)
-    temperature = config.sampling.temperature
-    # The no-grad passes split the whole batch into sub-batches as small as training's.
-    parts = config.length_buckets * config.num_minibatches * config.grad_accum_steps
-
-    def no_grad_log_probs(params: Any, batch: dict[str, Array]) -> Array:
-        def log_probs_of(part: dict[str, Array]) -> Array:
-            return completion_log_probs(transformer, params, part, temperature)[0]
-
-        if buckets is not None:
-            log_probs = log_probs_in_buckets(log_probs_of, batch, buckets, parts)
-            return jax.lax.stop_gradient(log_probs)
-        return jax.lax.stop_gradient(log_probs_of(batch))
+def optimize_with(
+    loss_fn: Callable,
+    no_grad_log_probs: Callable[[Any, dict[str, Array]], Array],
+    config: Any,
+    mesh: Any,
+    buckets: training.LengthBuckets | None = None,
+) -> Callable:
+    """The optimizer steps on one sampled batch, as every rollout mode takes them (GRPO's single
+    completions, multi-turn GRPO's conversations): `optimize(state, batch, hp, shuffle_key,
+    policy, reference_params) -> (state, step_metrics)` adds the old log-probs under `policy`
+    (when samples are reused) and the reference's (when given) to the batch, each from
+    `no_grad_log_probs(params, batch)`, then runs the minibatch epochs of `loss_fn(params,
+    batch, hparams)` with this update's dropout stream (in length `buckets`, if given)."""
 
     def optimize(state, batch, hp, shuffle_key, policy, reference_params):
         batch = dict(batch)
@@ -178,3 +169,28 @@ def make_optimize(transformer: Transformer, loss_fn: Callable, config: Any, mesh
         )  # fmt: skip
 
     return optimize
+
+
+def make_optimize(transformer: Transformer, loss_fn: Callable, config: Any, mesh: Any) -> Callable:
+    """GRPO's optimizer steps on one sampled batch of completions (`optimize_with`). With
+    config.length_buckets > 0 the training and the no-grad passes run in length buckets
+    (`length_buckets`). With one optimizer step per batch no old log-prob pass runs: those
+    log-probs are the loss's own, held constant (`grpo.make_loss`), and so are the proximal
+    policy's of AReaL's decoupled objective in partial and async mode (the parameters the
+    update starts from); forcing the pass changes nothing but the time
+    (test_partial_rollouts)."""
+    buckets = length_buckets(config, mesh)
+    temperature = config.sampling.temperature
+    # The no-grad passes split the whole batch into sub-batches as small as training's.
+    parts = config.length_buckets * config.num_minibatches * config.grad_accum_steps
+
+    def no_grad_log_probs(params: Any, batch: dict[str, Array]) -> Array:
+        def log_probs_of(part: dict[str, Array]) -> Array:
+            return completion_log_probs(transformer, params, part, temperature)[0]
+
+        if buckets is not None:
+            log_probs = log_probs_in_buckets(log_probs_of, batch, buckets, parts)
+            return jax.lax.stop_gradient(log_probs)
+        return jax.lax.stop_gradient(log_probs_of(batch))
+
+    return optimize_with(loss_fn, no_grad_log_probs, config, mesh, buckets)

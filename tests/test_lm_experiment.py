@@ -520,7 +520,8 @@ def test_grpo_killed_at_a_random_moment_resumes_to_the_same_result(grpo_whole, t
     assert_same_params(whole, parts)
 
 
-# A host reward on one device: on a multi-device CPU mesh one hung once (see envs.text.reward_terms.host_reward).
+# A host reward on one device: on a multi-device CPU mesh one hung once (see
+# envs.text.reward_terms.host_reward).
 GRPO_ONE_DEVICE = [f for f in GRPO_SMALL if not f.startswith("--config.mesh_shape")]
 
 
