@@ -11,8 +11,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("jaxrl", "envs", "algos", "experiments")
 
@@ -147,7 +145,6 @@ def test_the_project_s_imports_go_down_the_layers():
     assert upward_imports(graph) == []
 
 
-@pytest.mark.xfail(strict=True, reason="three import cycles are being taken apart (issue 45)")
 def test_the_project_has_no_import_cycle():
     assert cycles(import_graph(REPO_ROOT)) == []
 
