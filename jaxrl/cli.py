@@ -21,7 +21,7 @@ from typing import Any, NoReturn
 import ml_collections
 
 from jaxrl.config import InputError, fail
-from jaxrl.runner import has_checkpoint, host_failures_as_input_errors, run_scope
+from jaxrl.runner import Stopped, has_checkpoint, host_failures_as_input_errors, run_scope
 
 
 @contextlib.contextmanager
@@ -231,6 +231,8 @@ def main(script_main: Callable[[list[str]], None], positional: bool = False) -> 
             try:
                 with exit_on_input_error(), host_failures_as_input_errors():
                     script_main(argv)
+            except Stopped:  # the training loop said where it stopped
+                sys.exit(Stopped.code)
             except KeyboardInterrupt:  # outside training (setup, final evaluation): one line
                 interrupted(record.run_dir)
 

@@ -346,6 +346,14 @@ def report_host_failure(failure: host.HostFailure, record: RunRecord | None = No
     fail(f"{problem}; fix the function and run the same command again {again}{where}")
 
 
+class Stopped(KeyboardInterrupt):
+    """A run stopped on Ctrl-C or SIGTERM after saying so on stderr (the stop line, which is also
+    the exception's message). From Python it is a `KeyboardInterrupt`, so `except
+    KeyboardInterrupt` catches it; the scripts exit with status `code` (130) on it."""
+
+    code = 130
+
+
 class _StopRequests:
     """SIGINT/SIGTERM handling: the first asks the loop to stop after the running update (or
     piece of updates), the second stops at once.
@@ -559,27 +567,25 @@ def _stop_before_training(checkpointer, sink, done, job, run_dir) -> NoReturn:
     sink.close()
     checkpointer.close()
     where = f"at step {done}/{job.num_steps}" if done else "before training started"
-    print(
-        f"Stopped {where}; run the same command again to resume ({run_dir.path}).",
-        file=sys.stderr,
-    )
-    sys.exit(130)
+    line = f"Stopped {where}; run the same command again to resume ({run_dir.path})."
+    print(line, file=sys.stderr)
+    raise Stopped(line)
 
 
 def _stop_with_checkpoint(checkpointer, sink, states, step, job, run_dir) -> NoReturn:
     """Save `states` at `step` (unless that checkpoint exists) with the pieces of the metrics row
-    it stopped inside, say how to resume, exit 130."""
+    it stopped inside, say how to resume, raise `Stopped`."""
     if checkpointer.latest_step() != step:
         pending = sink.pending()
         checkpointer.save(step, states, {"step": step} | ({"pending": pending} if pending else {}))
     sink.close()
     checkpointer.close()
-    print(
+    line = (
         f"Stopped at step {step}/{job.num_steps} with a checkpoint; run the same command again "
-        f"to resume ({run_dir.path}).",
-        file=sys.stderr,
+        f"to resume ({run_dir.path})."
     )
-    sys.exit(130)
+    print(line, file=sys.stderr)
+    raise Stopped(line)
 
 
 @jax.jit

@@ -241,9 +241,11 @@ def test_ctrl_c_inside_a_block_stops_after_the_running_update_and_resumes_exactl
 
     parts = str(tmp_path / "parts")
     job = dataclasses.replace(toy_job(config), update=update)
-    with pytest.raises(SystemExit) as stopped:
+    # From Python the stop is a KeyboardInterrupt (after its stop line); the scripts exit 130.
+    with pytest.raises(KeyboardInterrupt) as stopped:
         runner.train(job, run, runner.open_run(parts, {"rate": 1.0}))
-    assert stopped.value.code == 130
+    assert isinstance(stopped.value, runner.Stopped) and stopped.value.code == 130
+    assert "run the same command again to resume" in str(stopped.value)
     checkpointer = Checkpointer(os.path.join(parts, "checkpoints"))
     state, meta = checkpointer.restore(toy_job(config).init_states())
     checkpointer.close()
