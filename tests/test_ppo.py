@@ -149,13 +149,8 @@ def test_cartpole_learns():
 
 def test_pendulum_continuous_learns():
     """Continuous PPO (Gaussian policy, normalised observations and rewards) on Pendulum-v1."""
-    import importlib.util
-    import os
+    from jaxrl.trainers.presets import ppo as presets
 
-    path = os.path.join(os.path.dirname(__file__), "..", "experiments", "configs", "ppo.py")
-    spec = importlib.util.spec_from_file_location("ppo_configs", path)
-    presets = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(presets)
     settings = dict(presets.PRESETS["pendulum"], eval_episodes=16)  # its 2M-step budget
     config = ppo.Config(**settings)
     keys = jax.random.split(jax.random.PRNGKey(0), 2)

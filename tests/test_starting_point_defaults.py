@@ -1,4 +1,4 @@
-"""Defaults by starting point (experiments/configs/lm.py PRETRAINED, jaxrl/trainers/lm_runs.py
+"""Defaults by starting point (jaxrl/trainers/presets/lm.py PRETRAINED, jaxrl/trainers/lm_runs.py
 resolve_defaults): the settings that depend on the model keep the random-model values for a
 random model and the runs continuing one, take the pretrained values from a pretrained
 checkpoint and the runs continuing one, never replace a value the user gave, and warn once about
