@@ -165,6 +165,7 @@ def _updates(config, count, params=None, seed=3, mesh=None, rollout=None):
     return states, metrics
 
 
+@pytest.mark.slow  # Not in CI: the 8-device test below is the same equality on a mesh
 def test_partial_with_bound_zero_equals_synchronous_grpo():
     """Staleness 0 (so the budget covers max_new_tokens): the same samples in every update and
     the same parameters after it, bit for bit, as synchronous GRPO."""
@@ -442,6 +443,8 @@ def kill_after_first_checkpoint(flags, workdir):
         return checkpointer.restore(os.path.join(workdir, "checkpoints", str(step), "state"))
 
 
+# Not in CI: test_checkpoint_mid_rollout_resumes_equal_to_an_uninterrupted_run covers carried rows
+@pytest.mark.slow
 def test_partial_run_killed_after_a_checkpoint_mid_rollout_resumes_equal(partial_whole, tmp_path):
     """SIGKILL right after the first chunk's checkpoint, which holds half-decoded rows (the
     carried rollouts are in the checkpoint); the same command resumes and ends where the
@@ -537,6 +540,9 @@ def test_partial_with_decode_row_buckets_samples_the_same(carrying_run):
     )
 
 
+# Not in CI: 6 minutes; test_partial_with_decode_row_buckets_samples_the_same and the async bucketed
+# test cover the buckets
+@pytest.mark.slow
 def test_decode_row_buckets_on_8_devices_equal_one_device():
     """Sync and partial GRPO with 4 decode row buckets on a (2, 2, 2) mesh of 8 simulated
     devices (rows gathered across the batch shards): the same samples as on one device, the

@@ -59,6 +59,9 @@ CASES = {
         *ONE_CHUNK,
     ],
 }
+# CI runs one control script and one language-model script (the stop is the runner's, shared by
+# all of them); the other seven run with --runslow.
+IN_CI = ("ppo.py", "grpo.py")
 TIMING_KEYS = ("second", "resumed_from_step")  # the summary keys a resumed run may differ in
 
 
@@ -93,7 +96,10 @@ def results_of(workdir: str) -> dict:
     return {k: v for k, v in summary.items() if not any(t in k for t in TIMING_KEYS)}
 
 
-@pytest.mark.parametrize("script", list(CASES))
+@pytest.mark.parametrize(
+    "script",
+    [pytest.param(name, marks=[] if name in IN_CI else [pytest.mark.slow]) for name in CASES],
+)
 def test_ctrl_c_stops_after_the_running_update_and_the_rerun_ends_equal(script, tmp_path, request):
     args = list(CASES[script])
     if script == "cql.py":

