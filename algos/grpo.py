@@ -31,6 +31,17 @@ Variants (`Config.variant`):
 - "remax" (Li et al., 2024): REINFORCE whose baseline is the reward of the policy's own greedy
   completion of the prompt, generated in the same program (one per prompt); token sums divided
   by max_new_tokens like RLOO. It needs no critic and works from group_size 1.
+- "gspo" (Zheng et al., 2025, "Group Sequence Policy Optimization"): GRPO's advantages, but one
+  importance ratio per sequence, the geometric mean of its tokens' ratios
+  s = exp(mean_t log(pi / pi_old)), clipped to [1 - clip_low, 1 + clip_high] and averaged over
+  sequences. TRL: importance_sampling_level="sequence"; the paper clips at 3e-4 and 4e-4
+  (clip_low=3e-4, clip_high=4e-4) with kl_beta=0. Like every ratio here it is 1 on the first
+  step over fresh samples, so it differs from GRPO only with num_epochs or num_minibatches > 1
+  (or stale samples).
+- "cispo" (MiniMax, 2025, "MiniMax-M1", eq. 4): GRPO's advantages; no token leaves the
+  gradient: each token's log-prob is weighted by its importance ratio clipped to
+  [1 - clip_low, 1 + clip_high] and held constant, -sg(clip(r)) * A * log pi, one token mean
+  over the batch. TRL: loss_type="cispo". The paper sets no lower bound (clip_low=1.0).
 
 Dynamic sampling (DAPO's, `Config.dynamic_sampling`, with any variant; `algos.dynamic_sampling`):
 the rollout draws oversample_factor x batch_size prompts, samples and scores all their groups,
@@ -88,6 +99,10 @@ class Variant(NamedTuple):
     aggregation: str  # "sequence_mean", "token_mean" or "constant_length"
     drop_zero_variance_groups: bool  # give groups with all-equal rewards weight 0 (DAPO)
     clip_high: float | None  # the default upper clip; None means the same as clip_low
+    # What is clipped: "token_ratio" (PPO's min over each token's clipped ratio),
+    # "sequence_ratio" (GSPO's one length-normalised ratio per sequence) or "weight" (CISPO's
+    # clipped, constant importance weight on the log-prob).
+    surrogate: str = "token_ratio"
 
 
 VARIANTS = {
@@ -96,6 +111,8 @@ VARIANTS = {
     "dapo": Variant("group_mean", True, "token_mean", True, 0.28),
     "rloo": Variant("leave_one_out", False, "constant_length", False, None),
     "remax": Variant("greedy", False, "constant_length", False, None),
+    "gspo": Variant("group_mean", True, "sequence_mean", False, None, "sequence_ratio"),
+    "cispo": Variant("group_mean", True, "token_mean", False, None, "weight"),
 }
 
 
@@ -110,7 +127,8 @@ class GroupConfig(training.TrainConfig):
 
     batch_size: int = 16  # prompts per update
     group_size: int = 8  # completions sampled per prompt
-    variant: str = "grpo"  # a key of VARIANTS: "grpo", "dr_grpo", "dapo", "rloo" or "remax"
+    # a key of VARIANTS: "grpo", "dr_grpo", "dapo", "rloo", "remax", "gspo" or "cispo"
+    variant: str = "grpo"
     num_epochs: int = 1  # passes over each update's completions
     num_minibatches: int = 1  # optimizer steps per epoch
     clip_low: float = swept(0.2)  # the ratio's lower clip is 1 - clip_low
@@ -150,7 +168,7 @@ class GroupConfig(training.TrainConfig):
             f"got {self.group_size}; advantages compare completions within a group",
             "use 2 or more (or variant=remax, whose baseline is the greedy completion)",
         )
-        require_in_range(self, "clip_low", 0.0, 1.0)
+        require_in_range(self, "clip_low", 0.0, 1.0)  # 1.0: no lower bound
         require(self.clip_high >= 0, "clip_high", f"got {self.clip_high}", "use 0 or more")
         require(self.kl_beta >= 0, "kl_beta", f"got {self.kl_beta}", "use 0 (off) or more")
         require(
@@ -353,6 +371,7 @@ def policy_loss(
     behaviour_weight_cap: float | None = None,
     totals: tuple[Array, Array] | None = None,
     behaviour_clip: bool = False,
+    surrogate: str = "token_ratio",
 ) -> tuple[Array, dict[str, Array]]:
     """The clipped surrogate (plus kl_beta x the k3 KL to the reference, when its log-probs are
     given) over [B, N] completion tokens, aggregated as `aggregation` says. advantages: [B] (one
@@ -375,13 +394,32 @@ def policy_loss(
     clip above never acts, so this is the only trust region: without it a stale sample keeps
     pushing a token that the updates since its sampling have already moved (async mode's
     failure to learn reverse_digits, README). The gradient is then PPO's, clipped around the
-    behaviour policy."""
-    ratio = jnp.exp(log_probs - old_log_probs)
+    behaviour policy.
+
+    `surrogate` (the variant's): "token_ratio" is the above. "sequence_ratio" is GSPO: every
+    token's ratio is its sequence's s = exp(mean over its tokens of log(pi / pi_old)), written as
+    GSPO-token writes it (sg(s) * pi / sg(pi): the value s, the gradient of the token's own
+    log-prob times s), which with one advantage per sequence and sequence_mean aggregation is
+    GSPO's sequence objective exactly, gradient included. "weight" is CISPO:
+    -sg(clip(r, 1 - lo, 1 + hi)) * A * log pi; every token keeps a gradient, and clip_fraction
+    counts the tokens whose weight was clipped."""
+    log_ratio = log_probs - old_log_probs
+    if surrogate == "sequence_ratio":
+        token_mask = mask.astype(jnp.float32)
+        sequence = jnp.sum(log_ratio * token_mask, axis=1) / jnp.maximum(token_mask.sum(axis=1), 1)
+        log_ratio = jax.lax.stop_gradient(sequence)[:, None] + (
+            log_probs - jax.lax.stop_gradient(log_probs)
+        )
+    ratio = jnp.exp(log_ratio)
     low, high = 1.0 - clip_low, 1.0 + clip_high
     advantage = advantages if advantages.ndim == 2 else advantages[:, None]
-    unclipped = ratio * advantage
-    clipped = jnp.clip(ratio, low, high) * advantage
-    per_token = -jnp.minimum(unclipped, clipped)
+    if surrogate == "weight":
+        weight = jax.lax.stop_gradient(jnp.clip(ratio, low, high))
+        per_token = -weight * advantage * log_probs
+    else:
+        unclipped = ratio * advantage
+        clipped = jnp.clip(ratio, low, high) * advantage
+        per_token = -jnp.minimum(unclipped, clipped)
     if behaviour_log_probs is not None:
         behaviour_weight = jax.lax.stop_gradient(jnp.exp(old_log_probs - behaviour_log_probs))
         per_token = per_token * behaviour_weight
@@ -392,8 +430,11 @@ def policy_loss(
             beyond = ((rho < low) & (advantage < 0)) | ((rho > high) & (advantage > 0))
             per_token = jnp.where(beyond, jax.lax.stop_gradient(per_token), per_token)
     # The clip is active where it changed the minimum: the ratio left the trust region in the
-    # direction the advantage rewards.
-    was_clipped = ((ratio < low) & (advantage < 0)) | ((ratio > high) & (advantage > 0))
+    # direction the advantage rewards (CISPO's: wherever the weight was clipped).
+    if surrogate == "weight":
+        was_clipped = (ratio < low) | (ratio > high)
+    else:
+        was_clipped = ((ratio < low) & (advantage < 0)) | ((ratio > high) & (advantage > 0))
     metrics = {
         "clip_fraction": aggregate(
             was_clipped.astype(jnp.float32), mask, weights, "token_mean", max_new_tokens, totals
@@ -564,6 +605,7 @@ def make_loss(
             behaviour_log_probs=batch.get("behaviour_log_probs"),
             totals=totals,
             behaviour_clip=behaviour_clip,
+            surrogate=spec.surrogate,
         )
         if "sampler_log_probs" in batch:
             count = batch["norm_fresh"][0] if bucketed else None

@@ -171,7 +171,7 @@ def make_loss(
             # max_staleness > 0): AReaL's decoupled objective, with the clip around the
             # behaviour policy that one optimizer step per batch needs (`grpo.policy_loss`).
             behaviour_log_probs=batch.get("behaviour_log_probs"),
-            behaviour_clip=behaviour_clip,
+            behaviour_clip=behaviour_clip, surrogate=spec.surrogate,
         )  # fmt: skip
         if "sampler_log_probs" in batch:
             metrics.update(log_prob_mismatch(batch["sampler_log_probs"], old, batch["fresh_mask"]))

@@ -122,6 +122,65 @@ def fail(message: str, abrupt: bool = False) -> NoReturn:
     raise InputError(message, abrupt=abrupt)
 
 
+class Settings(ml_collections.ConfigDict):
+    """A trainer's ConfigDict as `jaxrl.trainers.<algo>.config(preset)` gives it to Python: an
+    assignment the config refuses (a field it does not have, a value of the wrong type) raises
+    one `InputError` line, `config.<path>: <problem>; <fix>`, with the "did you mean" the script
+    gives for its flags, at the line that assigned it, instead of ml_collections' KeyError (which
+    lists every field) or TypeError. Reading, copying and locking are ConfigDict's."""
+
+    @classmethod
+    def of(cls, config: ml_collections.ConfigDict, path: str = "config") -> Settings:
+        """`config` and every section in it, as `Settings` (the same objects, their class
+        changed, so field references between sections still hold)."""
+        object.__setattr__(config, "__class__", cls)
+        object.__setattr__(config, "_settings_path", path)
+        for name, value in config.items():
+            if isinstance(value, ml_collections.ConfigDict):
+                cls.of(value, f"{path}.{name}")
+        return config
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # Each refusal is raised from this frame (not a helper's), so a user's traceback is
+        # their line, this one and the error.
+        error = self._refusal(name, value)
+        if error is not None:
+            raise error
+        super().__setattr__(name, value)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        error = self._refusal(key, value)
+        if error is not None:
+            raise error
+        super().__setitem__(key, value)
+
+    def _refusal(self, key: Any, value: Any) -> InputError | None:
+        """The InputError that assigning `value` to `key` gets, or None if it is fine."""
+        path = f"{self.__dict__.get('_settings_path', 'config')}.{key}"
+        if self.is_locked and key not in self:
+            import difflib
+
+            close = difflib.get_close_matches(str(key), [str(k) for k in self.keys()], 1, 0.6)
+            fix = f"did you mean {path.rpartition('.')[0]}.{close[0]}?" if close else ""
+            fix = fix or f"the fields here are {', '.join(sorted(map(str, self.keys())))}"
+            return InputError(f"{path}: no such setting; {fix}")
+        if key not in self:
+            return None
+        # ml_collections' own check (type-safe ConfigDicts): an int field takes an int (a
+        # float takes an int), a str a str, a section a dict or ConfigDict.
+        try:
+            ml_collections.ConfigDict({"probe": self[key]}).probe = value
+        except TypeError:
+            current = self[key]
+            wanted = type(current).__name__
+            article = "an" if wanted[0] in "aeiou" else "a"
+            return InputError(
+                f"{path}: expected {article} {wanted}, got {value!r} ({type(value).__name__}); "
+                f"e.g. {path} = {current!r}"
+            )
+        return None
+
+
 def run_section(**overrides: Any) -> ml_collections.ConfigDict:
     """The `run` section of every config file: how a run is driven, not what it learns."""
     return ml_collections.ConfigDict(

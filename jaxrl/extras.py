@@ -66,7 +66,8 @@ def require(extra: str, what: str) -> None:
     package of `extra` is installed."""
     name = missing(extra)
     if name is not None:
-        from jaxrl.runner import exit_on_input_error, fail
+        from jaxrl.cli import exit_on_input_error
+        from jaxrl.config import fail
 
         with exit_on_input_error():  # called at a script's import, outside `cli.main`
             fail(message(extra, name, what))

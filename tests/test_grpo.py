@@ -36,12 +36,50 @@ def np_advantages(rewards, variant, greedy, eps=1e-4):
                 out[i, j] = r - (group.sum() - r) / (g - 1)
             else:
                 out[i, j] = r - group.mean()
-        if variant in ("grpo", "dapo"):
+        if variant in ("grpo", "dapo", "gspo", "cispo"):
             out[i] /= np.std(group, ddof=1) + eps
     return out
 
 
+def np_k3(logp, ref):
+    d = ref - logp
+    return np.exp(d) - d - 1
+
+
+def np_gspo_loss(logp, old, ref, adv, mask, weights, clip_low, clip_high, beta):
+    """GSPO (Zheng et al., 2025, eq. 5-7): s_i = (pi(y_i) / pi_old(y_i)) ** (1 / |y_i|); the
+    objective is the mean over sequences of min(s_i A_i, clip(s_i, 1 - lo, 1 + hi) A_i); the
+    KL penalty is each sequence's token mean, as GRPO's."""
+    terms = []
+    for b in np.flatnonzero(weights > 0):
+        tokens = np.flatnonzero(mask[b])
+        s = np.exp(np.mean(logp[b, tokens] - old[b, tokens]))
+        value = -min(s * adv[b], np.clip(s, 1 - clip_low, 1 + clip_high) * adv[b])
+        if beta:
+            value += beta * np.mean(np_k3(logp[b, tokens], ref[b, tokens]))
+        terms.append(value)
+    return np.mean(terms)
+
+
+def np_cispo_loss(logp, old, ref, adv, mask, weights, clip_low, clip_high, beta):
+    """CISPO (MiniMax-M1, eq. 4): -sg(clip(r, 1 - lo, 1 + hi)) * A * log pi per token, one
+    mean over all the batch's tokens."""
+    values = []
+    for b in np.flatnonzero(weights > 0):
+        for t in np.flatnonzero(mask[b]):
+            weight = np.clip(np.exp(logp[b, t] - old[b, t]), 1 - clip_low, 1 + clip_high)
+            value = -weight * adv[b] * logp[b, t]
+            if beta:
+                value += beta * np_k3(logp[b, t], ref[b, t])
+            values.append(value)
+    return np.mean(values)
+
+
 def np_policy_loss(logp, old, ref, adv, mask, weights, variant, clip_low, clip_high, beta, n_max):
+    if variant == "gspo":
+        return np_gspo_loss(logp, old, ref, adv, mask, weights, clip_low, clip_high, beta)
+    if variant == "cispo":
+        return np_cispo_loss(logp, old, ref, adv, mask, weights, clip_low, clip_high, beta)
     rows = []
     for b in range(logp.shape[0]):
         tokens = []
@@ -89,6 +127,8 @@ def test_policy_loss_matches_numpy(variant, beta):
     old = (logp + rng.normal(0, 0.3, (b, n))).astype(np.float32)  # ratios inside and outside
     ref = (logp + rng.normal(0, 0.5, (b, n))).astype(np.float32)
     adv = rng.normal(size=b).astype(np.float32)
+    if variant == "gspo":  # whole sequences' ratios inside and outside (token noise averages out)
+        old += np.random.default_rng(4).normal(0, 0.3, (b, 1)).astype(np.float32)
     lengths = np.array([5, 3, 1, 4, 5, 2, 5, 3])
     mask = np.arange(n)[None] < lengths[:, None]
     weights = np.array([1, 1, 0, 0, 1, 1, 1, 1], np.float32)  # a dropped group of 2
@@ -97,12 +137,64 @@ def test_policy_loss_matches_numpy(variant, beta):
         jnp.asarray(weights), clip_low=0.2, clip_high=0.3,
         aggregation=grpo.VARIANTS[variant].aggregation, max_new_tokens=n, kl_beta=beta,
         reference_log_probs=jnp.asarray(ref) if beta else None,
+        surrogate=grpo.VARIANTS[variant].surrogate,
     )  # fmt: skip
     expected = np_policy_loss(logp, old, ref, adv, mask, weights, variant, 0.2, 0.3, beta, n)
     np.testing.assert_allclose(float(loss), expected, rtol=1e-5)
     assert 0 < float(metrics["clip_fraction"]) < 1
     if beta:
         assert float(metrics["kl"]) > 0
+
+
+def np_loss_gradient(logp, old, ref, adv, mask, weights, variant, clip_low, clip_high, beta):
+    """d loss / d log pi, written out: GSPO's d s_i / d log pi_t = s_i / |y_i| (zero where the
+    clip holds the minimum); CISPO's weight is a constant, so each token's is -w * A."""
+    grad = np.zeros_like(logp)
+    kept = np.flatnonzero(weights > 0)
+    count = sum(mask[b].sum() for b in kept)
+    for b in kept:
+        tokens = np.flatnonzero(mask[b])
+        kl = beta * (1 - np.exp(ref[b, tokens] - logp[b, tokens]))  # d k3 / d log pi
+        if variant == "gspo":
+            s = np.exp(np.mean(logp[b, tokens] - old[b, tokens]))
+            held = np.clip(s, 1 - clip_low, 1 + clip_high) * adv[b] < s * adv[b]
+            policy = 0.0 if held else -adv[b] * s
+            grad[b, tokens] = (policy + kl) / len(tokens) / len(kept)
+        else:
+            ratio = np.exp(logp[b, tokens] - old[b, tokens])
+            weight = np.clip(ratio, 1 - clip_low, 1 + clip_high)
+            grad[b, tokens] = (-weight * adv[b] + kl) / count
+    return grad
+
+
+@pytest.mark.parametrize("variant", ["gspo", "cispo"])
+def test_gspo_and_cispo_gradients_match_numpy(variant):
+    """The two objectives differ from GRPO's in where the gradient goes (GSPO: the sequence's
+    ratio on every token; CISPO: through log pi only, the clipped weight held), so their
+    gradients are checked too, not only their values."""
+    rng = np.random.default_rng(2)
+    b, n = 8, 5
+    logp = rng.normal(-1.5, 0.5, (b, n)).astype(np.float32)
+    old = (logp + rng.normal(0, 0.4, (b, n))).astype(np.float32)
+    ref = (logp + rng.normal(0, 0.5, (b, n))).astype(np.float32)
+    adv = rng.normal(size=b).astype(np.float32)
+    mask = np.arange(n)[None] < np.array([5, 3, 1, 4, 5, 2, 5, 3])[:, None]
+    weights = np.array([1, 1, 0, 0, 1, 1, 1, 1], np.float32)
+
+    def loss(log_probs):
+        value, metrics = grpo.policy_loss(
+            log_probs, jnp.asarray(old), jnp.asarray(adv), jnp.asarray(mask),
+            jnp.asarray(weights), clip_low=0.1, clip_high=0.15,
+            aggregation=grpo.VARIANTS[variant].aggregation, max_new_tokens=n, kl_beta=0.05,
+            reference_log_probs=jnp.asarray(ref), surrogate=grpo.VARIANTS[variant].surrogate,
+        )  # fmt: skip
+        return value, metrics
+
+    (value, metrics), grad = jax.value_and_grad(loss, has_aux=True)(jnp.asarray(logp))
+    args = (logp, old, ref, adv, mask, weights, variant, 0.1, 0.15, 0.05)
+    np.testing.assert_allclose(float(value), np_policy_loss(*args, n), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(grad), np_loss_gradient(*args), rtol=1e-4, atol=1e-7)
+    assert 0 < float(metrics["clip_fraction"]) < 1  # both clipped and free ratios are in it
 
 
 def test_dapo_clips_higher_by_default_and_overlong_penalty():

@@ -102,7 +102,9 @@ def test_setting_a_run_up_from_parameters_in_memory_copies_no_weight_to_the_host
             config, "grpo", model=base.ModelParams(params, model), rewards=[always_one],
             train_data=rows(0),
         )  # fmt: skip
-        run = lm_runs.setup(flat, str(tmp_path / "run"), algorithm.Config, "grpo", parts)
+        run = lm_runs.setup(
+            flat, str(tmp_path / "run"), algorithm.Config, "grpo", parts, algorithm.check_rollout
+        )
         placed = checkpoints.load_params(run.source, run.model, run.mesh)
     leaves = jax.tree.leaves(params)
     assert read == [(len(leaves), 2)]  # the fingerprint, and no weight

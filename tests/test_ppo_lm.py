@@ -327,3 +327,43 @@ def test_remax_raises_the_answer_reward_of_the_same_starts(fine_tuned):
 
 
 REMAX_UPDATES = 100
+
+
+# Not in CI (about 70 s each). CISPO at the default clips stalls (issue 47): expected to fail.
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "variant",
+    [
+        "gspo",
+        pytest.param(
+            "cispo", marks=pytest.mark.xfail(reason="stalls near 0.5 at clips [0.8, 1.2]")
+        ),
+    ],
+)
+def test_gspo_and_cispo_raise_the_answer_reward_of_the_same_starts(variant, fine_tuned):
+    """GSPO and CISPO (GRPO's variants "gspo" and "cispo") from the same SFT starts, 8 samples
+    per prompt and 2 epochs x 2 minibatches, so the ratios they are about move off 1, 80
+    updates. Measured 2026-11-27 (last 10 updates, seeds 0-2): GSPO 0.61, 0.91, 0.98 (seed 0
+    settles on a near-deterministic policy, like random-init GRPO's stalled seeds); CISPO 0.44,
+    0.51, 0.77. Each seed must gain 0.3 and the median reach 0.85."""
+    config = grpo.Config(
+        variant=variant, batch_size=32, group_size=8, sampling=Sampling(max_new_tokens=4),
+        learning_rate=1e-3, num_epochs=2, num_minibatches=2,
+    )  # fmt: skip
+    hp = hparams.hparams(config)
+
+    @jax.jit
+    @jax.vmap
+    def train(seed, start):
+        algorithm = grpo.make(config, MODEL, TEXT_TASK, start)
+        state = algorithm.init(jax.random.fold_in(jax.random.key(0), seed), hp)
+        chunk = loop.make_chunk(algorithm.update, VARIANT_UPDATES, runs_axis=False)
+        return chunk(state, None, hp)[1]
+
+    rewards = np.asarray(train(SEEDS, fine_tuned)["reward_task"])  # [seed, update]
+    final = rewards[:, -10:].mean(axis=1)
+    assert (rewards[:, 0] < 0.45).all(), rewards[:, 0]
+    assert (final >= rewards[:, 0] + 0.3).all() and np.median(final) >= 0.85, rewards[:, ::10]
+
+
+VARIANT_UPDATES = 80

@@ -243,6 +243,52 @@ def test_a_bad_input_from_python_raises_the_line_the_script_prints(tmp_path):
     assert not (tmp_path / "s").exists() and not (tmp_path / "python").exists()
 
 
+def test_a_refused_assignment_is_one_input_error_line_with_did_you_mean():
+    """From Python a config's refused assignment is the script's kind of line, not
+    ml_collections' KeyError (which lists every field) or TypeError."""
+    from jaxrl.trainers import grpo
+
+    config = grpo.config()
+    cases = [
+        (
+            "num_steps",
+            "5",
+            "config.num_steps: expected an int, got '5' (str); e.g. config.num_steps",
+        ),
+        ("batch_size", 4.5, "config.batch_size: expected an int, got 4.5 (float)"),
+        ("num_step", 5, "config.num_step: no such setting; did you mean config.num_steps?"),
+    ]
+    for field, value, line in cases:
+        with pytest.raises(InputError) as error:
+            setattr(config, field, value)
+        assert str(error.value).startswith(line) and "\n" not in str(error.value)
+    with pytest.raises(InputError, match=r"^config\.task\.num_evl: .* config\.task\.num_eval\?"):
+        config.task["num_evl"] = 3
+    config.learning_rate = 1  # an int where a float is asked for is fine
+    assert config.learning_rate == 1.0
+
+
+def test_a_trainer_s_input_error_is_a_short_traceback(tmp_path):
+    """What a user sees: their line, the trainer's frame and the error's line; no chained
+    exceptions, no frames inside the library."""
+    import subprocess
+    import sys
+
+    program = tmp_path / "first_try.py"
+    program.write_text(
+        "from jaxrl.trainers import grpo\n"
+        "rows = [{'prompt': 'Say 1.', 'answer': '1'}] * 36\n"
+        "grpo.train(None, 'run', train_data=rows)\n"
+    )
+    result = subprocess.run([sys.executable, str(program)], capture_output=True, text=True,
+                            cwd=tmp_path)  # fmt: skip
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and lines[0] == "Traceback (most recent call last):", lines
+    assert lines[-1].startswith("jaxrl.config.InputError: config.task.num_eval: "), lines
+    assert len(lines) == 6 and "During handling" not in result.stderr, lines  # 2 frames
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_model_field_beside_a_model_is_refused_from_python_too(sft_pair, tmp_path):
     """The script refuses --config.model.X with --config.init_from (the architecture is the
     checkpoint's); from Python a changed model field beside `model=` is the same line."""

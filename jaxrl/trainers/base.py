@@ -42,7 +42,7 @@ from typing import Any, NamedTuple
 import ml_collections
 
 from jaxrl import cli
-from jaxrl.config import fail
+from jaxrl.config import InputError, Settings, fail
 
 
 class Result(NamedTuple):
@@ -56,11 +56,12 @@ class Result(NamedTuple):
 
 def load_config(algo: str, preset: str | None = None) -> ml_collections.ConfigDict:
     """`jaxrl.trainers.presets.<algo>`'s config for `preset` (None: the file's default), locked
-    like the scripts' --config (a mistyped field is an error, not a new setting)."""
+    like the scripts' --config (a mistyped field is an error, not a new setting), as `Settings`:
+    a refused assignment is one InputError line."""
     module = importlib.import_module(f"jaxrl.trainers.presets.{algo}")
     config = module.get_config() if preset is None else module.get_config(preset)
     config.lock()
-    return config
+    return Settings.of(config)
 
 
 def config_of(config: Any, algo: str, default_preset: str | None = None) -> Any:
@@ -261,6 +262,15 @@ def lm_parts(
     return flat, lm_runs.Parts(start, data, functions, played, task)
 
 
+def alone(error: InputError) -> None:
+    """Make `error` as `train` raises it: without the exceptions it was raised while handling
+    and without the frames inside the library, so the traceback a user sees is their call, the
+    trainer's frame and the one line that says what to fix."""
+    error.__cause__ = error.__context__ = None
+    error.__suppress_context__ = True
+    error.__traceback__ = None
+
+
 def _public(body: Callable) -> Callable[[Callable], Callable]:
     """Like functools.wraps, but keeping the wrapper's own signature (what users call)."""
 
@@ -292,11 +302,15 @@ def lm_trainer(algo: str) -> Callable[[Callable], Callable[..., Result]]:
         ) -> Result:
             from jaxrl import runner
 
-            with runner.host_failures_as_input_errors():
-                given = dict(model=model, train_data=train_data, eval_data=eval_data)
-                flat, parts = lm_parts(config, algo, rewards=rewards, game=game, **given)
-                where = None if workdir is None else os.fspath(workdir)
-                return body(flat, parts, where, kill_after_chunk)
+            try:
+                with runner.host_failures_as_input_errors():
+                    given = dict(model=model, train_data=train_data, eval_data=eval_data)
+                    flat, parts = lm_parts(config, algo, rewards=rewards, game=game, **given)
+                    where = None if workdir is None else os.fspath(workdir)
+                    return body(flat, parts, where, kill_after_chunk)
+            except InputError as error:
+                alone(error)
+                raise error
 
         return train
 
@@ -319,10 +333,14 @@ def control_trainer(algo: str, num_seeds: int = 4) -> Callable[[Callable], Calla
             seed: int = 0,
             kill_after_chunk: int | None = None,
         ) -> Result:
-            with runner.host_failures_as_input_errors():
-                flat = config_of(config, algo)
-                seeds = runner.make_seeds(num_seeds, seed, flat.run)
-                return body(flat, workdir, seeds, kill_after_chunk)
+            try:
+                with runner.host_failures_as_input_errors():
+                    flat = config_of(config, algo)
+                    seeds = runner.make_seeds(num_seeds, seed, flat.run)
+                    return body(flat, workdir, seeds, kill_after_chunk)
+            except InputError as error:
+                alone(error)
+                raise error
 
         return train
 

@@ -1,5 +1,6 @@
-"""GRPO (or Dr. GRPO / DAPO / RLOO) of a language model on prompts with verifiable rewards: what
-`experiments/grpo.py` runs (`jaxrl.trainers.base` describes the trainers' shape).
+"""GRPO (or Dr. GRPO / DAPO / RLOO / ReMax / GSPO / CISPO) of a language model on prompts with
+verifiable rewards: what `experiments/grpo.py` runs (`jaxrl.trainers.base` describes the
+trainers' shape).
 
     from jaxrl.trainers import grpo
     def reward(prompts, completions, answer, **columns):
@@ -28,10 +29,11 @@ config = functools.partial(base.load_config, "grpo")
 def train(
     flat: Any, parts: lm_runs.Parts, workdir: str | None, kill_after_chunk: int | None
 ) -> base.Result:
-    """GRPO (or Dr. GRPO / DAPO / RLOO) of a language model on prompts with verifiable rewards.
-    Called as `train(config=None, workdir=None, *, model=None, train_data=None, eval_data=None,
-    rewards=None, game=None)`: `config` is experiments/configs/grpo.py's (`config(preset)`), the
-    parts are `jaxrl.trainers.base`'s; returns Result(state, summary, run_dir)."""
+    """GRPO (or Dr. GRPO / DAPO / RLOO / ReMax / GSPO / CISPO) of a language model on prompts
+    with verifiable rewards. Called as `train(config=None, workdir=None, *, model=None,
+    train_data=None, eval_data=None, rewards=None, game=None)`: `config` is
+    jaxrl.trainers.presets.grpo's (`config(preset)`), the parts are `jaxrl.trainers.base`'s;
+    returns Result(state, summary, run_dir)."""
     run = lm_runs.setup(flat, workdir, grpo.Config, "grpo", parts, grpo.check_rollout)
     config, mesh, rollout = run.config, run.mesh, run.rollout
     prompts = prompt_data.read_task(run)
