@@ -300,6 +300,22 @@ def test_ppo_raises_the_answer_reward_of_a_briefly_fine_tuned_policy(fine_tuned)
     assert (rewards[:, -10:].mean(axis=1) >= 0.8).all(), rewards[:, ::5]
 
 
+def grpo_task_rewards(config: grpo.Config, starts, updates: int) -> np.ndarray:
+    """[seed, update] answer rewards of `updates` GRPO updates from each seed's start in
+    `starts`, the seeds vmapped in one program."""
+    hp = hparams.hparams(config)
+
+    @jax.jit
+    @jax.vmap
+    def train(seed, start):
+        algorithm = grpo.make(config, MODEL, TEXT_TASK, start)
+        state = algorithm.init(jax.random.fold_in(jax.random.key(0), seed), hp)
+        chunk = loop.make_chunk(algorithm.update, updates, runs_axis=False)
+        return chunk(state, None, hp)[1]
+
+    return np.asarray(train(SEEDS, starts)["reward_task"])
+
+
 def test_remax_raises_the_answer_reward_of_the_same_starts(fine_tuned):
     """ReMax (GRPO's variant "remax": one sample per prompt, the greedy completion's reward as
     its baseline) from the same starts, three seeds, 100 updates of 4 epochs x 4 minibatches
@@ -310,17 +326,7 @@ def test_remax_raises_the_answer_reward_of_the_same_starts(fine_tuned):
         variant="remax", batch_size=256, group_size=1, sampling=Sampling(max_new_tokens=4),
         learning_rate=3e-4, num_epochs=4, num_minibatches=4,
     )  # fmt: skip
-    hp = hparams.hparams(config)
-
-    @jax.jit
-    @jax.vmap
-    def train(seed, start):
-        algorithm = grpo.make(config, MODEL, TEXT_TASK, start)
-        state = algorithm.init(jax.random.fold_in(jax.random.key(0), seed), hp)
-        chunk = loop.make_chunk(algorithm.update, REMAX_UPDATES, runs_axis=False)
-        return chunk(state, None, hp)[1]
-
-    rewards = np.asarray(train(SEEDS, fine_tuned)["reward_task"])  # [seed, update]
+    rewards = grpo_task_rewards(config, fine_tuned, REMAX_UPDATES)
     final = rewards[:, -10:].mean(axis=1)
     assert (rewards[:, 0] < 0.45).all(), rewards[:, 0]
     assert (final >= rewards[:, 0] + 0.3).all() and np.median(final) >= 0.9, rewards[:, ::10]
@@ -350,17 +356,7 @@ def test_gspo_and_cispo_raise_the_answer_reward_of_the_same_starts(variant, fine
         variant=variant, batch_size=32, group_size=8, sampling=Sampling(max_new_tokens=4),
         learning_rate=1e-3, num_epochs=2, num_minibatches=2,
     )  # fmt: skip
-    hp = hparams.hparams(config)
-
-    @jax.jit
-    @jax.vmap
-    def train(seed, start):
-        algorithm = grpo.make(config, MODEL, TEXT_TASK, start)
-        state = algorithm.init(jax.random.fold_in(jax.random.key(0), seed), hp)
-        chunk = loop.make_chunk(algorithm.update, VARIANT_UPDATES, runs_axis=False)
-        return chunk(state, None, hp)[1]
-
-    rewards = np.asarray(train(SEEDS, fine_tuned)["reward_task"])  # [seed, update]
+    rewards = grpo_task_rewards(config, fine_tuned, VARIANT_UPDATES)
     final = rewards[:, -10:].mean(axis=1)
     assert (rewards[:, 0] < 0.45).all(), rewards[:, 0]
     assert (final >= rewards[:, 0] + 0.3).all() and np.median(final) >= 0.85, rewards[:, ::10]
