@@ -70,7 +70,6 @@ NOT_IN_CI = {
     "tests/test_offline_experiments.py::test_cql_interrupted_in_every_way_ends_as_an_uninterrupted_run": 168,
     "tests/test_offline_experiments.py::test_sac_interrupted_in_every_way_ends_as_an_uninterrupted_run": 160,
     "tests/test_offline_experiments.py::test_cql_killed_at_any_moment_resumes_to_identical_result[1]": 70,
-    "tests/test_stopping.py::test_ctrl_c_stops_after_the_running_update_and_the_rerun_ends_equal[grpo.py]": 133,
     "tests/test_trainers.py::test_a_finished_run_extended_from_3_to_5_steps_equals_a_5_step_run": 83,
     # equalities: one case each runs (the 8-device async test, test_grpo's sharded (2, 2, 2), the
     # GRPO sweep, PPO's seeds and chunks, ppo.py = its trainer)
