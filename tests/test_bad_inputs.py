@@ -158,7 +158,11 @@ CASES = [
     ("sft.py", "--config.mesh_shape=(3,1,1)", "config.batch_size"),
     ("sft.py", "--config.task.name=multiply", "config.task"),
     ("sft.py", "--config.init_from=/nonexistent", "config.init_from"),
-    ("sft.py", "--config.init_from=smolm2", "did you mean 'smollm2'"),
+    (
+        "sft.py",
+        "--config.init_from=smolm2",
+        "config.init_from: smolm2: no such file or directory; did you mean 'smollm2'",
+    ),
     ("sft.py", "--config.run.num_chunks=0", "config.run.num_chunks must be >= 1"),
     ("sft.py", "--config.task.max_prompt_length=5", "config.task.max_prompt_length: 4000 of"),
     (
