@@ -35,6 +35,7 @@ import copy
 import dataclasses
 import importlib
 import os
+import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
@@ -52,6 +53,28 @@ class Result(NamedTuple):
     state: Any
     summary: dict[str, Any]
     run_dir: str
+
+    def model_params(self) -> ModelParams:
+        """A language-model run's trained model as `ModelParams`, for the next trainer's
+        `model=`: the final parameters in memory (`state.params`) with the architecture, the
+        tokenizer and the starting point (`pretrained`) its run directory records, so the next
+        run takes the defaults of what the model is (SmolLM2 fine-tuned: the pretrained ones).
+        One error line for a run that holds no language model (a control or reward-model run)."""
+        from jaxrl.config import ConfigError
+        from jaxrl.lm import checkpoints
+
+        if not os.path.isfile(os.path.join(self.run_dir, checkpoints.MODEL_FILE)):
+            fail(
+                f"model_params: {self.run_dir} holds no language model (no "
+                f"{checkpoints.MODEL_FILE}); call it on a result of sft, dpo, grpo, ppo_lm, "
+                "online_dpo or multiturn"
+            )
+        try:
+            source = checkpoints.find_checkpoint(self.run_dir)
+        except (ConfigError, ValueError, OSError) as error:
+            fail(f"model_params: {error}")
+        tokenizer = source.tokenizer or "byte"
+        return ModelParams(self.state.params, source.model, tokenizer, source.pretrained)
 
 
 def load_config(algo: str, preset: str | None = None) -> ml_collections.ConfigDict:
@@ -121,20 +144,31 @@ def given_rows(rows: Any, part: str) -> Any:
         fail(f"{part}: {error}; give JSON values (str, numbers, lists)")
 
 
+# A `ModelParams` that does not say whether it is pretrained is taken as pretrained when its
+# vocabulary is larger than this: the byte tokenizer's 259 tokens (the tiny model's) and any
+# vocabulary up to 512 are a model trained from scratch, a real tokenizer's (SmolLM2's 49,152)
+# a pretrained one, which the random model's learning rate would wreck.
+SCRATCH_VOCAB_MAX = 512
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class ModelParams:
     """A language model in memory, for a trainer's `model` part: `params`, the tree
     `jaxrl.lm.model.init_params(model, key)` makes (e.g. what `ModelParams.load` reads from a
     run); `model`, their `jaxrl.lm.model.ModelConfig`; `tokenizer`, "byte", a tokenizer.json
     (or its directory) or a loaded Hugging Face tokenizer; `pretrained`, whether the weights
-    descend from a pretrained checkpoint (it picks the settings' defaults by starting point).
-    The run records it by a description (architecture, tokenizer, shapes and a fingerprint
-    computed where the parameters are): the same parameters given again resume the run."""
+    descend from a pretrained checkpoint (it picks the settings' defaults by starting point,
+    docs/defaults.md). `pretrained` None (not said) takes the pretrained defaults for a
+    vocabulary above SCRATCH_VOCAB_MAX (512) tokens, saying so in one line on stderr, and the
+    from-scratch ones silently for a smaller one (the byte tokenizer's); `ModelParams.load`
+    and `Result.model_params()` say it from the run or checkpoint. The run records it by a
+    description (architecture, tokenizer, shapes and a fingerprint computed where the
+    parameters are): the same parameters given again resume the run."""
 
     params: Any
     model: Any
     tokenizer: Any = "byte"
-    pretrained: bool = False
+    pretrained: bool | None = None
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> ModelParams:
@@ -167,12 +201,42 @@ def model_checkpoint(model: Any) -> Any:
         return os.fspath(model)
     if isinstance(model, ModelParams):
         return checkpoints.given_checkpoint(
-            model.params, model.model, model.tokenizer, model.pretrained
+            model.params, model.model, model.tokenizer, taken_as_pretrained(model)
         )
     fail(
         f"model: expected a Hugging Face directory, a .gguf file, a run directory, 'smollm2' "
         f"or a jaxrl.trainers.base.ModelParams, got {type(model).__name__}; pass its path, or "
         "ModelParams(params, model_config, tokenizer)"
+    )
+
+
+def taken_as_pretrained(model: ModelParams) -> bool:
+    """Whether a run starts `model` as pretrained: its `pretrained` where said, else whether its
+    vocabulary is above SCRATCH_VOCAB_MAX tokens."""
+    if model.pretrained is not None:
+        return bool(model.pretrained)
+    return getattr(model.model, "vocab_size", 0) > SCRATCH_VOCAB_MAX
+
+
+def say_inferred_start(model: Any, flat: ml_collections.ConfigDict) -> None:
+    """One line on stderr where a `ModelParams` that did not say `pretrained=` is taken as
+    pretrained by its vocabulary: which defaults that gives this run (`flat`'s settings left
+    to the starting point), and how to say otherwise."""
+    from jaxrl.trainers.presets.lm import described_values, starting_point_defaults
+
+    if not isinstance(model, ModelParams) or model.pretrained is not None:
+        return
+    if not taken_as_pretrained(model):
+        return  # the byte or a tiny vocabulary: from scratch, as the tiny model always was
+    chosen = starting_point_defaults(flat, pretrained=True)
+    values = described_values(chosen)
+    so = f"so the pretrained defaults ({values})" if values else "so taken as pretrained"
+    print(
+        f"model: ModelParams without pretrained=: a {model.model.vocab_size:,}-token "
+        f"vocabulary, {so}; pass pretrained=False for weights trained from scratch "
+        "(pretrained=True to say so)",
+        file=sys.stderr,
+        flush=True,
     )
 
 
@@ -222,6 +286,7 @@ def lm_parts(
         source = model_checkpoint(model)
         if not isinstance(source, str):
             start, flat.init_from = source, source.description
+            say_inferred_start(model, flat)
         else:
             flat.init_from = source
     data = {}

@@ -44,7 +44,12 @@ from jaxrl.lm.checkpoints import (
 from jaxrl.lm.model import ModelConfig, init_params
 from jaxrl.logging import RunDirectory
 from jaxrl.loop import Algorithm
-from jaxrl.trainers.presets.lm import TINY_MODEL, for_start, starting_point_defaults
+from jaxrl.trainers.presets.lm import (
+    TINY_MODEL,
+    described_values,
+    for_start,
+    starting_point_defaults,
+)
 
 if TYPE_CHECKING:  # envs imports gymnax (2 s): generate.py and export.py never need it
     from envs.text import ProblemTask
@@ -87,6 +92,8 @@ class Setup(NamedTuple):
     tokenizer_source: str  # "byte" or the tokenizer.json path the run copies
     parts: Parts = Parts()
     rollout: Any = None  # GRPO's and multi-turn GRPO's rollout mode (`algos.rollouts`)
+    # {setting: value} of the settings left to the starting point, as filled in for `source`
+    defaults: Mapping[str, Any] = {}
 
     def data(self, field: str) -> str | GivenRows:
         """config.task.<field>'s rows: given in memory, or the path of a JSONL file ("" none)."""
@@ -123,7 +130,10 @@ def setup(
     task = None if "game" in flat.task else make_text_task(flat, parts.task)
     parts = parts or Parts()
     source = start_checkpoint(flat, parts.model)
-    resolve_defaults(flat, source)
+    defaults = resolve_defaults(flat, source)
+    line = defaults_line(defaults, source)
+    if line:
+        print(line, flush=True)
     config = build_config(config_cls, flat, settings)
     rollout = rollout_modes.for_run(flat, config, check_rollout) if check_rollout else None
     tokenizer, tokenizer_source = run_tokenizer(flat.task.tokenizer, source)
@@ -137,7 +147,7 @@ def setup(
     )
     return Setup(
         name, flat, config, mesh, task, tokenizer, source.model, workdir, source,
-        tokenizer_source, parts, rollout,
+        tokenizer_source, parts, rollout, defaults,
     )  # fmt: skip
 
 
@@ -180,6 +190,17 @@ def resolve_defaults(flat: ml_collections.ConfigDict, source: Checkpoint) -> dic
                 file=sys.stderr,
             )
     return filled
+
+
+def defaults_line(filled: Mapping[str, Any], source: Checkpoint) -> str | None:
+    """The line a run prints of the settings it took by starting point (`resolve_defaults`'s
+    `filled`: the ones the user left), their values and why: from where it starts, pretrained
+    or from scratch. None where it took none."""
+    if not filled:
+        return None
+    start = "a pretrained start" if source.pretrained else "a start from scratch"
+    values = described_values(dict(filled))
+    return f"defaults for {start} ({source.description}): {values} (docs/defaults.md)"
 
 
 def starting_point_defaults_for(flat: ml_collections.ConfigDict, name: str) -> Any:
@@ -412,6 +433,8 @@ def open_run(run: Setup, head: str = LM_HEAD) -> RunDirectory:
             "special_token_ids": special_token_ids(run.tokenizer),
             "init_from": run.source.description,
             "pretrained": run.source.pretrained,
+            # the settings the user left to the starting point and the values they took
+            "starting_point_defaults": dict(run.defaults),
             "head": head,
         }
         write_json(run_dir.file(MODEL_FILE), record)

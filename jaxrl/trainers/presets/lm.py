@@ -174,6 +174,16 @@ def starting_point_defaults(flat: ml_collections.ConfigDict, pretrained: bool) -
     return {name: value for name, value in chosen.items() if name in flat and flat[name] is None}
 
 
+def described_values(values: dict[str, Any]) -> str:
+    """Settings and their values as the runs print them: "learning_rate 5e-06, beta 0.1" (the
+    learning rate first)."""
+    ordered = sorted(values.items(), key=lambda item: item[0] != "learning_rate")
+    return ", ".join(
+        f"{name} {value:g}" if isinstance(value, int | float) else f"{name} {value!r}"
+        for name, value in ordered
+    )
+
+
 def for_start(flat: ml_collections.ConfigDict, pretrained: bool) -> ml_collections.ConfigDict:
     """A copy of a config file's config with every setting left to the starting point filled
     with its default for a random (`pretrained` False) or a pretrained model, e.g. to build the
