@@ -29,18 +29,20 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import jax  # noqa: E402
-import tensorflow_datasets as tfds  # noqa: E402
-from absl import flags, logging  # noqa: E402
+from jaxrl import interrupts
 
-from jaxrl import (
-    cli,  # noqa: E402
-)
-from jaxrl.data import normalized_score  # noqa: E402
-from jaxrl.data.collect import episode_returns  # noqa: E402
-from jaxrl.data.rlds_builder import DEFAULT_VERSION, build_episode_dataset, build_path  # noqa: E402
-from jaxrl.runner import fail  # noqa: E402
-from jaxrl.trainers import offline_sources  # noqa: E402
+interrupts.for_a_script()  # first: Ctrl-C during the imports below is one line too
+
+import jax
+import tensorflow_datasets as tfds
+from absl import flags, logging
+
+from jaxrl import cli
+from jaxrl.data import normalized_score
+from jaxrl.data.collect import episode_returns
+from jaxrl.data.rlds_builder import DEFAULT_VERSION, build_episode_dataset, build_path
+from jaxrl.runner import fail
+from jaxrl.trainers import offline_sources
 
 _ENV = flags.DEFINE_string(
     "env", None, "Environment name (envs.registered()); default: the --policy run's environment."

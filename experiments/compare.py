@@ -32,12 +32,14 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from absl import flags  # noqa: E402
+from jaxrl import interrupts
 
-from jaxrl import (
-    cli,  # noqa: E402
-)
-from jaxrl.comparison import compare  # noqa: E402
+interrupts.for_a_script()  # first: Ctrl-C during the imports below is one line too
+
+from absl import flags
+
+from jaxrl import cli
+from jaxrl.comparison import compare
 
 _OUT_DIR = flags.DEFINE_string(
     "out_dir", None, "Directory for comparison.json and the plots; without it, only the table."

@@ -21,12 +21,14 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from absl import flags  # noqa: E402
+from jaxrl import interrupts
 
-from jaxrl import (
-    cli,  # noqa: E402
-)
-from jaxrl.trainers import base, cql  # noqa: E402
+interrupts.for_a_script()  # first: Ctrl-C during the imports below is one line too
+
+from absl import flags
+
+from jaxrl import cli
+from jaxrl.trainers import base, cql
 
 FLAGS = cli.define_flags(__file__, "cql.py:pendulum")
 flags.FLAGS.set_default("num_seeds", 3)

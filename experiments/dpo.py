@@ -27,12 +27,16 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from jaxrl import cli, extras  # noqa: E402
+from jaxrl import interrupts
+
+interrupts.for_a_script()  # first: Ctrl-C during the imports below is one line too
+
+from jaxrl import cli, extras
 
 # A missing optional extra is one error line, before flags are parsed or anything compiles.
 extras.require("lm", "experiments/dpo.py")
 
-from jaxrl.trainers import base, dpo  # noqa: E402
+from jaxrl.trainers import base, dpo
 
 FLAGS = cli.define_flags(__file__, "dpo.py", seeds=False)
 

@@ -26,20 +26,17 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from absl import flags  # noqa: E402
+from jaxrl import interrupts
 
-from jaxrl import cli, extras  # noqa: E402
-from jaxrl.config import (
-    ConfigError,  # noqa: E402
-    fail,
-)
-from jaxrl.lm import (  # noqa: E402
-    ByteTokenizer,
-    checkpoints,  # noqa: E402
-    load_tokenizer,
-)
-from jaxrl.lm.model import ModelConfig  # noqa: E402
-from jaxrl.trainers import lm_runs  # noqa: E402
+interrupts.for_a_script()  # first: Ctrl-C during the imports below is one line too
+
+from absl import flags
+
+from jaxrl import cli, extras
+from jaxrl.config import ConfigError, fail
+from jaxrl.lm import ByteTokenizer, checkpoints, load_tokenizer
+from jaxrl.lm.model import ModelConfig
+from jaxrl.trainers import lm_runs
 
 # A missing optional extra is one error line, before flags are parsed or anything compiles.
 extras.require("lm", "experiments/export.py")

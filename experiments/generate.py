@@ -29,21 +29,19 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-from absl import flags  # noqa: E402
+from jaxrl import interrupts
 
-from jaxrl import cli, extras, sharding  # noqa: E402
-from jaxrl.config import (
-    ConfigError,  # noqa: E402
-    fail,
-)
-from jaxrl.lm import (
-    checkpoints,  # noqa: E402
-    load_tokenizer,  # noqa: E402
-)
-from jaxrl.lm.sampler import SamplingConfig, generate  # noqa: E402
-from jaxrl.trainers import lm_runs  # noqa: E402
+interrupts.for_a_script()  # first: Ctrl-C during the imports below is one line too
+
+import jax
+import numpy as np
+from absl import flags
+
+from jaxrl import cli, extras, sharding
+from jaxrl.config import ConfigError, fail
+from jaxrl.lm import checkpoints, load_tokenizer
+from jaxrl.lm.sampler import SamplingConfig, generate
+from jaxrl.trainers import lm_runs
 
 # A missing optional extra is one error line, before flags are parsed or anything compiles.
 extras.require("lm", "experiments/generate.py")

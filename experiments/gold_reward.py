@@ -46,23 +46,24 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from absl import app, flags  # noqa: E402
+from jaxrl import interrupts
 
-from algos import dpo, online_dpo, ppo_lm, reward_model, sft  # noqa: E402
-from envs.text import make_task  # noqa: E402
-from envs.text.reward_terms import task_rewards  # noqa: E402
-from envs.text.task import supervised_batch  # noqa: E402
-from jaxrl import cli, extras, hparams, loop  # noqa: E402
-from jaxrl.config import (
-    ConfigError,  # noqa: E402
-    fail,
-)
-from jaxrl.lm.model import ModelConfig, init_params  # noqa: E402
-from jaxrl.lm.sampler import Sampling, generate  # noqa: E402
-from jaxrl.lm.tokenizer import ByteTokenizer  # noqa: E402
+interrupts.for_a_script()  # first: Ctrl-C during the imports below is one line too
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags
+
+from algos import dpo, online_dpo, ppo_lm, reward_model, sft
+from envs.text import make_task
+from envs.text.reward_terms import task_rewards
+from envs.text.task import supervised_batch
+from jaxrl import cli, extras, hparams, loop
+from jaxrl.config import ConfigError, fail
+from jaxrl.lm.model import ModelConfig, init_params
+from jaxrl.lm.sampler import Sampling, generate
+from jaxrl.lm.tokenizer import ByteTokenizer
 
 # A missing optional extra is one error line, before flags are parsed or anything compiles.
 extras.require("lm", "experiments/gold_reward.py")

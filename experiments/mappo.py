@@ -16,11 +16,12 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from jaxrl import (
-    cli,
-    extras,  # noqa: E402
-)
-from jaxrl.trainers import base, mappo  # noqa: E402
+from jaxrl import interrupts
+
+interrupts.for_a_script()  # first: Ctrl-C during the imports below is one line too
+
+from jaxrl import cli, extras
+from jaxrl.trainers import base, mappo
 
 # A missing optional extra is one error line, before flags are parsed or anything compiles.
 extras.require("marl", "experiments/mappo.py")

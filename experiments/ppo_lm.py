@@ -34,12 +34,16 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from jaxrl import cli, extras  # noqa: E402
+from jaxrl import interrupts
+
+interrupts.for_a_script()  # first: Ctrl-C during the imports below is one line too
+
+from jaxrl import cli, extras
 
 # A missing optional extra is one error line, before flags are parsed or anything compiles.
 extras.require("lm", "experiments/ppo_lm.py")
 
-from jaxrl.trainers import base, ppo_lm  # noqa: E402
+from jaxrl.trainers import base, ppo_lm
 
 FLAGS = cli.define_flags(__file__, "ppo_lm.py", seeds=False)
 

@@ -23,12 +23,16 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from jaxrl import cli, extras  # noqa: E402
+from jaxrl import interrupts
+
+interrupts.for_a_script()  # first: Ctrl-C during the imports below is one line too
+
+from jaxrl import cli, extras
 
 # A missing optional extra is one error line, before flags are parsed or anything compiles.
 extras.require("lm", "experiments/reward_model.py")
 
-from jaxrl.trainers import base, reward_model  # noqa: E402
+from jaxrl.trainers import base, reward_model
 
 FLAGS = cli.define_flags(__file__, "reward_model.py", seeds=False)
 

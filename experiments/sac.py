@@ -17,8 +17,12 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from jaxrl import cli  # noqa: E402
-from jaxrl.trainers import base, sac  # noqa: E402
+from jaxrl import interrupts
+
+interrupts.for_a_script()  # first: Ctrl-C during the imports below is one line too
+
+from jaxrl import cli
+from jaxrl.trainers import base, sac
 
 FLAGS = cli.define_flags(__file__, "sac.py:pendulum")
 

@@ -20,8 +20,14 @@ from typing import Any, NoReturn
 
 import ml_collections
 
+from jaxrl import interrupts
 from jaxrl.config import InputError, fail
-from jaxrl.runner import Stopped, has_checkpoint, host_failures_as_input_errors, run_scope
+from jaxrl.runner import (
+    Stopped,
+    host_failures_as_input_errors,
+    interrupted_line,
+    run_scope,
+)
 
 
 @contextlib.contextmanager
@@ -228,6 +234,9 @@ def main(script_main: Callable[[list[str]], None], positional: bool = False) -> 
         # reaches us (a user's function failing: one line, its traceback in the run's error.log).
         logging.getLogger("jax._src.callback").setLevel(logging.CRITICAL)
         with run_scope() as record:
+            # Ctrl-C outside the training loop ends the script at once with this line
+            # (`jaxrl.interrupts`; the script took the signals before its imports).
+            interrupts.set_stop_line(lambda: interrupted_line(record.run_dir))
             try:
                 with exit_on_input_error(), host_failures_as_input_errors():
                     script_main(argv)
@@ -240,19 +249,9 @@ def main(script_main: Callable[[list[str]], None], positional: bool = False) -> 
 
 
 def interrupted(run_dir: Any) -> NoReturn:
-    """Ctrl-C outside the training loop (which stops on its own with a checkpoint): one line
-    saying whether checkpoints are kept, and exit status 130."""
-    if run_dir is not None and has_checkpoint(run_dir):
-        print(
-            f"\nInterrupted; the checkpoints in {run_dir.checkpoint_dir} are kept: run the same "
-            "command again to resume.",
-            file=sys.stderr,
-        )
-    else:
-        print(
-            "\nInterrupted before any checkpoint; run the same command again to start.",
-            file=sys.stderr,
-        )
+    """A KeyboardInterrupt that reached the script (the scripts take SIGINT themselves, so this is
+    one raised some other way): its one line, and exit status 130."""
+    print(f"\n{interrupted_line(run_dir)}", file=sys.stderr)
     sys.exit(130)
 
 

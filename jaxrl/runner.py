@@ -21,12 +21,12 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import functools
 import json
 import os
 import signal
 import socket
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NoReturn
@@ -36,9 +36,10 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from jaxrl import host, hparams, loop
+from jaxrl import host, hparams, interrupts, loop
 from jaxrl.checkpoint import Checkpointer, DamagedCheckpointError
 from jaxrl.config import ConfigError, InputError, check_run_settings, fail
+from jaxrl.interrupts import Stopped
 from jaxrl.logging import MetricsSink, RunDirectory, to_jsonable
 
 
@@ -346,58 +347,15 @@ def report_host_failure(failure: host.HostFailure, record: RunRecord | None = No
     fail(f"{problem}; fix the function and run the same command again {again}{where}")
 
 
-class Stopped(KeyboardInterrupt):
-    """A run stopped on Ctrl-C or SIGTERM after saying so on stderr (the stop line, which is also
-    the exception's message). From Python it is a `KeyboardInterrupt`, so `except
-    KeyboardInterrupt` catches it; the scripts exit with status `code` (130) on it."""
-
-    code = 130
-
-
-class _StopRequests:
-    """SIGINT/SIGTERM handling: the first asks the loop to stop after the running update (or
-    piece of updates), the second stops at once.
-
-    Python runs signal handlers only on the main thread between bytecodes, and the main thread sits
-    inside the compiled chunk until it returns. So the handlers do nothing themselves: the signal
-    number reaches a watcher thread through `signal.set_wakeup_fd` (written by the C-level handler,
-    whichever thread the signal interrupts), and the compiled chunk's `keep_going` callback reads
-    the watcher's flag."""
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-    def __init__(self):
-        self.requested = False
-        self._previous: dict[int, Any] = {}
-
-    def __enter__(self):
-        self._read, self._write = os.pipe()
-        os.set_blocking(self._write, False)
-        self._previous_fd = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
-        for sig in self.SIGNALS:
-            self._previous[sig] = signal.signal(sig, lambda signum, frame: None)
-        threading.Thread(target=self._watch, daemon=True).start()
-        return self
-
-    def _watch(self) -> None:
-        while data := os.read(self._read, 1):
-            if data[0] not in self.SIGNALS:
-                continue
-            if self.requested:
-                print("\nStopped at once; resume from the last checkpoint.", file=sys.stderr)
-                os._exit(130)
-            self.requested = True
-            print(
-                "\nStopping at the next safe point with a checkpoint; press Ctrl-C again to stop "
-                "at once.",
-                file=sys.stderr,
-            )
-
-    def __exit__(self, *exc):
-        signal.set_wakeup_fd(self._previous_fd)
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        os.close(self._write)  # the watcher reads end-of-file and returns
+def interrupted_line(run_dir: RunDirectory | None) -> str:
+    """The line a run interrupted outside its training loop ends with: whether checkpoints are
+    kept, and what to do."""
+    if run_dir is not None and has_checkpoint(run_dir):
+        return (
+            f"Interrupted; the checkpoints in {run_dir.checkpoint_dir} are kept: run the same "
+            "command again to resume."
+        )
+    return "Interrupted before any checkpoint; run the same command again to start."
 
 
 def train(
@@ -454,7 +412,7 @@ def train(
     # here instead (one program of `check` updates, called until the chunk's end or a stop): a
     # host callback that returns a value inside a multi-device CPU program can deadlock jaxlib
     # 0.10's runtime.
-    stop = _StopRequests()
+    stop = interrupts.WATCH
     control = {"end": 0}
     one_device = len({d for x in jax.tree.leaves(states) for d in x.devices()}) == 1
     one_device = one_device and not job.host_loop
@@ -480,7 +438,10 @@ def train(
             check_every=check,
         )
 
-    with stop:  # from before compiling, so Ctrl-C there is one line too
+    # From before compiling, so that Ctrl-C there is one line too (`jaxrl.interrupts`).
+    line = functools.partial(interrupted_line, run_dir)
+    with interrupts.watching(line):
+        stop.check(line)  # a request during the trainer's set-up, from Python
         t0 = time.time()
         compiled = {}
         for length in programs:
@@ -497,54 +458,57 @@ def train(
         if stop.requested:  # Ctrl-C while compiling: nothing new to save
             _stop_before_training(checkpointer, sink, done, job, run_dir)
 
-        start = time.time()
-        last_metrics = None
-        step = done
-        ends = np.cumsum(lengths).tolist()
-        for index, (length, end) in enumerate(zip(lengths, ends, strict=True)):
-            if end <= step:
-                continue  # done before the interruption
-            control["end"] = end
-            try:
-                if one_device:
-                    inputs = job.inputs_for(step, length)
-                    states, last_metrics = compiled[length](states, inputs, job.hparams)
-                else:
-                    states, last_metrics = _run_pieces(
-                        compiled[check], check, states, step, end, job, stop
-                    )
-                reached = int(np.asarray(states.step).reshape(-1)[0])
-            except Exception:  # a host callback failed: keep what was logged, save nothing
-                record = _record.get()
-                if record is not None:
-                    record.failed = (step + 1, end, checkpointer.latest_step())
-                sink.close()
-                checkpointer.close()
-                raise
-            pieces_run = (reached - step) // check
-            last_metrics = jax.tree.map(lambda m, n=pieces_run: m[:n], last_metrics)
-            if not all_finite(states):  # never checkpoint (or continue from) a diverged state
-                message = divergence_message(last_metrics, step, check, checkpointer)
-                sink.close()
-                checkpointer.close()
-                fail(message)
-            step = reached
-            if step < end:  # stopped within the chunk
-                _stop_with_checkpoint(checkpointer, sink, states, step, job, run_dir)
-            if job.after_chunk is not None:
-                row = job.after_chunk(states, end, index)
-                if row:
-                    sink(end, row)
-            is_last = index == len(lengths) - 1
-            if is_last or stop.requested or (index + 1) % run.checkpoint_every == 0:
-                checkpointer.save(end, states, {"step": end})
-            if kill_after_chunk == index + 1:
-                os.kill(os.getpid(), signal.SIGKILL)
-            if stop.requested:  # after the last chunk too: the final evaluation can wait
-                _stop_with_checkpoint(checkpointer, sink, states, step, job, run_dir)
-    jax.block_until_ready(states)
-    sink.close()
-    checkpointer.close()
+        # Updates run from here: a stop request waits for the next safe point, where the
+        # loop saves what it trained (`keep_going`, below), until the last save is complete.
+        with stop.safe_points():
+            start = time.time()
+            last_metrics = None
+            step = done
+            ends = np.cumsum(lengths).tolist()
+            for index, (length, end) in enumerate(zip(lengths, ends, strict=True)):
+                if end <= step:
+                    continue  # done before the interruption
+                control["end"] = end
+                try:
+                    if one_device:
+                        inputs = job.inputs_for(step, length)
+                        states, last_metrics = compiled[length](states, inputs, job.hparams)
+                    else:
+                        states, last_metrics = _run_pieces(
+                            compiled[check], check, states, step, end, job, stop
+                        )
+                    reached = int(np.asarray(states.step).reshape(-1)[0])
+                except Exception:  # a host callback failed: keep what was logged, save nothing
+                    record = _record.get()
+                    if record is not None:
+                        record.failed = (step + 1, end, checkpointer.latest_step())
+                    sink.close()
+                    checkpointer.close()
+                    raise
+                pieces_run = (reached - step) // check
+                last_metrics = jax.tree.map(lambda m, n=pieces_run: m[:n], last_metrics)
+                if not all_finite(states):  # never checkpoint (or continue from) a diverged state
+                    message = divergence_message(last_metrics, step, check, checkpointer)
+                    sink.close()
+                    checkpointer.close()
+                    fail(message)
+                step = reached
+                if step < end:  # stopped within the chunk
+                    _stop_with_checkpoint(checkpointer, sink, states, step, job, run_dir)
+                if job.after_chunk is not None:
+                    row = job.after_chunk(states, end, index)
+                    if row:
+                        sink(end, row)
+                is_last = index == len(lengths) - 1
+                if is_last or stop.requested or (index + 1) % run.checkpoint_every == 0:
+                    checkpointer.save(end, states, {"step": end})
+                if kill_after_chunk == index + 1:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                if stop.requested:  # after the last chunk too: the final evaluation can wait
+                    _stop_with_checkpoint(checkpointer, sink, states, step, job, run_dir)
+            jax.block_until_ready(states)
+            sink.close()
+            checkpointer.close()
     last_metrics = None if last_metrics is None else jax.device_get(last_metrics)
     return RunResult(states, compile_seconds, time.time() - start, done, last_metrics)
 

@@ -336,6 +336,15 @@ def alone(error: InputError) -> None:
     error.__traceback__ = None
 
 
+def stops(record: Any) -> Any:
+    """Ctrl-C and SIGTERM during one trainer call (`jaxrl.interrupts`): never lost, never raised
+    inside JAX; from Python they raise `Stopped` at the call's next boundary, with the line that
+    says whether the run's checkpoints are kept."""
+    from jaxrl import interrupts, runner
+
+    return interrupts.watching(lambda: runner.interrupted_line(record.run_dir))
+
+
 def _public(body: Callable) -> Callable[[Callable], Callable]:
     """Like functools.wraps, but keeping the wrapper's own signature (what users call)."""
 
@@ -368,11 +377,13 @@ def lm_trainer(algo: str) -> Callable[[Callable], Callable[..., Result]]:
             from jaxrl import runner
 
             try:
-                with runner.host_failures_as_input_errors():
+                with runner.host_failures_as_input_errors() as record, stops(record) as watch:
                     given = dict(model=model, train_data=train_data, eval_data=eval_data)
                     flat, parts = lm_parts(config, algo, rewards=rewards, game=game, **given)
                     where = None if workdir is None else os.fspath(workdir)
-                    return body(flat, parts, where, kill_after_chunk)
+                    result = body(flat, parts, where, kill_after_chunk)
+                    watch.check(watch.stop_line)  # a request during the final evaluation
+                    return result
             except InputError as error:
                 alone(error)
                 raise error
@@ -399,10 +410,12 @@ def control_trainer(algo: str, num_seeds: int = 4) -> Callable[[Callable], Calla
             kill_after_chunk: int | None = None,
         ) -> Result:
             try:
-                with runner.host_failures_as_input_errors():
+                with runner.host_failures_as_input_errors() as record, stops(record) as watch:
                     flat = config_of(config, algo)
                     seeds = runner.make_seeds(num_seeds, seed, flat.run)
-                    return body(flat, workdir, seeds, kill_after_chunk)
+                    result = body(flat, workdir, seeds, kill_after_chunk)
+                    watch.check(watch.stop_line)  # a request during the final evaluation
+                    return result
             except InputError as error:
                 alone(error)
                 raise error
