@@ -42,7 +42,7 @@ from typing import Any, NamedTuple
 import ml_collections
 
 from jaxrl import cli
-from jaxrl.config import InputError, Settings, fail
+from jaxrl.config import InputError, Settings, fail, given_settings, mark_given
 
 
 class Result(NamedTuple):
@@ -217,6 +217,7 @@ def lm_parts(
     from jaxrl.trainers import lm_runs
 
     flat = config_of(config, algo)
+    given = given_settings(flat)  # before this function records the parts in it
     start = None
     if model is not None:
         source = model_checkpoint(model)
@@ -259,7 +260,7 @@ def lm_parts(
     task = None  # a text task's class of the user's, named by config.task.name
     if "name" in flat.get("task", {}) and ":" in flat.task.name:
         task = loaded(flat.task.name, "config.task.name", "Class")
-    return flat, lm_runs.Parts(start, data, functions, played, task)
+    return flat, lm_runs.Parts(start, data, functions, played, task, given)
 
 
 def alone(error: InputError) -> None:
@@ -348,10 +349,12 @@ def control_trainer(algo: str, num_seeds: int = 4) -> Callable[[Callable], Calla
 
 
 def run_script(flags: dict[str, Any], train: Any) -> None:
-    """A script's main: its flags into `train` (what every `experiments/<algo>.py` runs)."""
+    """A script's main: its flags into `train` (what every `experiments/<algo>.py` runs). The
+    config's --config.X flags are recorded as given (`jaxrl.config.mark_given`), as assignments
+    from Python are: a setting left to the preset may be fitted to the data, a given one not."""
     kwargs = {name: flags[name].value for name in ("num_seeds", "seed") if name in flags}
     train(
-        flags["config"].value,
+        mark_given(flags["config"].value, flags["config"].override_values),
         flags["workdir"].value,
         kill_after_chunk=flags["kill_after_chunk"].value,
         **kwargs,
