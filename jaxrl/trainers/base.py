@@ -352,9 +352,13 @@ def run_script(flags: dict[str, Any], train: Any) -> None:
     """A script's main: its flags into `train` (what every `experiments/<algo>.py` runs). The
     config's --config.X flags are recorded as given (`jaxrl.config.mark_given`), as assignments
     from Python are: a setting left to the preset may be fitted to the data, a given one not."""
+    from absl import flags as absl_flags
+
     kwargs = {name: flags[name].value for name in ("num_seeds", "seed") if name in flags}
+    config = flags["config"]
+    overridden = absl_flags.FLAGS[config.name].override_values  # {"task.num_eval": 40, ...}
     train(
-        mark_given(flags["config"].value, flags["config"].override_values),
+        mark_given(config.value, overridden),
         flags["workdir"].value,
         kill_after_chunk=flags["kill_after_chunk"].value,
         **kwargs,
