@@ -211,8 +211,9 @@ def lm_parts(
     parts given, or what the config's strings name (a reward function's or game's
     "module:name", loaded here, once). The config records a description of each object given
     (`model` as init_from, rows as config.task.train_jsonl / eval_jsonl, reward functions as
-    config.rewards.host, a game class as config.task.game), which a resumed run compares. A part
-    the algorithm does not take is one error line."""
+    config.rewards.host, a game class as config.task.game), which a resumed run compares; the
+    settings the user assigned (`jaxrl.config.given_settings`) are `Parts.given`. A part the
+    algorithm does not take is one error line."""
     from jaxrl.data.chat import GivenRows
     from jaxrl.trainers import lm_runs
 
