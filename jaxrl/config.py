@@ -8,6 +8,7 @@ A bad setting must fail before anything compiles, with one line that names the f
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import sys
@@ -127,7 +128,11 @@ class Settings(ml_collections.ConfigDict):
     assignment the config refuses (a field it does not have, a value of the wrong type) raises
     one `InputError` line, `config.<path>: <problem>; <fix>`, with the "did you mean" the script
     gives for its flags, at the line that assigned it, instead of ml_collections' KeyError (which
-    lists every field) or TypeError. Reading, copying and locking are ConfigDict's."""
+    lists every field) or TypeError. Reading, copying and locking are ConfigDict's.
+
+    Each section also records the fields assigned to it (a copy keeps the record): the settings
+    the user chose, which `given_settings` lists, as against the preset's, which a trainer may
+    fit to the data it is given (a held-out size larger than the rows)."""
 
     @classmethod
     def of(cls, config: ml_collections.ConfigDict, path: str = "config") -> Settings:
@@ -135,6 +140,8 @@ class Settings(ml_collections.ConfigDict):
         changed, so field references between sections still hold)."""
         object.__setattr__(config, "__class__", cls)
         object.__setattr__(config, "_settings_path", path)
+        if "_given" not in config.__dict__:
+            object.__setattr__(config, "_given", set())
         for name, value in config.items():
             if isinstance(value, ml_collections.ConfigDict):
                 cls.of(value, f"{path}.{name}")
@@ -153,6 +160,18 @@ class Settings(ml_collections.ConfigDict):
         if error is not None:
             raise error
         super().__setitem__(key, value)
+        # ConfigDict's own copying fills a new section through here before its record exists.
+        given = self.__dict__.get("_given")
+        if given is not None:
+            given.add(str(key))
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # copy.deepcopy (a trainer copies the config it is given) rebuilds the fields only:
+        # keep the section's path and its record of assigned fields.
+        super().__setstate__(state)
+        for name in ("_settings_path", "_given"):
+            if name in state:
+                object.__setattr__(self, name, copy.copy(state[name]))
 
     def _refusal(self, key: Any, value: Any) -> InputError | None:
         """The InputError that assigning `value` to `key` gets, or None if it is fine."""
@@ -179,6 +198,40 @@ class Settings(ml_collections.ConfigDict):
                 f"e.g. {path} = {current!r}"
             )
         return None
+
+
+def given_settings(config: ml_collections.ConfigDict) -> frozenset[str]:
+    """The paths ("num_steps", "task.num_eval") of the settings assigned in `config` since its
+    preset made it: from Python (a `Settings` records each assignment) or as --config.X flags
+    (`mark_given`). A section assigned as a whole gives every field under it."""
+    found = set(config.__dict__.get("_given", ()))
+    for name, value in config.items():
+        if isinstance(value, ml_collections.ConfigDict):
+            found |= {f"{name}.{inner}" for inner in given_settings(value)}
+    return frozenset(found)
+
+
+def is_given(given: frozenset[str], path: str) -> bool:
+    """Whether setting `path` ("task.num_eval") is among `given` (`given_settings`), itself or
+    a section holding it."""
+    parts = path.split(".")
+    return any(".".join(parts[:end]) in given for end in range(1, len(parts) + 1))
+
+
+def mark_given(config: ml_collections.ConfigDict, paths: Any) -> Settings:
+    """`config` as `Settings` (`Settings.of`), with the settings at `paths` ("task.num_eval",
+    what --config.X flags name) recorded as given, as an assignment from Python records them."""
+    settings = Settings.of(config)
+    for path in paths:
+        *sections, name = str(path).split(".")
+        section = settings
+        for part in sections:
+            section = section.get(part)
+            if not isinstance(section, ml_collections.ConfigDict):
+                break
+        else:
+            section.__dict__.setdefault("_given", set()).add(name)
+    return settings
 
 
 def run_section(**overrides: Any) -> ml_collections.ConfigDict:

@@ -278,7 +278,9 @@ def test_a_trainer_s_input_error_is_a_short_traceback(tmp_path):
     program.write_text(
         "from jaxrl.trainers import grpo\n"
         "rows = [{'prompt': 'Say 1.', 'answer': '1'}] * 36\n"
-        "grpo.train(None, 'run', train_data=rows)\n"
+        "config = grpo.config()\n"
+        "config.task.num_eval = 40  # set, so refused rather than fitted to the rows\n"
+        "grpo.train(config, 'run', train_data=rows)\n"
     )
     result = subprocess.run([sys.executable, str(program)], capture_output=True, text=True,
                             cwd=tmp_path)  # fmt: skip

@@ -43,7 +43,7 @@ from typing import Any, NamedTuple
 import ml_collections
 
 from jaxrl import cli
-from jaxrl.config import InputError, Settings, fail
+from jaxrl.config import InputError, Settings, fail, given_settings, mark_given
 
 
 class Result(NamedTuple):
@@ -275,12 +275,14 @@ def lm_parts(
     parts given, or what the config's strings name (a reward function's or game's
     "module:name", loaded here, once). The config records a description of each object given
     (`model` as init_from, rows as config.task.train_jsonl / eval_jsonl, reward functions as
-    config.rewards.host, a game class as config.task.game), which a resumed run compares. A part
-    the algorithm does not take is one error line."""
+    config.rewards.host, a game class as config.task.game), which a resumed run compares; the
+    settings the user assigned (`jaxrl.config.given_settings`) are `Parts.given`. A part the
+    algorithm does not take is one error line."""
     from jaxrl.data.chat import GivenRows
     from jaxrl.trainers import lm_runs
 
     flat = config_of(config, algo)
+    given = given_settings(flat)  # before this function records the parts in it
     start = None
     if model is not None:
         source = model_checkpoint(model)
@@ -324,7 +326,7 @@ def lm_parts(
     task = None  # a text task's class of the user's, named by config.task.name
     if "name" in flat.get("task", {}) and ":" in flat.task.name:
         task = loaded(flat.task.name, "config.task.name", "Class")
-    return flat, lm_runs.Parts(start, data, functions, played, task)
+    return flat, lm_runs.Parts(start, data, functions, played, task, given)
 
 
 def alone(error: InputError) -> None:
@@ -426,10 +428,16 @@ def control_trainer(algo: str, num_seeds: int = 4) -> Callable[[Callable], Calla
 
 
 def run_script(flags: dict[str, Any], train: Any) -> None:
-    """A script's main: its flags into `train` (what every `experiments/<algo>.py` runs)."""
+    """A script's main: its flags into `train` (what every `experiments/<algo>.py` runs). The
+    config's --config.X flags are recorded as given (`jaxrl.config.mark_given`), as assignments
+    from Python are: a setting left to the preset may be fitted to the data, a given one not."""
+    from absl import flags as absl_flags
+
     kwargs = {name: flags[name].value for name in ("num_seeds", "seed") if name in flags}
+    config = flags["config"]
+    overridden = absl_flags.FLAGS[config.name].override_values  # {"task.num_eval": 40, ...}
     train(
-        flags["config"].value,
+        mark_given(config.value, overridden),
         flags["workdir"].value,
         kill_after_chunk=flags["kill_after_chunk"].value,
         **kwargs,

@@ -49,7 +49,8 @@ def train(
             "config.init_from: DPO starts from an SFT model; run `python experiments/sft.py "
             "--workdir=runs/sft` first and pass --config.init_from=runs/sft"
         )
-    pairs, data = checked_pairs(run, "DPO")
+    run, pairs, data = checked_pairs(run, "DPO")
+    config = run.config  # its batch size fitted to the user's pairs
     arrays, eval_problems = data.arrays, pairs.eval_problems
     name = data_name(run)
     # The SFT model: where DPO starts, and its reference.

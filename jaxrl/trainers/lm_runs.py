@@ -75,6 +75,9 @@ class Parts(NamedTuple):
     rewards: list[tuple[str, Callable]] | None = None
     game: Callable | None = None  # a host game's class, which config.task.game describes
     task: type | None = None  # a text task's class of the user's, which config.task.name names
+    # The settings the user chose ("task.num_eval": `jaxrl.config.given_settings`); the others
+    # are the preset's, which `data_sizes` may fit to the data given.
+    given: frozenset[str] = frozenset()
 
 
 class Setup(NamedTuple):

@@ -5,7 +5,7 @@ anything is written, and kept in the run directory as a tensorflow-datasets data
 from __future__ import annotations
 
 import json
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import tensorflow_datasets as tfds
@@ -18,7 +18,6 @@ from jaxrl.data.chat import (
     ChatDataError,
     check_cuts,
     fit_lengths,
-    hold_out,
     jsonl_exists,
     require_chat_template,
     source_name,
@@ -32,7 +31,7 @@ from jaxrl.data.preferences import (
     pair_lengths,
 )
 from jaxrl.logging import RunDirectory
-from jaxrl.trainers import lm_runs
+from jaxrl.trainers import data_sizes, lm_runs
 
 SPLITS = ("train", "eval")
 ROWS_NAMES = {"train": "training pairs", "eval": "held-out pairs"}
@@ -92,7 +91,7 @@ def preference_pairs(run) -> Pairs:
         else:
             try:
                 numbered = list(zip(wheres, rows, strict=True))
-                train, held_out = hold_out(numbered, section.num_eval, section.data_seed)
+                train, held_out = data_sizes.held_out_split(run, numbered, "pairs")
             except ConfigError as error:
                 fail(f"config.task.{error}")
             (wheres, rows), (eval_wheres, eval_rows) = (
@@ -205,14 +204,19 @@ def pair_summary_fields(summary: dict, data: PairArrays, config) -> dict:
     }
 
 
-def checked_pairs(run, algorithm: str) -> tuple[Pairs, PairArrays]:
-    """The run's pairs and their arrays, every setting and row checked (one error line
-    otherwise, before anything is written), with a line saying what they are."""
-    section, config = run.flat.task, run.config
+def checked_pairs(run, algorithm: str) -> tuple[Any, Pairs, PairArrays]:
+    """The run (its batch size fitted to the user's pairs where the preset's is larger:
+    `data_sizes.fitted_batch_size`), its pairs and their arrays, every setting and row checked
+    (one error line otherwise, before anything is written), with a line saying what they
+    are."""
+    section = run.flat.task
     lm_runs.check_length_section(section)
     pairs = preference_pairs(run)
     data = preference_arrays(pairs, run)
     num_pairs = len(data.arrays["train"]["chosen_tokens"])
+    if section.train_jsonl:
+        run = data_sizes.fitted_batch_size(run, num_pairs, "pairs")
+    config = run.config
     if config.batch_size > num_pairs:
         fail(
             f"config.batch_size: {config.batch_size} exceeds the {num_pairs} training pairs; "
@@ -231,4 +235,4 @@ def checked_pairs(run, algorithm: str) -> tuple[Pairs, PairArrays]:
         f"max_length={data.max_length} tokens; pairs cut: {data.cut_rows['train']} training, "
         f"{data.cut_rows['eval']} held-out"
     )
-    return pairs, data
+    return run, pairs, data

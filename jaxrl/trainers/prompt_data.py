@@ -24,11 +24,10 @@ from jaxrl.data.prompts import (
     PromptTable,
     read_prompt_jsonl,
     read_prompt_tfds,
-    split_rows,
     tokenize_prompts,
 )
 from jaxrl.lm.model import ModelConfig
-from jaxrl.trainers import lm_runs
+from jaxrl.trainers import data_sizes, lm_runs
 from jaxrl.trainers.presets.lm import DIGIT_TASK_FIELDS
 
 
@@ -166,7 +165,7 @@ def read_prompts(run: lm_runs.Setup) -> tuple[list[PromptRow], list[PromptRow], 
         rows = read(run.data("train_jsonl"))
         held_out = read(run.data("eval_jsonl")) if section.eval_jsonl else None
     if held_out is None:
-        return *split_rows(rows, section.num_eval, section.data_seed), name, held_out_field
+        return *data_sizes.held_out_split(run, rows), name, held_out_field
     if held_out[0].columns.keys() != rows[0].columns.keys():
         raise ConfigError(
             f"{held_out_field}: {held_out[0].where} has columns {sorted(held_out[0].columns)}, "

@@ -45,7 +45,8 @@ def train(
     run_dir)."""
     run = lm_runs.setup(flat, workdir, reward_model.Config, "reward_model", parts)
     flat, config, mesh = run.flat, run.config, run.mesh
-    pairs, data = checked_pairs(run, "Reward-model")
+    run, pairs, data = checked_pairs(run, "Reward-model")
+    config = run.config  # its batch size fitted to the user's pairs
     arrays, name = data.arrays, data_name(run)
     lm_params, model, source = lm_runs.initial_params(run)
     # The new head is replicated over the mesh; the transformer keeps its placement.

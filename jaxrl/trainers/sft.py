@@ -29,7 +29,6 @@ from jaxrl.data.chat import (
     encode_sft_rows,
     example_lengths,
     fit_lengths,
-    hold_out,
     jsonl_exists,
     pack,
     read_sft_jsonl,
@@ -40,7 +39,7 @@ from jaxrl.data.step_batches import dataset_batches
 from jaxrl.lm import checkpoints
 from jaxrl.lm.completions import batch_for_mesh, eval_examples, task_accuracy
 from jaxrl.lm.model import ModelConfig, Transformer
-from jaxrl.trainers import base, game_play, lm_runs
+from jaxrl.trainers import base, data_sizes, game_play, lm_runs
 
 config = functools.partial(base.load_config, "sft")
 TRAIN_KEYS = ("tokens", "attention_mask", "loss_mask")
@@ -131,7 +130,7 @@ def file_data(run: lm_runs.Setup) -> SftData:
         if section.eval_jsonl:
             splits = {"train": rows, "eval": read_rows(run, "eval_jsonl")}
         else:
-            train, held_out = hold_out(rows, section.num_eval, section.data_seed)
+            train, held_out = data_sizes.held_out_split(run, rows)
             splits = {"train": train, "eval": held_out}
         encoded = {
             split: encode_sft_rows(split_rows, run.tokenizer, section.assistant_turns)
@@ -221,7 +220,7 @@ def train(
     (`config(preset)`), the parts are `jaxrl.trainers.base`'s; returns Result(state, summary,
     run_dir)."""
     run = lm_runs.setup(flat, workdir, sft.Config, "sft", parts)
-    flat, config, mesh, task = run.flat, run.config, run.mesh, run.task
+    flat, mesh, task = run.flat, run.mesh, run.task
     on_game = "game" in flat.task
     if on_game:
         data = game_data(run)
@@ -232,6 +231,9 @@ def train(
     # loss is the measure.
     from_file = on_game or bool(flat.task.train_jsonl)
     num_train = len(data.train["tokens"])
+    if flat.task.train_jsonl:  # the user's rows: a preset's batch larger than them is fitted
+        run = data_sizes.fitted_batch_size(run, num_train)
+    config = run.config
     if config.batch_size > num_train:
         what = f"the {num_train} training rows" if from_file else f"num_train={num_train}"
         fail(
