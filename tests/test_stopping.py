@@ -140,3 +140,63 @@ def test_ctrl_c_stops_after_the_running_update_and_the_rerun_ends_equal(script, 
     assert f"from step {stopped_at}/" in resumed.stdout, resumed.stdout
     assert read_rows(parts) == read_rows(whole)
     assert results_of(parts) == results_of(whole)
+
+
+# --- Ctrl-C before training: importing, reading data, building the model, compiling. Python's
+# own handler used to lose the signal there (raised inside jaxlib's gc callback) or crash the
+# interpreter's teardown under a compile still running (SIGSEGV, exit 139); see jaxrl.interrupts.
+
+START_MOMENTS = (0.5, 1.5, 3.0, 5.0, 8.0)  # seconds after start: imports, set-up, compile
+
+
+# CI runs sft.py (where the crash was reported; its compile is the longest of the fast cases).
+@pytest.mark.parametrize("script", ["sft.py", pytest.param("ppo.py", marks=pytest.mark.slow)])
+def test_ctrl_c_before_training_ends_at_once_with_one_line_and_the_rerun_starts(script, tmp_path):
+    args = [*CASES[script]]
+    for moment in START_MOMENTS:
+        workdir = str(tmp_path / f"at-{moment}")
+        process = start_script(script, *args, f"--workdir={workdir}")
+        time.sleep(moment)
+        if process.poll() is not None:  # it reached the end before the signal: nothing to test
+            continue
+        signalled = time.time()
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=120)
+        seconds = time.time() - signalled
+        lines = [line for line in stderr.splitlines() if line.strip()]
+        assert process.returncode == 130, (moment, stderr[-3000:])
+        assert "Fatal Python error" not in stderr and "Traceback" not in stderr, stderr[-3000:]
+        assert seconds < 5, f"Ctrl-C at {moment} s took {seconds:.1f} s to end the run"
+        assert lines[-1].startswith(("Interrupted", "Stopped")), (moment, lines[-1])
+        assert "run the same command again" in lines[-1], lines[-1]
+    # The last directory, left wherever the signal found it, is not in the way of the same
+    # command: it starts (or resumes) and finishes.
+    finished = run_script(script, *args, f"--workdir={workdir}")
+    assert os.path.exists(os.path.join(workdir, "summary.json")), finished.stderr[-3000:]
+
+
+def test_ctrl_c_from_python_before_training_raises_stopped_at_the_next_boundary(tmp_path):
+    """From Python the process is the user's (a notebook's kernel): a signal while the trainer
+    sets up or compiles is kept, never lost, and raised as `Stopped` (a KeyboardInterrupt) when
+    the running step returns; the same call then trains."""
+    import threading
+
+    from jaxrl.interrupts import Stopped
+    from jaxrl.trainers import ppo
+
+    config = ppo.config("cartpole")
+    config.total_timesteps = 8 * config.num_envs * config.rollout_length
+    config.anneal_lr = False
+    config.run.progress = False
+    config.run.tensorboard = False
+    workdir = str(tmp_path / "run")
+    timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    with pytest.raises(KeyboardInterrupt) as stopped:
+        ppo.train(config, workdir, num_seeds=1)
+    timer.join()
+    assert isinstance(stopped.value, Stopped) and "run the same command again" in str(stopped.value)
+    # Nothing of the request carries into the next call, and Python's handler is back.
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    result = ppo.train(config, workdir, num_seeds=1)
+    assert "final_eval_return" in result.summary
