@@ -56,6 +56,7 @@ NOT_IN_CI = {
     "tests/test_grpo.py::test_grpo_learns_reverse_three_digits_from_random_init": 298,  # test_prompt_data's GRPO learns, PPO-LM, online DPO
     "tests/test_ppo_lm.py::test_remax_raises_the_answer_reward_of_the_same_starts": 182,  # the same GRPO update
     "tests/test_ppo.py::test_pendulum_continuous_learns": 172,  # CartPole; SAC on Pendulum
+    "tests/test_hl_gauss.py::test_ppo_with_a_classifying_critic_learns_cartpole": 62,  # its losses against NumPy; PPO CartPole
     "tests/test_gymnasium_env.py::test_ppo_learns_envpool_cartpole": 231,  # the adapters' tests
     "tests/test_gymnasium_env.py::test_ppo_learns_gymnasium_cartpole": 154,
     "tests/test_mappo.py::test_ippo_learns_to_cook_in_cramped_room": 164,  # simple spread
