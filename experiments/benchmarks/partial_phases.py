@@ -75,7 +75,7 @@ def main() -> None:
             flat.max_staleness, flat.rollout_groups = args.max_staleness, args.rollout_groups
     # The run directory is named, never created: nothing is written.
     workdir = f"{tempfile.gettempdir()}/partial_phases"
-    run = lm_runs.setup(flat, workdir, grpo.Config, "grpo", grpo.check_rollout)
+    run = lm_runs.setup(flat, workdir, grpo.Config, "grpo", check_rollout=grpo.check_rollout)
     config, mesh, rollout = run.config, run.mesh, run.rollout
     max_staleness = getattr(rollout, "max_staleness", 0)
     prompts = prompt_data.read_task(run)
