@@ -229,7 +229,7 @@ def main(script_main: Callable[[list[str]], None], positional: bool = False) -> 
         absl_logging.set_verbosity(absl_logging.WARNING)  # orbax narrates every save at INFO
         # and warns when a save waits for the one before ("Waiting for previous save to complete
         # took 7.3 seconds"): a fact of the schedule, not something to act on.
-        absl_logging.get_absl_logger().addFilter(_drop_orbax_waits)
+        drop_orbax_waits()
         # JAX logs the traceback of a failing callback before re-raising it; the exception itself
         # reaches us (a user's function failing: one line, its traceback in the run's error.log).
         logging.getLogger("jax._src.callback").setLevel(logging.CRITICAL)
@@ -269,5 +269,16 @@ def config_fields(config: ml_collections.ConfigDict, prefix: str = "") -> list[t
     return fields
 
 
-def _drop_orbax_waits(record: logging.LogRecord) -> bool:
+def _no_orbax_wait(record: logging.LogRecord) -> bool:
     return "Waiting for previous save" not in str(record.msg)
+
+
+def drop_orbax_waits() -> None:
+    """Keep orbax's "Waiting for previous save to complete took 7.3 seconds" warnings (a fact of
+    the checkpoint schedule, not something to act on) off stderr, in a script and in a trainer
+    called from Python alike; every other log line stays."""
+    from absl import logging as absl_logging
+
+    logger = absl_logging.get_absl_logger()
+    if _no_orbax_wait not in logger.filters:
+        logger.addFilter(_no_orbax_wait)

@@ -15,6 +15,7 @@ Evaluation inside the compiled program (returns of fresh episodes) is `jaxrl.eva
 from __future__ import annotations
 
 import itertools
+import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -49,14 +50,16 @@ def plot_learning_curves(
         runs = np.array([r[per_run] for r in rows], dtype=float)
         for i in range(runs.shape[1]):
             ax.plot(xs, runs[:, i], lw=0.8, alpha=0.4, color="tab:blue", **_markers(len(xs), 3))
+    several = per_run in rows[0] and len(rows[0][per_run]) > 1
     ax.plot(
-        xs, [r[y] for r in rows], lw=2.0, color="tab:blue", label="mean over runs",
-        **_markers(len(xs)),
+        xs, [r[y] for r in rows], lw=2.0, color="tab:blue",
+        label="mean over runs" if several else "the run", **_markers(len(xs)),
     )  # fmt: skip
     _format_steps(ax.xaxis, xs)
     ax.set_xlabel(x.replace("_", " "))
     ax.set_ylabel(y.replace("_", " "))
-    ax.set_title(title or y)
+    # Wrapped, not clipped: a title names the run's task and settings, often wider than the plot.
+    ax.set_title(textwrap.fill(title or y, 70), fontsize=9 if len(title or y) > 70 else None)
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
     fig.savefig(out_path)

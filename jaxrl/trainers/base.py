@@ -344,6 +344,7 @@ def stops(record: Any) -> Any:
     says whether the run's checkpoints are kept."""
     from jaxrl import interrupts, runner
 
+    cli.drop_orbax_waits()  # a trainer call's stderr is the script's
     return interrupts.watching(lambda: runner.interrupted_line(record.run_dir))
 
 
