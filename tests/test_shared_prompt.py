@@ -39,9 +39,9 @@ def grouped_batch(groups: int, group_size: int, prompt: int, new: int, seed: int
     completion = np.where(completion_mask, rng.integers(3, MODEL.vocab_size, (rows, new)), 0)
     completion[np.arange(rows), lengths - 1] = np.where(lengths < new, 1, completion[:, -1])
     return {
-        "tokens": np.concatenate(
-            [np.repeat(prompt_tokens, group_size, 0), completion], 1
-        ).astype(np.int32),
+        "tokens": np.concatenate([np.repeat(prompt_tokens, group_size, 0), completion], 1).astype(
+            np.int32
+        ),
         "attention_mask": np.concatenate(
             [np.repeat(prompt_mask, group_size, 0), completion_mask], 1
         ),
