@@ -111,10 +111,9 @@ def test_grouped_log_probs_entropies_and_gradients_equal_per_row(params, group_s
     assert all(np.abs(g).max() > 0 for g in jax.tree.leaves(reference[1]))
 
 
-@pytest.mark.parametrize("remat", ["full", "save_dots"])
-def test_grouped_equals_per_row_with_rematerialisation(params, remat):
+def test_grouped_equals_per_row_with_rematerialisation(params):
     batch = grouped_batch(groups=2, group_size=4, prompt=6, new=4, seed=7)
-    model = Transformer(dataclasses.replace(MODEL, remat=remat))
+    model = Transformer(dataclasses.replace(MODEL, remat="full"))
     reference = outputs_and_grads(per_row, 4, params, batch, model)
     assert_same(reference, outputs_and_grads(grouped, 4, params, batch, model))
 
