@@ -169,7 +169,8 @@ class Attention(nn.Module):
 
     `__call__(x, positions, token_mask, key_mask, index, cache, layer) -> (y, cache)`: x and y
     are [B, T, hidden_size]. Without a cache (None) the T tokens attend causally to each other
-    (`key_mask` is then `token_mask`). With one, `cache` holds every layer's keys
+    (`key_mask` is then `token_mask`), or, where `key_mask` is [B, T, T], query t to the keys
+    key_mask[:, t] marks (`segment_attention`). With one, `cache` holds every layer's keys
     [layers, B, kv_heads, head_dim, S] and values [layers, B, kv_heads, S, head_dim]; this layer
     (`layer`, traced) writes its new keys and values into its own slice at slot `index` and
     attends to every slot `key_mask` marks. The update is a `dynamic_update_slice` of the whole
@@ -251,8 +252,11 @@ class Attention(nn.Module):
                 for name in ("k", "v")
             )
             query_slots = index + jnp.arange(length)
-        key_slots = jnp.arange(key_mask.shape[1])
-        allowed = (key_slots[None, :] <= query_slots[:, None])[None] & key_mask[:, None, :]
+        if key_mask.ndim == 3:  # the keys each query reads, given whole (`segment_attention`)
+            allowed = key_mask
+        else:
+            key_slots = jnp.arange(key_mask.shape[1])
+            allowed = (key_slots[None, :] <= query_slots[:, None])[None] & key_mask[:, None, :]
         if cache is not None and length == 1:
             out = attend_one(q, keys, values, allowed[:, 0])
         else:
@@ -407,6 +411,7 @@ class Transformer(nn.Module):
         logits_for_last: int = 0,
         logit_positions: Array | None = None,
         hidden_only: bool = False,
+        segment_ids: Array | None = None,
     ) -> tuple[Array, Cache | None]:
         """Logits [B, T, vocab] and the cache updated with this call's keys and values. With
         `hidden_only`, the final-normalised hidden states [B, T, hidden_size] instead of logits,
@@ -416,7 +421,12 @@ class Transformer(nn.Module):
         `logits_for_last` ([B, logits_for_last, vocab]; a sampler's prefill, a completion's
         log-probs), or `logit_positions` [B, K] chosen per row ([B, K, vocab]; the answer of a
         preference pair). Over a real vocabulary the head and its log-softmax are a large part of
-        a training step, and [B, T, vocab] fp32 logits of a long prompt are gigabytes."""
+        a training step, and [B, T, vocab] fp32 logits of a long prompt are gigabytes.
+
+        `segment_ids` [B, T] (no cache) packs sequences that share a prefix into one row: segment
+        0 is the prefix, which every token may read; a token of segment s > 0 reads segment 0
+        and its own segment's earlier tokens, never another's (`segment_attention`). The caller
+        passes each token's `positions` (a segment's continue its prefix's)."""
         cfg = self.config
         dtype, param_dtype = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
         if token_mask is None:
@@ -446,8 +456,12 @@ class Transformer(nn.Module):
             length=cfg.num_layers,
             metadata_params={nn.PARTITION_NAME: "layers"},
         )(cfg, self.mesh, self.rules, name="layers")
+        if segment_ids is not None and cache is not None:
+            raise ValueError("Transformer: segment_ids are for a call without a cache")
         if cache is None:
             kv, key_mask, index = None, token_mask, jnp.zeros((), jnp.int32)
+            if segment_ids is not None:
+                key_mask = segment_attention(token_mask, segment_ids)
         else:
             index = cache["index"]
             kv = {"k": cache["k"], "v": cache["v"]}
@@ -555,6 +569,17 @@ def head_log_probs(
         return x.swapaxes(0, 1).reshape(batch, chunks * step)[:, :length]
 
     return unchunk(log_probs), unchunk(entropy)
+
+
+def segment_attention(token_mask: Array, segment_ids: Array) -> Array:
+    """[B, T] token mask and segment ids -> [B, T, T], which keys each query attends to:
+    earlier or the same slot, a real token, and of segment 0 (the shared prefix) or the query's
+    own segment. With every id 0 it is the causal, padding-masked attention of a plain call."""
+    slots = jnp.arange(token_mask.shape[1])
+    causal = slots[None, :] <= slots[:, None]
+    shared = segment_ids[:, None, :] == 0
+    same = segment_ids[:, None, :] == segment_ids[:, :, None]
+    return causal[None] & token_mask[:, None, :] & (shared | same)
 
 
 def positions_from_mask(token_mask: Array) -> Array:
