@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from jaxrl import host, hparams, loop
+from jaxrl import host, hparams, loop, retention
 from jaxrl.checkpoint import Checkpointer, DamagedCheckpointError
 from jaxrl.config import ConfigError, InputError, check_run_settings, fail
 from jaxrl.logging import MetricsSink, RunDirectory, to_jsonable
@@ -152,11 +152,13 @@ def budget_dependence(saved: dict[str, Any]) -> str | None:
 
 
 def check_resumable(saved: dict[str, Any] | None, current: dict[str, Any], workdir: str) -> None:
-    """A workdir holding a checkpoint may only be resumed with the settings it was started with,
-    except a larger budget (`BUDGET_FIELDS`), which extends the run where no schedule or shape
-    depends on the budget (`budget_dependence`); otherwise one line says why not."""
+    """A workdir holding a checkpoint may only be resumed with the settings it was started with
+    (what it keeps aside: `retention.KEEPING`), except a larger budget (`BUDGET_FIELDS`), which
+    extends the run where no schedule or shape depends on the budget (`budget_dependence`);
+    otherwise one line says why not."""
     if saved is None:
         return
+    saved, current = retention.compared(saved), retention.compared(current)
     changed = [k for k in sorted(set(saved) | set(current)) if saved.get(k) != current.get(k)]
     budget = [k for k in changed if k in BUDGET_FIELDS]
     if budget and len(budget) == len(changed):
@@ -291,8 +293,9 @@ class RunResult:
 
 def open_run(workdir: str, resolved_config: Mapping[str, Any]) -> RunDirectory:
     """Create (or reopen) the run directory and record the config: call this only once every
-    setting is valid. A directory holding checkpoints is resumed only with the same settings; one
-    without (a start that failed or was stopped before its first checkpoint) is started afresh."""
+    setting is valid. A directory holding checkpoints, or a finished run, is resumed only with the
+    same settings (or a larger budget); one without (a start that failed or was stopped before
+    its first checkpoint) is started afresh."""
     if os.path.exists(workdir) and not os.path.isdir(workdir):
         fail(f"--workdir={workdir}: is a file, not a directory; pass a directory path")
     try:
@@ -306,9 +309,18 @@ def open_run(workdir: str, resolved_config: Mapping[str, Any]) -> RunDirectory:
     except OSError as error:
         fail(f"--workdir={workdir}: cannot write there ({error.strerror}); pass a writable path")
     resolved = to_jsonable(dict(resolved_config))
-    if has_checkpoint(run_dir):
+    held = has_checkpoint(run_dir)
+    # A finished run holds a run even where it kept no checkpoint (`retention.finish`): other
+    # settings are refused as for any run; a larger budget trains the longer run from step 0.
+    if held or retention.has_summary(run_dir):
         check_same_script(run_dir, workdir)
         check_resumable(run_dir.saved_config(), resolved, workdir)
+        if not held:
+            print(
+                f"{workdir}: its finished run kept no training state "
+                "(config.run.keep_final_state=False), so this run trains from step 0",
+                file=sys.stderr,
+            )
     run_dir.write_config(resolved)
     record = _record.get()
     if record is not None:

@@ -301,6 +301,7 @@ def lm_trainer(algo: str) -> Callable[[Callable], Callable[..., Result]]:
             kill_after_chunk: int | None = None,
         ) -> Result:
             from jaxrl import runner
+            from jaxrl.trainers import lm_runs
 
             try:
                 with runner.host_failures_as_input_errors():
@@ -308,6 +309,8 @@ def lm_trainer(algo: str) -> Callable[[Callable], Callable[..., Result]]:
                     flat, parts = lm_parts(config, algo, rewards=rewards, game=game, **given)
                     where = None if workdir is None else os.fspath(workdir)
                     return body(flat, parts, where, kill_after_chunk)
+            except lm_runs.Finished as finished:  # the run asked for had finished
+                return Result(*finished.result)
             except InputError as error:
                 alone(error)
                 raise error
