@@ -115,3 +115,14 @@ def finish(run_dir: RunDirectory, keep_final_state: bool = True) -> str:
     if not keep_final_state and is_main_process():
         remove_checkpoints(run_dir)
     return size_note(run_dir.path)
+
+
+def report_finished(run_dir: RunDirectory, steps: int, keep_final_state: bool = True) -> None:
+    """The one line of a finished run called again (after `finish`, which removes a final state
+    that a run killed before removing it left)."""
+    where = finish(run_dir, keep_final_state)
+    print(
+        f"Already finished: this run took its {steps} steps with these settings, so nothing runs "
+        f"(its results are in summary.json). {where}",
+        flush=True,
+    )

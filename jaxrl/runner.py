@@ -328,6 +328,35 @@ def open_run(workdir: str, resolved_config: Mapping[str, Any]) -> RunDirectory:
     return run_dir
 
 
+def finished_result(
+    workdir: str, resolved_config: Mapping[str, Any], job: Job
+) -> tuple[Any, dict[str, Any], str] | None:
+    """(final states, summary, run directory) of the run in `workdir` where it finished `job`
+    with these settings (`retention.finished_summary`), after one line saying so: the states
+    restored from its final checkpoint, nothing compiled, nothing evaluated. None where it has
+    not finished (or kept no final checkpoint)."""
+    summary = retention.finished_summary(workdir, resolved_config, job.num_steps)
+    if summary is None:
+        return None
+    run_dir = RunDirectory(workdir)
+    if not has_checkpoint(run_dir):
+        return None
+    checkpointer = Checkpointer(run_dir.checkpoint_dir)
+    try:
+        if checkpointer.latest_step() != job.num_steps:
+            return None
+        # Restored into the states' shapes (traced, not compiled); an empty leaf (which orbax
+        # does not save) made here.
+        states, _ = checkpointer.restore(jax.eval_shape(job.init_states))
+    finally:
+        checkpointer.close()
+    states = jax.tree.map(
+        lambda x: jnp.zeros(x.shape, x.dtype) if isinstance(x, jax.ShapeDtypeStruct) else x, states
+    )
+    retention.report_finished(run_dir, job.num_steps)
+    return states, summary, run_dir.path
+
+
 def has_checkpoint(run_dir: RunDirectory) -> bool:
     """Whether the run directory holds a checkpoint to resume from."""
     return os.path.isdir(run_dir.checkpoint_dir) and any(

@@ -153,6 +153,22 @@ def test_a_finished_run_without_its_final_state(tmp_path, capsys):
     assert [r["step"] for r in rows(workdir)] == [2, 4, 6, 8, 10, 12, 14, 16]
 
 
+def test_a_finished_run_called_again_is_its_final_checkpoint_and_summary(tmp_path, capsys):
+    """`runner.finished_result`: a run whose summary.json says it finished these settings' steps
+    gives its final states (restored, nothing else compiled) and its summary, in one line."""
+    workdir = str(tmp_path / "run")
+    runner.train(toy_job(ToyConfig()), RUN, runner.open_run(workdir, {"rate": 1.0}))
+    assert runner.finished_result(workdir, {"rate": 1.0}, toy_job(ToyConfig())) is None
+    runner.open_run(workdir, {"rate": 1.0}).write_summary({"steps": 12, "x": 1})
+    capsys.readouterr()
+    states, summary, path = runner.finished_result(workdir, {"rate": 1.0}, toy_job(ToyConfig()))
+    np.testing.assert_allclose(states.x, [12.0, 24.0])
+    assert (summary, path) == ({"steps": 12, "x": 1}, workdir)
+    assert capsys.readouterr().out.startswith("Already finished: this run took its 12 steps")
+    longer = toy_job(ToyConfig(num_steps=16))
+    assert runner.finished_result(workdir, {"rate": 1.0}, longer) is None
+
+
 def test_sizes_read_as_people_write_them():
     assert [retention.format_bytes(n) for n in (512, 1_600, 350_200_000, 1_120_000_000)] == [
         "512 B", "1.6 kB", "350.2 MB", "1.1 GB"

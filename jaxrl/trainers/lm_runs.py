@@ -109,7 +109,9 @@ def setup(
     unless config.task.tokenizer names one, and must fit the model's vocabulary. `workdir` None
     is runs/<name>-<task>-<date>-<time>. An algorithm with rollout modes passes its
     `check_rollout`: the config file's rollout settings become the Setup's `rollout` object
-    (`rollout_modes`)."""
+    (`rollout_modes`). config.run.keep_final_state left None is filled by starting point
+    (`keeps_final_state`). Where `workdir` holds this run finished, `Finished` is raised with
+    its recorded result, which the trainer returns (`jaxrl.trainers.base.lm_trainer`)."""
     # Only the algorithms with rollout modes import them (and through them envs, 2 s).
     from jaxrl.trainers import rollout_modes
 
@@ -454,14 +456,8 @@ def finished_result(
     read when asked), after one line saying so; a final state left by a run killed before
     `finish` removed it is removed now."""
     run_dir = RunDirectory(workdir)
-    where = retention.finish(run_dir, keeps_final_state(flat))
-    steps = summary["steps"]
-    print(
-        f"Already finished: this run took its {steps} steps with these settings, so nothing runs "
-        f"(its results are in summary.json). {where}",
-        flush=True,
-    )
-    return FinishedState(run_dir.path, steps), summary, run_dir.path
+    retention.report_finished(run_dir, summary["steps"], keeps_final_state(flat))
+    return FinishedState(run_dir.path, summary["steps"]), summary, run_dir.path
 
 
 def open_run(run: Setup, head: str = LM_HEAD) -> RunDirectory:

@@ -42,6 +42,9 @@ def train(flat: Any, workdir: str | None, seeds: Any, kill_after_chunk: int | No
         units_per_step=config.env_steps_per_update,
         check_every=10,  # an update is milliseconds: ask about Ctrl-C every 10 (tens of ms)
     )
+    finished = runner.finished_result(workdir, seeds.record(flat), job)
+    if finished is not None:  # the run asked for had finished: its recorded result
+        return base.Result(*finished)
     run_dir = runner.open_run(workdir, seeds.record(flat))
     result = runner.train(job, flat.run, run_dir, kill_after_chunk)
 

@@ -43,6 +43,9 @@ def train(flat: Any, workdir: str | None, seeds: Any, kill_after_chunk: int | No
         # Atari frames is seconds: after each.
         check_every=1 if config.torso == "nature_cnn" else 10,
     )
+    finished = runner.finished_result(workdir, seeds.record(flat), job)
+    if finished is not None:  # the run asked for had finished: its recorded result
+        return base.Result(*finished)
     run_dir = runner.open_run(workdir, seeds.record(flat))
     result = runner.train(job, flat.run, run_dir, kill_after_chunk)
 
