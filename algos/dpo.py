@@ -272,9 +272,11 @@ def evaluate_pairs(
     batch_size: int,
     place=None,
 ) -> dict[str, float]:
-    """Held-out preference metrics: reward accuracy (chosen reward > rejected reward), margin and
-    loss, with the policy's implicit rewards against `reference` log-probs. Runs on the host
-    after training, so it reads the coefficients from the (single-run) `config`."""
+    """Held-out preference metrics: reward accuracy (chosen reward > rejected reward, TRL's
+    `rewards/accuracies`: a tie counts as wrong), the fraction of ties (equal rewards: every
+    pair of a policy that is its own reference, so its accuracy reads 0), margin and loss,
+    with the policy's implicit rewards against `reference` log-probs. Runs on the host after
+    training, so it reads the coefficients from the (single-run) `config`."""
     policy = training.score_pairs_in_batches(score, params, arrays, batch_size, place)
     losses, chosen_reward, rejected_reward = preference_loss(
         jnp.asarray(policy["chosen"]),
@@ -290,6 +292,7 @@ def evaluate_pairs(
     )
     return {
         "eval_reward_accuracy": float(jnp.mean(chosen_reward > rejected_reward)),
+        "eval_reward_ties": float(jnp.mean(chosen_reward == rejected_reward)),
         "eval_reward_margin": float(jnp.mean(chosen_reward - rejected_reward)),
         "eval_loss": float(jnp.mean(losses)),
     }

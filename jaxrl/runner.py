@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from jaxrl import host, hparams, interrupts, loop
+from jaxrl import host, hparams, interrupts, loop, retention
 from jaxrl.checkpoint import Checkpointer, DamagedCheckpointError
 from jaxrl.config import ConfigError, InputError, check_run_settings, fail
 from jaxrl.interrupts import Stopped
@@ -153,11 +153,13 @@ def budget_dependence(saved: dict[str, Any]) -> str | None:
 
 
 def check_resumable(saved: dict[str, Any] | None, current: dict[str, Any], workdir: str) -> None:
-    """A workdir holding a checkpoint may only be resumed with the settings it was started with,
-    except a larger budget (`BUDGET_FIELDS`), which extends the run where no schedule or shape
-    depends on the budget (`budget_dependence`); otherwise one line says why not."""
+    """A workdir holding a checkpoint may only be resumed with the settings it was started with
+    (what it keeps aside: `retention.KEEPING`), except a larger budget (`BUDGET_FIELDS`), which
+    extends the run where no schedule or shape depends on the budget (`budget_dependence`);
+    otherwise one line says why not."""
     if saved is None:
         return
+    saved, current = retention.compared(saved), retention.compared(current)
     changed = [k for k in sorted(set(saved) | set(current)) if saved.get(k) != current.get(k)]
     budget = [k for k in changed if k in BUDGET_FIELDS]
     if budget and len(budget) == len(changed):
@@ -292,8 +294,9 @@ class RunResult:
 
 def open_run(workdir: str, resolved_config: Mapping[str, Any]) -> RunDirectory:
     """Create (or reopen) the run directory and record the config: call this only once every
-    setting is valid. A directory holding checkpoints is resumed only with the same settings; one
-    without (a start that failed or was stopped before its first checkpoint) is started afresh."""
+    setting is valid. A directory holding checkpoints, or a finished run, is resumed only with the
+    same settings (or a larger budget); one without (a start that failed or was stopped before
+    its first checkpoint) is started afresh."""
     if os.path.exists(workdir) and not os.path.isdir(workdir):
         fail(f"--workdir={workdir}: is a file, not a directory; pass a directory path")
     try:
@@ -307,14 +310,52 @@ def open_run(workdir: str, resolved_config: Mapping[str, Any]) -> RunDirectory:
     except OSError as error:
         fail(f"--workdir={workdir}: cannot write there ({error.strerror}); pass a writable path")
     resolved = to_jsonable(dict(resolved_config))
-    if has_checkpoint(run_dir):
+    held = has_checkpoint(run_dir)
+    # A finished run holds a run even where it kept no checkpoint (`retention.finish`): other
+    # settings are refused as for any run; a larger budget trains the longer run from step 0.
+    if held or retention.has_summary(run_dir):
         check_same_script(run_dir, workdir)
         check_resumable(run_dir.saved_config(), resolved, workdir)
+        if not held:
+            print(
+                f"{workdir}: its finished run kept no training state "
+                "(config.run.keep_final_state=False), so this run trains from step 0",
+                file=sys.stderr,
+            )
     run_dir.write_config(resolved)
     record = _record.get()
     if record is not None:
         record.run_dir = run_dir
     return run_dir
+
+
+def finished_result(
+    workdir: str, resolved_config: Mapping[str, Any], job: Job
+) -> tuple[Any, dict[str, Any], str] | None:
+    """(final states, summary, run directory) of the run in `workdir` where it finished `job`
+    with these settings (`retention.finished_summary`), after one line saying so: the states
+    restored from its final checkpoint, nothing compiled, nothing evaluated. None where it has
+    not finished (or kept no final checkpoint)."""
+    summary = retention.finished_summary(workdir, resolved_config, job.num_steps)
+    if summary is None:
+        return None
+    run_dir = RunDirectory(workdir)
+    if not has_checkpoint(run_dir):
+        return None
+    checkpointer = Checkpointer(run_dir.checkpoint_dir)
+    try:
+        if checkpointer.latest_step() != job.num_steps:
+            return None
+        # Restored into the states' shapes (traced, not compiled); an empty leaf (which orbax
+        # does not save) made here.
+        states, _ = checkpointer.restore(jax.eval_shape(job.init_states))
+    finally:
+        checkpointer.close()
+    states = jax.tree.map(
+        lambda x: jnp.zeros(x.shape, x.dtype) if isinstance(x, jax.ShapeDtypeStruct) else x, states
+    )
+    retention.report_finished(run_dir, job.num_steps)
+    return states, summary, run_dir.path
 
 
 def has_checkpoint(run_dir: RunDirectory) -> bool:

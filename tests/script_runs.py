@@ -130,7 +130,8 @@ def interrupt_in_every_way(script: str, whole: str, *args: str) -> None:
     """Take one run directory through the interruptions a user causes, each followed by the same
     command, checking after each that the rows logged so far are the uninterrupted run's (in
     `whole`), each once. The caller then compares the summaries. `args` must give `--workdir`
-    and at least 3 chunks, each checkpointed and 3 kept (the default run settings).
+    and at least 3 chunks, each checkpointed, and keep at least 2 (the control scripts keep 3 by
+    default, the language-model scripts 1: pass --config.run.keep_checkpoints=2 to those).
 
     1. Ctrl-C once training has logged its first row, before any scheduled checkpoint: the
        process exits (130) within 10 s, saying in its last line how to resume.

@@ -53,6 +53,39 @@ def test_preference_losses_equal_numpy(loss_type, eps):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
 
 
+def test_held_out_accuracy_and_ties_equal_numpy():
+    """evaluate_pairs' reward accuracy is TRL's (chosen reward > rejected reward, a tie counts
+    as wrong) and eval_reward_ties the fraction of equal rewards, against NumPy: a policy that is
+    its own reference ties every pair (accuracy 0, ties 1)."""
+    rng = np.random.default_rng(0)
+    n = 12
+    pc, pr = rng.normal(-20, 5, n), rng.normal(-20, 5, n)
+    rc, rr = pc.copy(), pr.copy()  # the reference; the policy moves on the first 8 pairs
+    pc[:8] += rng.normal(0, 1, 8)
+    pr[:4] += rng.normal(0, 1, 4)
+    lengths = np.full(n, 5.0)
+    arrays = {"chosen_tokens": np.arange(n)[:, None], "rejected_tokens": np.arange(n)[:, None]}
+    reference = {"reference_chosen": rc, "reference_rejected": rr}
+    config = dpo.Config(beta=0.3)
+
+    def scores(chosen, rejected):
+        def score(params, batch):
+            index = batch["chosen_tokens"][:, 0]
+            return {"chosen": chosen[index], "rejected": rejected[index],
+                    "chosen_length": lengths[index], "rejected_length": lengths[index]}  # fmt: skip
+
+        return score
+
+    got = dpo.evaluate_pairs(scores(pc, pr), None, reference, arrays, config, 5)
+    _, chosen, rejected = numpy_preference_loss(pc, pr, rc, rr, lengths, lengths, "sigmoid",
+                                                0.3, 0.0, 0.0)  # fmt: skip
+    assert np.mean(chosen == rejected) == 4 / 12  # float32 means: as close as one ulp
+    np.testing.assert_allclose(got["eval_reward_accuracy"], np.mean(chosen > rejected), rtol=1e-6)
+    np.testing.assert_allclose(got["eval_reward_ties"], np.mean(chosen == rejected), rtol=1e-6)
+    itself = dpo.evaluate_pairs(scores(rc, rr), None, reference, arrays, config, 5)
+    assert (itself["eval_reward_accuracy"], itself["eval_reward_ties"]) == (0.0, 1.0)
+
+
 def random_pairs(n, length=10, seed=0):
     rng = np.random.default_rng(seed)
     out = {}

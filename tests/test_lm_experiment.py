@@ -28,6 +28,9 @@ from tests.script_runs import (
 )
 
 QUIET = ["--config.run.progress=False", "--config.run.tensorboard=False"]
+# A language model's run keeps its newest checkpoint only; a damaged one is then the end of the
+# run, so the interruption tests, which damage one, keep two (as many as they need).
+KEEP_TWO = ["--config.run.keep_checkpoints=2"]
 
 
 def run(script, *args, check=True):
@@ -196,7 +199,7 @@ def test_dpo_interrupted_in_every_way_ends_as_an_uninterrupted_run(sft_run, dpo_
     """Ctrl-C before the first checkpoint, SIGKILL after a checkpoint, a damaged newest checkpoint
     and deleted checkpoints, each followed by the same command (tests/script_runs.py)."""
     whole, parts = dpo_whole[0], str(tmp_path / "parts")
-    flags = [f"--config.init_from={sft_run}", *DPO_SMALL, *QUIET, f"--workdir={parts}"]
+    flags = [f"--config.init_from={sft_run}", *DPO_SMALL, *QUIET, *KEEP_TWO, f"--workdir={parts}"]
     interrupt_in_every_way("dpo.py", whole, *flags)
     a, b = read_json(whole), read_json(parts)
     for key in DPO_HEADLINES:
@@ -499,7 +502,7 @@ def test_grpo_interrupted_in_every_way_ends_as_an_uninterrupted_run(grpo_whole, 
     """As DPO's: Ctrl-C, SIGKILL, a damaged checkpoint and deleted checkpoints, then the same
     command each time; the rows and the result are the uninterrupted run's."""
     whole, parts = grpo_whole[0], str(tmp_path / "parts")
-    interrupt_in_every_way("grpo.py", whole, *GRPO_SMALL, *QUIET, f"--workdir={parts}")
+    interrupt_in_every_way("grpo.py", whole, *GRPO_SMALL, *QUIET, *KEEP_TWO, f"--workdir={parts}")
     rows = read_metrics(parts)
     for name in ("reward_task", "reward_format", "kl", "clip_fraction", "entropy"):
         assert name in rows[-1], name

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from flax import struct
 
-from jaxrl import cli, hparams, loop, runner
+from jaxrl import cli, hparams, loop, retention, runner
 from jaxrl.checkpoint import Checkpointer
 from jaxrl.config import InputError, build_config, run_section
 from jaxrl.hparams import swept
@@ -109,6 +109,70 @@ def test_settings_are_checked_only_against_a_run_with_checkpoints(tmp_path, caps
         runner.open_run(workdir, {"rate": 5.0})
     assert str(error.value).startswith(f"--workdir={workdir} holds a run with")
     assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("keep, kept", [(1, ["12"]), (2, ["8", "12"])])
+def test_the_newest_checkpoints_are_kept(tmp_path, keep, kept):
+    """config.run.keep_checkpoints newest checkpoints stay (3 chunks: saved at 4, 8 and 12), and
+    settings that only say what a run keeps do not stop it resuming."""
+    workdir = str(tmp_path / "run")
+    run = run_section(num_chunks=3, log_every=2, tensorboard=False, progress=False)
+    run.keep_checkpoints = keep
+    runner.train(
+        toy_job(ToyConfig()), run, runner.open_run(workdir, {"rate": 1.0, "run": run.to_dict()})
+    )
+    assert sorted(os.listdir(os.path.join(workdir, "checkpoints")), key=int) == kept
+    other = {"rate": 1.0, "run": run.to_dict() | {"keep_checkpoints": 3}}
+    runner.open_run(workdir, other)  # not refused
+
+
+def test_a_finished_run_without_its_final_state(tmp_path, capsys):
+    """A finished run that kept no training state (keep_final_state False: its checkpoints go
+    once the summary is written) is still recognised as finished with its settings, still
+    refuses other settings, and a larger budget trains the longer run from step 0, ending where
+    an uninterrupted one does."""
+    workdir = str(tmp_path / "run")
+    run_dir = runner.open_run(workdir, {"rate": 1.0, "num_steps": 12})
+    runner.train(toy_job(ToyConfig()), RUN, run_dir)
+    run_dir.write_summary({"steps": 12})
+    end = retention.finish(run_dir, keep_final_state=False)
+    assert end.startswith(f"Run directory: {run_dir.path} (") and end.endswith(" kB)"), end
+    assert not os.path.exists(run_dir.checkpoint_dir)
+    assert not os.path.exists(run_dir.file(retention.REMOVED))
+    assert retention.finished_summary(workdir, {"rate": 1.0, "num_steps": 12}, 12) == {"steps": 12}
+    assert retention.finished_summary(workdir, {"rate": 2.0, "num_steps": 12}, 12) is None
+    assert retention.finished_summary(workdir, {"rate": 1.0, "num_steps": 16}, 16) is None
+    with pytest.raises(InputError, match="holds a run with config.rate=1.0, not 2.0"):
+        runner.open_run(workdir, {"rate": 2.0, "num_steps": 12})
+    capsys.readouterr()
+    longer = runner.open_run(workdir, {"rate": 1.0, "num_steps": 16})
+    assert "kept no training state" in capsys.readouterr().err
+    result = runner.train(toy_job(ToyConfig(num_steps=16)), RUN, longer)
+    assert result.resumed_from_step == 0
+    np.testing.assert_allclose(result.states.x, [16.0, 32.0])
+    assert [r["step"] for r in rows(workdir)] == [2, 4, 6, 8, 10, 12, 14, 16]
+
+
+def test_a_finished_run_called_again_is_its_final_checkpoint_and_summary(tmp_path, capsys):
+    """`runner.finished_result`: a run whose summary.json says it finished these settings' steps
+    gives its final states (restored, nothing else compiled) and its summary, in one line."""
+    workdir = str(tmp_path / "run")
+    runner.train(toy_job(ToyConfig()), RUN, runner.open_run(workdir, {"rate": 1.0}))
+    assert runner.finished_result(workdir, {"rate": 1.0}, toy_job(ToyConfig())) is None
+    runner.open_run(workdir, {"rate": 1.0}).write_summary({"steps": 12, "x": 1})
+    capsys.readouterr()
+    states, summary, path = runner.finished_result(workdir, {"rate": 1.0}, toy_job(ToyConfig()))
+    np.testing.assert_allclose(states.x, [12.0, 24.0])
+    assert (summary, path) == ({"steps": 12, "x": 1}, workdir)
+    assert capsys.readouterr().out.startswith("Already finished: this run took its 12 steps")
+    longer = toy_job(ToyConfig(num_steps=16))
+    assert runner.finished_result(workdir, {"rate": 1.0}, longer) is None
+
+
+def test_sizes_read_as_people_write_them():
+    assert [retention.format_bytes(n) for n in (512, 1_600, 350_200_000, 1_120_000_000)] == [
+        "512 B", "1.6 kB", "350.2 MB", "1.1 GB"
+    ]  # fmt: skip
 
 
 def test_workdir_that_is_a_file_is_one_line(tmp_path, capsys):

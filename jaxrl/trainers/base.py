@@ -378,6 +378,7 @@ def lm_trainer(algo: str) -> Callable[[Callable], Callable[..., Result]]:
             kill_after_chunk: int | None = None,
         ) -> Result:
             from jaxrl import runner
+            from jaxrl.trainers import lm_runs
 
             try:
                 with runner.host_failures_as_input_errors() as record, stops(record) as watch:
@@ -387,6 +388,8 @@ def lm_trainer(algo: str) -> Callable[[Callable], Callable[..., Result]]:
                     result = body(flat, parts, where, kill_after_chunk)
                     watch.check(watch.stop_line)  # a request during the final evaluation
                     return result
+            except lm_runs.Finished as finished:  # the run asked for had finished
+                return Result(*finished.result)
             except InputError as error:
                 alone(error)
                 raise error

@@ -21,7 +21,7 @@ import jax
 import numpy as np
 
 from algos import bc, cql
-from jaxrl import hparams, loop, runner
+from jaxrl import hparams, loop, retention, runner
 from jaxrl.config import ConfigError, build_config, fail, is_finite_number
 from jaxrl.data import (
     CorruptDatasetError,
@@ -160,6 +160,9 @@ def train(flat: Any, workdir: str | None, seeds: Any, kill_after_chunk: int | No
         after_chunk=after_chunk,
         check_every=50,  # a gradient step is about a millisecond: ask about Ctrl-C every 50
     )
+    finished = runner.finished_result(workdir, seeds.record(flat), job)
+    if finished is not None:  # the run asked for had finished: its recorded result
+        return base.Result(*finished)
     run_dir = runner.open_run(workdir, seeds.record(flat))
     result = runner.train(job, flat.run, run_dir, kill_after_chunk)
 
@@ -210,6 +213,7 @@ def train(flat: Any, workdir: str | None, seeds: Any, kill_after_chunk: int | No
         text = f"{name} {value:.1f}"
         return text + (f" (normalized {normalized:.1f})" if normalized is not None else "")
 
+    where = retention.finish(run_dir)  # summary.json is written: the final state may go
     print(
         f"CQL {config.env_name}: "
         + ", ".join(
@@ -224,6 +228,6 @@ def train(flat: Any, workdir: str | None, seeds: Any, kill_after_chunk: int | No
             ]
         )
         + f"; {config.num_steps:,} gradient steps x {num_seeds} seeds in "
-        f"{summary['wall_seconds']:.0f}s. Run directory: {run_dir.path}"
+        f"{summary['wall_seconds']:.0f}s. {where}"
     )
     return base.Result(result.states, summary, run_dir.path)

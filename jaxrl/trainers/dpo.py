@@ -34,6 +34,13 @@ from jaxrl.trainers.preference_data import (
 config = functools.partial(base.load_config, "dpo")
 
 
+def ties(pairs: dict[str, float]) -> str:
+    """A held-out reward accuracy with its ties where there are any: "0.000, 1.000 tied" (a tie,
+    equal implicit rewards, counts as wrong, as in TRL)."""
+    accuracy, tied = pairs["eval_reward_accuracy"], pairs["eval_reward_ties"]
+    return f"{accuracy:.3f}" + (f", {tied:.3f} tied" if tied else "")
+
+
 @base.lm_trainer("dpo")
 def train(
     flat: Any, parts: lm_runs.Parts, workdir: str | None, kill_after_chunk: int | None
@@ -146,14 +153,15 @@ def train(
     run_dir.write_learning_curve(x="step", y="reward_accuracy", title=title)
     held_out = (
         f"eval_reward_accuracy {pair_metrics['eval_reward_accuracy']:.3f} (before training: "
-        f"{initial_pairs['eval_reward_accuracy']:.3f}), eval_loss {pair_metrics['eval_loss']:.3f} "
+        f"{ties(initial_pairs)}), eval_loss {pair_metrics['eval_loss']:.3f} "
         f"(before: {initial_pairs['eval_loss']:.3f}) on {len(arrays['eval']['chosen_tokens'])} "
         "held-out pairs"
     )
     if accuracy is not None:  # a digit task: greedy answers scored
         held_out += f", eval_task_accuracy {accuracy:.3f} (SFT model: {sft_accuracy:.3f})"
+    where = lm_runs.finish(run, run_dir)  # summary.json is written: the final state may go
     print(
         f"{title}: {held_out} after {config.num_steps} steps in {summary['wall_seconds']:.0f}s "
-        f"(compile {summary['compile_seconds']:.0f}s). Run directory: {run_dir.path}"
+        f"(compile {summary['compile_seconds']:.0f}s). {where}"
     )
     return base.Result(result.states, summary, run_dir.path)

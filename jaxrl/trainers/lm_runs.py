@@ -6,6 +6,7 @@ directory with what it records of its model and tokenizer, and the runner's `Job
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import sys
 import time
@@ -16,7 +17,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from jaxrl import hparams, runner, sharding
+from jaxrl import hparams, retention, runner, sharding
 from jaxrl.config import ConfigError, build_config, check_run_settings, fail
 from jaxrl.data.chat import GivenRows
 from jaxrl.lm import Tokenizer, load_tokenizer, training
@@ -35,6 +36,7 @@ from jaxrl.lm.checkpoints import (
     load_params,
     placement,
     read_json,
+    read_saved_params,
     run_tokenizer,
     saved_param_dtype,
     special_token_ids,
@@ -117,7 +119,9 @@ def setup(
     unless config.task.tokenizer names one, and must fit the model's vocabulary. `workdir` None
     is runs/<name>-<task>-<date>-<time>. An algorithm with rollout modes passes its
     `check_rollout`: the config file's rollout settings become the Setup's `rollout` object
-    (`rollout_modes`)."""
+    (`rollout_modes`). config.run.keep_final_state left None is filled by starting point
+    (`keeps_final_state`). Where `workdir` holds this run finished, `Finished` is raised with
+    its recorded result, which the trainer returns (`jaxrl.trainers.base.lm_trainer`)."""
     # Only the algorithms with rollout modes import them (and through them envs, 2 s).
     from jaxrl.trainers import rollout_modes
 
@@ -148,6 +152,15 @@ def setup(
     workdir = workdir or os.path.join(
         "runs", f"{name}-{task.name if task else flat.task.game}-{time.strftime('%Y%m%d-%H%M%S')}"
     )
+    if flat.run.get("keep_final_state", True) is None:  # by starting point: see `finish`
+        flat.run.keep_final_state = not source.pretrained
+    # A run that finished with these settings is not set up again (data, model, compilation):
+    # its recorded result is returned at once.
+    summary = retention.finished_summary(
+        workdir, recorded_config(flat, source.model), config.num_steps
+    )
+    if summary is not None:
+        raise Finished(finished_result(flat, workdir, summary))
     return Setup(
         name, flat, config, mesh, task, tokenizer, source.model, workdir, source,
         tokenizer_source, parts, rollout, defaults,
@@ -415,6 +428,62 @@ def initial_params(run: Setup) -> tuple[Any, ModelConfig, str]:
     return params, run.model, run.source.description
 
 
+def recorded_config(flat: ml_collections.ConfigDict, model: ModelConfig) -> dict[str, Any]:
+    """The settings a run directory records (config.json): the config, with the model section
+    the model built (init_from's architecture)."""
+    resolved = flat.to_dict()
+    resolved["model"] = dataclasses.asdict(model)
+    return resolved
+
+
+def keeps_final_state(flat: ml_collections.ConfigDict) -> bool:
+    """Whether a finished run keeps its final training state (config.run.keep_final_state; by
+    default, unless the model descends from a pretrained one, whose optimizer moments are twice
+    its size and which params/ holds for what comes next)."""
+    return flat.run.get("keep_final_state", True) is not False
+
+
+def finish(run: Setup, run_dir: RunDirectory) -> str:
+    """`retention.finish` for an LM run, once its summary is written: the end of its last line."""
+    return retention.finish(run_dir, keeps_final_state(run.flat))
+
+
+class FinishedState:
+    """The state a finished run called again hands back, read from its files only when asked:
+    `params`, its final parameters (params/, as saved, on one device), and `step`."""
+
+    def __init__(self, run_dir: str, step: int):
+        self.run_dir, self.step = run_dir, step
+
+    @functools.cached_property
+    def params(self) -> Any:
+        """The run's final parameters."""
+        return read_saved_params(os.path.join(self.run_dir, PARAMS_DIR))
+
+    def __repr__(self) -> str:
+        return f"FinishedState(run_dir={self.run_dir!r}, step={self.step})"
+
+
+class Finished(Exception):  # noqa: N818  (a result, not an error)
+    """`setup` found the run asked for finished: `result` (a `base.Result`'s fields: state,
+    summary, run_dir) is what the trainer returns."""
+
+    def __init__(self, result: tuple[FinishedState, dict[str, Any], str]):
+        super().__init__("finished")
+        self.result = result
+
+
+def finished_result(
+    flat: ml_collections.ConfigDict, workdir: str, summary: dict[str, Any]
+) -> tuple[FinishedState, dict[str, Any], str]:
+    """What a finished run called again returns (its recorded summary, its final parameters
+    read when asked), after one line saying so; a final state left by a run killed before
+    `finish` removed it is removed now."""
+    run_dir = RunDirectory(workdir)
+    retention.report_finished(run_dir, summary["steps"], keeps_final_state(flat))
+    return FinishedState(run_dir.path, summary["steps"]), summary, run_dir.path
+
+
 def open_run(run: Setup, head: str = LM_HEAD) -> RunDirectory:
     """`runner.open_run` recording what the run really trains: config.json's model section is the
     model built (init_from's architecture), model.json records it with the tokenizer and its
@@ -422,9 +491,7 @@ def open_run(run: Setup, head: str = LM_HEAD) -> RunDirectory:
     later init_from, generate.py or export.py rebuilds this model with this tokenizer. `head`
     says what its params/ hold: a language model's, or ("reward") a reward model's, which no
     language-model script starts from."""
-    resolved = run.flat.to_dict()
-    resolved["model"] = dataclasses.asdict(run.model)
-    run_dir = runner.open_run(run.workdir, resolved)
+    run_dir = runner.open_run(run.workdir, recorded_config(run.flat, run.model))
     if run_dir.writes:
         tokenizer = BYTE
         if run.tokenizer_source != BYTE:

@@ -15,7 +15,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxrl import extras, runner
+from jaxrl import extras, retention, runner
 from jaxrl.config import build_config
 from jaxrl.trainers import base
 
@@ -42,6 +42,9 @@ def train(flat: Any, workdir: str | None, seeds: Any, kill_after_chunk: int | No
         units_per_step=config.env_steps_per_update,
         check_every=10,  # an update is milliseconds: ask about Ctrl-C every 10 (tens of ms)
     )
+    finished = runner.finished_result(workdir, seeds.record(flat), job)
+    if finished is not None:  # the run asked for had finished: its recorded result
+        return base.Result(*finished)
     run_dir = runner.open_run(workdir, seeds.record(flat))
     result = runner.train(job, flat.run, run_dir, kill_after_chunk)
 
@@ -64,11 +67,12 @@ def train(flat: Any, workdir: str | None, seeds: Any, kill_after_chunk: int | No
     }
     run_dir.write_summary(summary)
     run_dir.write_learning_curve(title=f"{name} {config.env_name}")
+    where = retention.finish(run_dir)  # summary.json is written: the final state may go
     print(
         f"{name} {config.env_name}: final_eval_return {summary['final_eval_return']:.1f} "
         f"(per seed {np.round(eval_returns, 1).tolist()}), training return "
         f"{summary['final_train_return']:.1f}, after {env_steps:,} env steps x {seeds.count} "
         f"seeds in {summary['wall_seconds']:.0f}s (compile {summary['compile_seconds']:.0f}s). "
-        f"Run directory: {run_dir.path}"
+        f"{where}"
     )
     return base.Result(result.states, summary, run_dir.path)

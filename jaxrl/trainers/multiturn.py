@@ -181,11 +181,12 @@ def train(
     )
     plot_evaluations(run_dir, initial, final, config.num_steps, title)
     low, high = summary["eval_success_change_ci95"]
+    where = lm_runs.finish(run, run_dir)  # summary.json is written: the final state may go
     print(
         f"{title}: eval_success {final['eval_success']:.3f} (start {initial['eval_success']:.3f}; "
         f"change 95% CI [{low:+.3f}, {high:+.3f}]), greedy {final['eval_success_greedy']:.3f} "
         f"(start {initial['eval_success_greedy']:.3f}) after {config.num_steps} updates in "
         f"{summary['wall_seconds']:.0f}s ({runner.compile_note(summary)}). "
-        f"Run directory: {run_dir.path}"
+        f"{where}"
     )
     return base.Result(result.states, summary, run_dir.path)

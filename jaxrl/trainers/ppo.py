@@ -18,7 +18,7 @@ import numpy as np
 
 import envs
 from algos import ppo
-from jaxrl import runner
+from jaxrl import retention, runner
 from jaxrl.config import build_config
 from jaxrl.trainers import base
 
@@ -43,6 +43,9 @@ def train(flat: Any, workdir: str | None, seeds: Any, kill_after_chunk: int | No
         # Atari frames is seconds: after each.
         check_every=1 if config.torso == "nature_cnn" else 10,
     )
+    finished = runner.finished_result(workdir, seeds.record(flat), job)
+    if finished is not None:  # the run asked for had finished: its recorded result
+        return base.Result(*finished)
     run_dir = runner.open_run(workdir, seeds.record(flat))
     result = runner.train(job, flat.run, run_dir, kill_after_chunk)
 
@@ -66,10 +69,11 @@ def train(flat: Any, workdir: str | None, seeds: Any, kill_after_chunk: int | No
     }
     run_dir.write_summary(summary)
     run_dir.write_learning_curve(title=f"PPO {config.env_name}")
+    where = retention.finish(run_dir)  # summary.json is written: the final state may go
     print(
         f"PPO {config.env_name}: final_eval_return {summary['final_eval_return']:.1f} "
         f"(per seed {np.round(eval_returns, 1).tolist()}) after {env_steps:,} env steps x "
         f"{seeds.count} seeds in {summary['wall_seconds']:.0f}s "
-        f"(compile {summary['compile_seconds']:.0f}s). Run directory: {run_dir.path}"
+        f"(compile {summary['compile_seconds']:.0f}s). {where}"
     )
     return base.Result(result.states, summary, run_dir.path)

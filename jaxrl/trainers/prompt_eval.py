@@ -418,12 +418,13 @@ def write_plots_and_report(
     )
     plot_held_out_accuracy(run_dir, initial, final, run.config.num_steps, f"{title}: held-out")
     change = summary["eval_accuracy_change_ci95"]
+    where = lm_runs.finish(run, run_dir)  # summary.json is written: the final state may go
     print(
         f"{title}: final_mean_reward {summary['final_mean_reward']:.3f}, eval_task_accuracy "
         f"{final.accuracy:.3f} (start: {initial.accuracy:.3f}; change 95% CI "
         f"[{change[0]:+.3f}, {change[1]:+.3f}]) after {run.config.num_steps} updates "
         f"in {summary['wall_seconds']:.0f}s ({runner.compile_note(summary)}). "
-        f"Run directory: {run_dir.path}"
+        f"{where}"
     )
 
 
@@ -453,8 +454,8 @@ def finish(
         summary["steps_per_second"],
     )  # fmt: skip
     summary |= extra(last_rows(run_dir, FINAL_WINDOW, run.config.num_steps, run.flat.run.log_every))
-    run_dir.write_summary(summary)
     if run_dir.writes:  # per-problem results beside initial_eval.json's: paired comparisons
         checkpoints.write_json(run_dir.file("final_eval.json"), {"correct": final.correct.tolist()})
+    run_dir.write_summary(summary)  # after the results: its presence says the run finished
     write_plots_and_report(run, prompts, run_dir, initial, final, summary, title)
     return summary

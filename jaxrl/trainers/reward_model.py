@@ -96,10 +96,11 @@ def train(
     run_dir.write_summary(summary)
     title = f"reward model {name}"
     run_dir.write_learning_curve(x="step", y="pair_accuracy", title=title)
+    where = lm_runs.finish(run, run_dir)  # summary.json is written: the final state may go
     print(
         f"{title}: eval_pair_accuracy {metrics['eval_pair_accuracy']:.3f} (at the start: "
         f"{start_metrics['eval_pair_accuracy']:.3f}) after {config.num_steps} steps in "
         f"{summary['wall_seconds']:.0f}s (compile {summary['compile_seconds']:.0f}s). "
-        f"Run directory: {run_dir.path}"
+        f"{where}"
     )
     return base.Result(result.states, summary, run_dir.path)

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 
 from algos import sac
-from jaxrl import runner
+from jaxrl import retention, runner
 from jaxrl.config import build_config
 from jaxrl.trainers import base
 
@@ -41,6 +41,9 @@ def train(flat: Any, workdir: str | None, seeds: Any, kill_after_chunk: int | No
         # (Pendulum, 2 seeds, 2-core CPU: 896 vs 1283 updates/s): ask every 50.
         check_every=50,
     )
+    finished = runner.finished_result(workdir, seeds.record(flat), job)
+    if finished is not None:  # the run asked for had finished: its recorded result
+        return base.Result(*finished)
     run_dir = runner.open_run(workdir, seeds.record(flat))
     result = runner.train(job, flat.run, run_dir, kill_after_chunk)
 
@@ -60,10 +63,11 @@ def train(flat: Any, workdir: str | None, seeds: Any, kill_after_chunk: int | No
     }
     run_dir.write_summary(summary)
     run_dir.write_learning_curve(title=f"SAC {config.env_name}")
+    where = retention.finish(run_dir)  # summary.json is written: the final state may go
     print(
         f"SAC {config.env_name}: final_eval_return {summary['final_eval_return']:.1f} "
         f"(per seed {np.round(eval_returns, 1).tolist()}) after {config.total_timesteps:,} env "
         f"steps x {seeds.count} seeds in {summary['wall_seconds']:.0f}s "
-        f"(compile {summary['compile_seconds']:.0f}s). Run directory: {run_dir.path}"
+        f"(compile {summary['compile_seconds']:.0f}s). {where}"
     )
     return base.Result(result.states, summary, run_dir.path)

@@ -302,9 +302,10 @@ def train(
         headline = f"eval_task_accuracy {accuracy:.3f} (mean score {mean_score:.3f})"
     else:
         headline = f"eval_loss {initial_loss['eval_loss']:.4f} -> {losses['eval_loss']:.4f}"
+    where = lm_runs.finish(run, run_dir)  # summary.json is written: the final state may go
     print(
         f"SFT {data.name}: {headline} after {config.num_steps} steps in "
         f"{summary['wall_seconds']:.0f}s (compile {summary['compile_seconds']:.0f}s). "
-        f"Run directory: {run_dir.path}"
+        f"{where}"
     )
     return base.Result(result.states, summary, run_dir.path)

@@ -139,7 +139,14 @@ def lm_config(
         preset,
         model=ml_collections.ConfigDict(TINY_MODEL),
         task=task,
-        run=run_section(num_chunks=num_chunks, keep_checkpoints=2),
+        # The newest checkpoint only (a language model's holds its parameters and AdamW's two
+        # moments: SmolLM2's is 1.6 GB); keep_final_state, by starting point (None: kept unless
+        # the model descends from a pretrained one), whether a finished run keeps it.
+        run=run_section(
+            num_chunks=num_chunks,
+            keep_checkpoints=1,
+            keep_final_state=ml_collections.FieldReference(None, field_type=bool),
+        ),
         init_from="",
         seed=0,
         **sections,
