@@ -138,9 +138,6 @@ def setup(
     parts = parts or Parts()
     source = start_checkpoint(flat, parts.model)
     defaults = resolve_defaults(flat, source)
-    line = defaults_line(defaults, source)
-    if line:
-        print(line, flush=True)
     config = build_config(config_cls, flat, settings)
     rollout = rollout_modes.for_run(flat, config, check_rollout) if check_rollout else None
     tokenizer, tokenizer_source = run_tokenizer(flat.task.tokenizer, source)
@@ -161,6 +158,9 @@ def setup(
     )
     if summary is not None:
         raise Finished(finished_result(flat, workdir, summary))
+    line = defaults_line(defaults, source)  # for a run that runs (a finished one says so)
+    if line:
+        print(line, flush=True)
     return Setup(
         name, flat, config, mesh, task, tokenizer, source.model, workdir, source,
         tokenizer_source, parts, rollout, defaults,
