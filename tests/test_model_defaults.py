@@ -20,6 +20,7 @@ from jaxrl.config import InputError
 from jaxrl.lm.model import ModelConfig, init_params
 from jaxrl.trainers import base, dpo, grpo, lm_runs
 from jaxrl.trainers.presets.lm import PRETRAINED
+from tests.test_trainers import configured
 
 SMOLLM2_VOCAB = 49_152
 INFERRED = "model: ModelParams without pretrained=: a 49,152-token vocabulary, so the pretrained"
@@ -102,24 +103,16 @@ ONE_UPDATE = {"num_steps": 1, "batch_size": 2, "eval_batch_size": 2, "run.num_ch
 ONE_UPDATE |= {"task.num_eval": 2, "run.progress": False, "run.tensorboard": False}
 
 
-def one_update(trainer) -> object:
-    config = trainer.config()
-    for name, value in ONE_UPDATE.items():
-        *sections, field = name.split(".")
-        section = config
-        for part in sections:
-            section = section[part]
-        section[field] = value
-    return config
-
-
 def test_a_run_records_its_defaults_and_its_result_carries_its_start(large, tmp_path, capsys):
     """One DPO update from bare parameters with a real vocabulary: config.json records the
     pretrained values, model.json that they were the defaults of a pretrained start; the
     result's `model_params()` is the trained model, pretrained as its run recorded, which the
     next run takes without a line, described as `ModelParams.load` of the run describes it."""
     result = dpo.train(
-        one_update(dpo), tmp_path / "dpo", model=base.ModelParams(*large), train_data=PAIRS
+        configured(dpo, None, ONE_UPDATE),
+        tmp_path / "dpo",
+        model=base.ModelParams(*large),
+        train_data=PAIRS,
     )
     with open(os.path.join(result.run_dir, "config.json")) as f:
         saved = json.load(f)
