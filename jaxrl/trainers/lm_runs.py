@@ -134,8 +134,8 @@ def setup(
     check_run_settings(flat.run)
     mesh = make_mesh(config.mesh_shape)
     # A game's task section (jaxrl/trainers/game_play.py) names a game, not a text task.
-    task = None if "game" in flat.task else make_text_task(flat, parts.task)
     parts = parts or Parts()
+    task = None if "game" in flat.task else make_text_task(flat, parts.task)
     source = start_checkpoint(flat, parts.model)
     defaults = resolve_defaults(flat, source)
     config = build_config(config_cls, flat, settings)
