@@ -168,24 +168,25 @@ def test_sft_from_python_equals_the_script(sft_pair):
     assert 0.0 <= result.summary["eval_task_accuracy"] <= 1.0
 
 
-def test_a_finished_run_called_again_returns_its_result_at_once(sft_pair):
+def test_a_finished_run_called_again_returns_its_result_at_once(tmp_path):
     """A finished run keeps its newest checkpoint only (3 and 6 were saved) and params/; the same
     call again returns its summary.json and its final parameters within 5 s, set up, loaded and
     compiled nothing; the script says so in one line."""
     from jaxrl.trainers import sft
 
-    script_dir, result = sft_pair
-    assert os.listdir(os.path.join(result.run_dir, "checkpoints")) == ["6"]
+    workdir = str(tmp_path / "sft")
+    result = sft.train(configured(sft, None, SFT_SMALL), workdir)
+    assert os.listdir(os.path.join(workdir, "checkpoints")) == ["6"]
     start = time.time()
-    again = sft.train(configured(sft, None, SFT_SMALL), result.run_dir)
+    again = sft.train(configured(sft, None, SFT_SMALL), workdir)
     assert time.time() - start < 5.0
     assert (again.summary, again.run_dir, again.state.step) == (result.summary, result.run_dir, 6)
     mine, saved = jax.tree.leaves(again.state.params), jax.tree.leaves(result.state.params)
     for a, b in zip(mine, saved, strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    finished = run_script("sft.py", *flags(SFT_SMALL), f"--workdir={script_dir}")
+    finished = run_script("sft.py", *flags(SFT_SMALL), f"--workdir={workdir}")
     [line] = finished.stdout.strip().splitlines()
-    assert line.startswith("Already finished: this run took its 6 steps") and script_dir in line
+    assert line.startswith("Already finished: this run took its 6 steps") and workdir in line
 
 
 def test_a_pretrained_model_s_run_keeps_no_final_state_by_default(tmp_path):
@@ -225,6 +226,28 @@ def test_dpo_from_python_equals_the_script(dpo_pair):
     script_dir, result = dpo_pair
     assert_same_run(script_dir, result)
     assert 0.0 <= result.summary["eval_reward_accuracy"] <= 1.0
+
+
+# Not in CI: the test above returns a finished run at once; this one its early path (two DPO runs)
+@pytest.mark.slow
+def test_a_finished_run_from_a_checkpoint_is_recognised_before_reading_it(
+    sft_pair, dpo_pair, monkeypatch
+):
+    """A finished run that started from a checkpoint (here the SFT run; SmolLM2's GGUF takes
+    seconds to parse) is recognised from its own record, model.json, before the checkpoint is
+    read; with another setting the checkpoint is read as before."""
+    from jaxrl.trainers import dpo, lm_runs
+
+    sft_dir, result = sft_pair[0], dpo_pair[1]
+
+    def unread(*args):
+        raise AssertionError("the checkpoint was read")
+
+    monkeypatch.setattr(lm_runs, "start_checkpoint", unread)
+    again = dpo.train(configured(dpo, None, DPO_SMALL), result.run_dir, model=sft_dir)
+    assert again.summary == result.summary
+    with pytest.raises(AssertionError, match="was read"):
+        dpo.train(configured(dpo, None, {**DPO_SMALL, "beta": 0.25}), result.run_dir, model=sft_dir)
 
 
 def test_params_given_from_python_train_as_their_run_directory_does(sft_pair, dpo_pair, tmp_path):

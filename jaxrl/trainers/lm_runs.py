@@ -133,8 +133,15 @@ def setup(
         rollout_modes.for_run(flat, config, check_rollout)
     check_run_settings(flat.run)
     mesh = make_mesh(config.mesh_shape)
-    # A game's task section (jaxrl/trainers/game_play.py) names a game, not a text task.
     parts = parts or Parts()
+    if workdir is not None and parts.model is None and flat.init_from:
+        # A finished run from a checkpoint file is recognised from its own record before the
+        # file is read (SmolLM2's GGUF takes seconds to parse).
+        recorded = as_recorded_by(flat, workdir)
+        summary = recorded and retention.finished_summary(workdir, recorded[1], config.num_steps)
+        if summary:
+            raise Finished(finished_result(recorded[0], workdir, summary))
+    # A game's task section (jaxrl/trainers/game_play.py) names a game, not a text task.
     task = None if "game" in flat.task else make_text_task(flat, parts.task)
     source = start_checkpoint(flat, parts.model)
     defaults = resolve_defaults(flat, source)
@@ -434,6 +441,35 @@ def recorded_config(flat: ml_collections.ConfigDict, model: ModelConfig) -> dict
     resolved = flat.to_dict()
     resolved["model"] = dataclasses.asdict(model)
     return resolved
+
+
+def as_recorded_by(
+    flat: ml_collections.ConfigDict, workdir: str
+) -> tuple[ml_collections.ConfigDict, dict[str, Any]] | None:
+    """`flat` filled in as the run in `workdir` recorded its starting point (its model.json: the
+    architecture and whether it descends from a pretrained model), without reading the
+    checkpoint: (the filled config, the config.json it would record), or None where there is no
+    such record or a model field given differs from both the tiny model's and the record's
+    (`start_checkpoint` decides then)."""
+    record = retention.read_json(os.path.join(workdir, MODEL_FILE))
+    if not isinstance(record, dict) or not isinstance(record.get("model"), dict):
+        return None
+    pretrained, model = record.get("pretrained"), dict(record["model"])
+    if not isinstance(pretrained, bool):
+        return None
+    for field, tiny in TINY_MODEL.items():
+        given = flat.model.get(field, tiny)
+        if field not in RUNTIME_FIELDS and given not in (tiny, model.get(field)):
+            return None
+    filled = flat.copy_and_resolve_references()
+    for name, value in starting_point_defaults(flat, pretrained).items():
+        filled[name] = value
+    if filled.run.get("keep_final_state", True) is None:
+        filled.run.keep_final_state = not pretrained
+    model |= {name: flat.model[name] for name in RUNTIME_FIELDS if name in flat.model}
+    resolved = filled.to_dict()
+    resolved["model"] = model
+    return filled, resolved
 
 
 def keeps_final_state(flat: ml_collections.ConfigDict) -> bool:
