@@ -11,7 +11,9 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import os
 import sys
+import traceback
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
@@ -32,6 +34,41 @@ class InputError(ConfigError):
     def __init__(self, message: str, abrupt: bool = False) -> None:
         super().__init__(message)
         self.abrupt = abrupt
+
+    def _render_traceback_(self) -> list[str]:
+        """How IPython and Jupyter show it (they ask an exception for this method): the
+        user's own frames and the one line, without the library's frames."""
+        return short_traceback(self)
+
+
+# The library's own folder: frames inside it are left out of an InputError's traceback.
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def short_traceback(error: BaseException) -> list[str]:
+    """The traceback of a bad input as a user reads it: their own calls (file, line and code)
+    and the line that says what to fix. The frames inside jaxrl say nothing they can act on."""
+    lines = ["Traceback (most recent call last):"]
+    for frame in traceback.extract_tb(error.__traceback__):
+        if not frame.filename.startswith(PACKAGE_DIR):
+            lines.append(f'  File "{frame.filename}", line {frame.lineno}, in {frame.name}')
+            lines += [f"    {frame.line}"] if frame.line else []
+    return [*lines, f"{type(error).__module__}.{type(error).__qualname__}: {error}"]
+
+
+def _show_input_errors_short(kind: type, error: BaseException, tb: Any) -> None:
+    """`sys.excepthook` of a Python program that imports jaxrl: an `InputError` nobody caught
+    prints as `short_traceback` says; every other exception goes to the hook that was there."""
+    if isinstance(error, InputError):
+        print("\n".join(short_traceback(error)), file=sys.stderr)
+    else:
+        _previous_excepthook(kind, error, tb)
+
+
+# Only the interpreter's own hook is replaced: a hook a user or a tool installed stays theirs.
+_previous_excepthook = sys.excepthook
+if sys.excepthook is sys.__excepthook__:
+    sys.excepthook = _show_input_errors_short
 
 
 def require(condition: bool, field: str, problem: str, fix: str) -> None:

@@ -334,11 +334,18 @@ def test_a_refused_assignment_is_one_input_error_line_with_did_you_mean():
     assert config.learning_rate == 1.0
 
 
-def test_a_trainer_s_input_error_is_a_short_traceback(tmp_path):
-    """What a user sees: their line, the trainer's frame and the error's line; no chained
-    exceptions, no frames inside the library."""
+@pytest.mark.parametrize(
+    "bad_line", ["grpo.train(config, 'run', train_data=rows)", "config.num_step = 5"]
+)
+def test_an_input_error_is_a_short_traceback(tmp_path, bad_line):
+    """What a user sees when a program of theirs stops on a bad input (a trainer's check, a
+    config's refused assignment): their own line and the error's line, at most 5 lines; no
+    chained exceptions, no frames inside the library. Jupyter shows the same lines."""
     import subprocess
     import sys
+
+    from jaxrl.config import PACKAGE_DIR, short_traceback
+    from jaxrl.trainers import grpo
 
     program = tmp_path / "first_try.py"
     program.write_text(
@@ -346,15 +353,26 @@ def test_a_trainer_s_input_error_is_a_short_traceback(tmp_path):
         "rows = [{'prompt': 'Say 1.', 'answer': '1'}] * 36\n"
         "config = grpo.config()\n"
         "config.task.num_eval = 40  # set, so refused rather than fitted to the rows\n"
-        "grpo.train(config, 'run', train_data=rows)\n"
+        f"{bad_line}\n"
     )
     result = subprocess.run([sys.executable, str(program)], capture_output=True, text=True,
                             cwd=tmp_path)  # fmt: skip
     lines = result.stderr.strip().splitlines()
-    assert result.returncode == 1 and lines[0] == "Traceback (most recent call last):", lines
-    assert lines[-1].startswith("jaxrl.config.InputError: config.task.num_eval: "), lines
-    assert len(lines) == 6 and "During handling" not in result.stderr, lines  # 2 frames
+    assert result.returncode == 1 and lines == [
+        "Traceback (most recent call last):",
+        f'  File "{program}", line 5, in <module>',
+        f"    {bad_line}",
+        lines[-1],
+    ], lines
+    field = "num_step" if "num_step" in bad_line else "task.num_eval"
+    assert lines[-1].startswith(f"jaxrl.config.InputError: config.{field}: "), lines
     assert not (tmp_path / "run").exists()
+    # IPython asks the exception for its lines (`_render_traceback_`): the same short form.
+    config = grpo.config()
+    with pytest.raises(InputError) as error:
+        config.num_step = 5
+    assert error.value._render_traceback_() == short_traceback(error.value)
+    assert [line for line in short_traceback(error.value) if PACKAGE_DIR in line] == []
 
 
 def test_a_model_field_beside_a_model_is_refused_from_python_too(sft_pair, tmp_path):
