@@ -23,7 +23,9 @@ So the handlers here never raise. The C-level handler writes the signal's number
 - from Python, where ending the process would end the notebook's kernel, the request is kept and
   the trainer raises `Stopped` at its next boundary (`Watch.check`): before and after compiling,
   at the loop's next safe point, after training.
-A second request ends the process at once, in a script and from Python alike.
+A second request ends the process at once; in a notebook's kernel, whose end would lose the
+user's session, it raises `StoppedAtOnce` in the main thread instead as soon as that thread runs
+Python again (a running compile ends first; no teardown runs in a kernel, so nothing crashes).
 
 Signals belong to the process, so there is one `Watch` per process (`WATCH`); what it knows of a
 run (its stop line) is given by the run that is active and forgotten when it ends.
@@ -47,6 +49,35 @@ class Stopped(KeyboardInterrupt):
     KeyboardInterrupt` catches it; the scripts exit with status `code` (130) on it."""
 
     code = 130
+
+
+class StoppedAtOnce(Stopped):
+    """A second Ctrl-C in a notebook's kernel: raised in the main thread at once, wherever it
+    is (an update left half-done is not saved; the newest checkpoint is)."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*(args or (AT_ONCE_IN_A_KERNEL,)))
+
+
+AT_ONCE_IN_A_KERNEL = (
+    "Stopped at once on a second Ctrl-C; the newest checkpoint (if any) is kept, and the same "
+    "call resumes from it."
+)
+
+
+def _in_a_kernel() -> bool:
+    """Whether this process is an IPython or Jupyter kernel (the user's session, not ours)."""
+    ipython = sys.modules.get("IPython")
+    return ipython is not None and getattr(ipython, "get_ipython", lambda: None)() is not None
+
+
+def _raise_in_the_main_thread(error: type[BaseException]) -> None:
+    """`error` raised in the main thread at its next Python bytecode (CPython's asynchronous
+    exception: the way a debugger interrupts a thread)."""
+    import ctypes
+
+    main = ctypes.c_ulong(threading.main_thread().ident or 0)
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(main, ctypes.py_object(error))
 
 
 def _before_any_run() -> str:
@@ -101,6 +132,10 @@ class Watch:
             os.close(read)
 
     def _on_signal(self) -> None:
+        if self.requested and not self.script and _in_a_kernel():
+            _say(AT_ONCE_IN_A_KERNEL)
+            _raise_in_the_main_thread(StoppedAtOnce)
+            return
         if self.requested or (self.script and not self._safe_points):
             _say(self.stop_line())
             _end_at_once()

@@ -201,3 +201,24 @@ def test_ctrl_c_from_python_before_training_raises_stopped_at_the_next_boundary(
     assert signal.getsignal(signal.SIGINT) is handler
     result = ppo.train(config, workdir, num_seeds=1)
     assert "final_eval_return" in result.summary
+
+
+def test_a_second_ctrl_c_in_a_notebook_kernel_raises_at_once_without_ending_it(monkeypatch):
+    """In a kernel, ending the process would lose the user's session: a second request raises
+    `StoppedAtOnce` in the main thread where it is, and the kernel (this process) lives on."""
+    import threading
+    import time
+
+    from jaxrl import interrupts
+
+    monkeypatch.setattr(interrupts, "_in_a_kernel", lambda: True)
+    timers = [threading.Timer(t, os.kill, (os.getpid(), signal.SIGINT)) for t in (0.2, 0.5)]
+    started = time.monotonic()
+    with pytest.raises(interrupts.StoppedAtOnce) as stopped, interrupts.watching():
+        for timer in timers:
+            timer.start()
+        while time.monotonic() - started < 30:  # a long evaluation that has no boundary
+            sum(range(1000))
+    assert time.monotonic() - started < 5 and isinstance(stopped.value, KeyboardInterrupt)
+    assert "the same call resumes" in str(stopped.value)
+    assert not interrupts.WATCH.requested  # nothing carries into the next call
