@@ -579,3 +579,16 @@ def test_grpo_on_smollm2_from_python_with_rows_and_a_reward_function(tmp_path):
     again = run()  # finished: its recorded result at once, nothing trained or evaluated
     assert again.summary == summary
     assert again.summary["eval_task_accuracy"] == summary["eval_task_accuracy"]
+
+
+def test_sft_on_a_game_s_demonstrations_runs(tmp_path):
+    """The README's `sft.py --config=...:multiplication`, two updates: a game's task section has
+    no rows of the user's, so nothing of the rows' fitting applies (it raised AttributeError)."""
+    from jaxrl.trainers import sft
+
+    config = configured(sft, "multiplication", {"num_steps": 2, "run.num_chunks": 1})
+    config.run.progress = config.run.tensorboard = False
+    result = sft.train(config, tmp_path / "run")
+    summary = result.summary
+    assert summary["task"] == "multiplication" and summary["steps"] == 2, summary
+    assert np.isfinite(summary["eval_loss"]) and summary["tokens"] > 0, summary

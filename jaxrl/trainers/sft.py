@@ -231,7 +231,8 @@ def train(
     # loss is the measure.
     from_file = on_game or bool(flat.task.train_jsonl)
     num_train = len(data.train["tokens"])
-    if flat.task.train_jsonl:  # the user's rows: a preset's batch larger than them is fitted
+    # The user's rows (a game's task section has none): a preset's batch larger than them is fitted.
+    if not on_game and flat.task.train_jsonl:
         run = data_sizes.fitted_batch_size(run, num_train)
     config = run.config
     if config.batch_size > num_train:
