@@ -169,6 +169,21 @@ def test_one_preference_pair_trains_dpo_from_the_one_row_sft_run(one_row_sft, tm
     assert summary["eval_loss"] < summary["initial_eval_loss"]
 
 
+def test_a_short_run_logs_every_update(one_row_sft, tmp_path):
+    """An 8-update DPO run logs 8 metric rows, not one row at its end: the preset's log_every
+    (10) is lowered for a run of fewer than 10 x 10 updates (lm_runs.MIN_ROWS), and recorded."""
+    from jaxrl.trainers import dpo
+
+    config = dpo.config()
+    config.num_steps = 8
+    result = dpo.train(config, tmp_path / "dpo", model=one_row_sft[0].run_dir, train_data=[PAIR])
+    with open(os.path.join(result.run_dir, "metrics.jsonl")) as f:
+        steps = [json.loads(line)["step"] for line in f if line.strip()]
+    assert steps == list(range(1, 9)), steps
+    with open(os.path.join(result.run_dir, "config.json")) as f:
+        assert json.load(f)["run"]["log_every"] == 1
+
+
 @pytest.mark.smollm2
 @pytest.mark.slow
 def test_the_readme_grpo_snippet_runs_as_written_on_smollm2(tmp_path, capsys, monkeypatch):

@@ -18,7 +18,7 @@ import ml_collections
 import numpy as np
 
 from jaxrl import hparams, retention, runner, sharding
-from jaxrl.config import ConfigError, build_config, check_run_settings, fail
+from jaxrl.config import ConfigError, build_config, check_run_settings, fail, is_given
 from jaxrl.data.chat import GivenRows
 from jaxrl.lm import Tokenizer, load_tokenizer, training
 from jaxrl.lm.checkpoints import (
@@ -134,6 +134,10 @@ def setup(
     check_run_settings(flat.run)
     mesh = make_mesh(config.mesh_shape)
     parts = parts or Parts()
+    # A short run still logs a curve: a preset's log_every (never one the user set) is lowered
+    # so that a run of N updates logs min(N, MIN_ROWS) rows (an 8-update DPO run logged one).
+    if not is_given(parts.given, "run.log_every"):
+        flat.run.log_every = min(flat.run.log_every, max(1, config.num_steps // MIN_ROWS))
     if workdir is not None and parts.model is None and flat.init_from:
         # A finished run from a checkpoint file is recognised from its own record before the
         # file is read (SmolLM2's GGUF takes seconds to parse).
@@ -187,6 +191,10 @@ PRETRAINED_RANGES = {
     "kl_beta": (0.0, 1.0),
 }
 PRETRAINED_LORA_RANGES = PRETRAINED_RANGES | {"learning_rate": (1e-7, 1e-3)}
+
+
+# Metric rows a language-model run logs at least (fewer only where it has fewer updates).
+MIN_ROWS = 10
 
 
 def resolve_defaults(flat: ml_collections.ConfigDict, source: Checkpoint) -> dict[str, Any]:
