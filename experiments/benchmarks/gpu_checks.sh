@@ -20,9 +20,9 @@
 #            MFU against the bf16 matmul peak (issue 35: training >= 35% of the bf16 peak)
 #   train06  train_throughput.py: trainer-only tokens/s and MFU (prime-rl's FLOP count) of our GRPO
 #            optimizer step, Qwen3-0.6B shape, every parameter, bf16 over fp32 weights, 2 sequences
-#            of 16,384 tokens per step (micro-batches of 1), remat chosen by the memory check, 8,192
-#            tokens if 16,384 runs out of memory; then, when the call's time allows, the Qwen3-4B
-#            shape with LoRA rank 16 over bf16 weights ($TRAIN06_ROWS: 0.6b,4b)
+#            of 16,384 tokens per step (micro-batches of 1), remat chosen by the memory check; if
+#            that runs out of memory, remat full, then 8,192 tokens; then, when the call's time
+#            allows, the Qwen3-4B shape with LoRA rank 16 over bf16 weights ($TRAIN06_ROWS)
 #   lora7    grpo_update.py: one GRPO update of the 7B Llama shape, LoRA rank 16, bf16 weights,
 #            2 prompts x 8 x (128 + 256) tokens, the defaults: s/update, XLA's planned peak memory
 #   gen135   generation.py, SmolLM2-135M shape, bf16, batches 1, 32, 128
@@ -335,13 +335,14 @@ step_train06() {
     # Each row at most its seconds (a slow 0.6B row leaves the later steps theirs); the 4B row
     # only when its seconds are left beside the later steps' limits (STEP_RESERVE).
     local rows=${TRAIN06_ROWS:-0.6b,4b} rc=0 row own spare
-    local timing="--steps 3 --warmup 1 --peak_n 8192" full_s=130 lora_s=120
-    local full="--shape qwen3-0.6b --seq_len 16384 --fallback_seq_len 8192"
+    local timing="--steps 3 --warmup 1 --peak_n 8192" full_s=150 lora_s=120
+    # Where 16k tokens do not fit (XLA's attention scores: README), 16k with remat full, then 8k.
+    local full="--shape qwen3-0.6b --seq_len 16384 --fallback 16384:full,8192"
     local lora="--shape qwen3-4b --lora_rank 16 --param_dtype bfloat16 --seq_len 16384"
-    lora+=" --fallback_seq_len 8192"
-    if ((SMOKE)); then # the tiny Llama at 256 tokens (its fallback 128)
+    lora+=" --fallback 8192:full"
+    if ((SMOKE)); then # the tiny Llama at 256 tokens (its fallbacks never needed)
         timing="--steps 2 --warmup 1 --peak_n 256" lora_s=90
-        full="--shape tiny --seq_len 256 --prompt_len 16 --fallback_seq_len 128"
+        full="--shape tiny --seq_len 256 --prompt_len 16 --fallback 256:full,128"
         lora="--shape tiny --lora_rank 16 --param_dtype bfloat16 --seq_len 256 --prompt_len 16"
     fi
     for row in ${rows//,/ }; do
@@ -477,7 +478,7 @@ echo "gpu_checks.sh: steps $STEPS, budget $BUDGET s, smoke $SMOKE, logs in $LOGS
     "$OUT/checks.tgz ($(date -u +%Y-%m-%dT%H:%M:%SZ))"
 echo "--- gpu_checks.sh $STEPS, budget $BUDGET s ($(date -u +%H:%M:%S) UTC)" >>"$LOGS/summary.txt"
 declare -A LIMIT=([install]=120 [gen17]=150 [ckpt17]=120 [grpo17]=280 [dpo17]=150
-    [train06]=240 [lora7]=150 [gen135]=90 [psft]=170 [psync]=150 [ppartial]=150
+    [train06]=270 [lora7]=150 [gen135]=90 [psft]=170 [psync]=150 [ppartial]=150
     [pasync]=190 [main]=150)
 read -ra ORDER <<<"${STEPS//,/ }"
 for i in "${!ORDER[@]}"; do

@@ -95,7 +95,8 @@ def trainer(logs: Path) -> list[str]:
         for row in report["rows"]:
             head = f"  {row['shape']} seq {row['seq_len']}"
             if row.get("status") != "ok":
-                lines.append(f"{head}: {row.get('status')}: {str(row.get('message', ''))[-160:]!r}")
+                message = str(row.get("message", ""))[-160:]
+                lines.append(f"{head} remat {row.get('remat')}: {row.get('status')}: {message!r}")
                 continue
             if row["lora_rank"]:
                 head += f" LoRA {row['lora_rank']}"

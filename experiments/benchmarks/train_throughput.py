@@ -25,8 +25,15 @@ those FLOPs per second over the bf16 matmul peak measured in the same process
 (`generation.matmul_peak`, a `--peak_n`-square product) and, on an H100 or H200, over the 989
 TFLOP/s prime-rl divides by (its 11.1% for Qwen3-0.6B at 16k tokens is 11.9k tokens/s over 989).
 
-`--fallback_seq_len`: when the step does not fit at `--seq_len` (XLA runs out of device memory
-compiling or running it), measure again at this length, so a first run still gets a figure.
+`--fallback LEN[:REMAT],...`: when the step does not fit at `--seq_len` (XLA's plan exceeds the
+device's memory, or running it runs out), try these in turn (each its own compile), so a first
+run still gets a figure: e.g. `16384:full,8192` (the same length with remat "full", then 8,192
+tokens with the policy the memory check chooses). Compiled on the CPU (XLA:CPU's plan, compile
+only, 2026-11-27), Qwen3-0.6B's step at 16,384 tokens plans 81.6 GiB with remat none (75 of them
+temporaries: the attention's [heads, 16k, 16k] fp32 scores and their gradient, which
+`jax.nn.dot_product_attention`'s XLA kernel makes and the memory estimate, 25.9 GiB, does not
+count), 70.2 GiB with full, and 32.2 GiB at 8,192 tokens with none; Qwen3-4B with LoRA 16 at
+8,192 tokens plans 73.9 GiB with none.
 """
 
 from __future__ import annotations
@@ -108,8 +115,21 @@ def device_peak_gib() -> float | None:
     return None if peak is None else round(peak / GIB, 2)
 
 
-def measure(args: argparse.Namespace, seq_len: int) -> dict[str, Any]:
-    """Build, compile and time the optimizer step at `seq_len`; the row of the report."""
+def attempts(args: argparse.Namespace) -> list[tuple[int, str]]:
+    """(seq_len, remat) to try in turn: --seq_len at --remat, then each --fallback entry."""
+    tried = [(args.seq_len, args.remat)]
+    for entry in filter(None, args.fallback.split(",")):
+        length, _, remat = entry.partition(":")
+        remat = remat or "auto"
+        if remat not in ("auto", *REMAT_ORDER) or not length.isdigit():
+            raise SystemExit(f"--fallback: {entry!r}; give LEN or LEN:REMAT (auto, none, ...)")
+        tried.append((int(length), remat))
+    return tried
+
+
+def measure(args: argparse.Namespace, seq_len: int, remat: str) -> dict[str, Any]:
+    """Build, compile and time the optimizer step at `seq_len` with remat policy `remat` ("auto":
+    the memory check's choice); the row of the report."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -132,10 +152,10 @@ def measure(args: argparse.Namespace, seq_len: int) -> dict[str, Any]:
         lora_rank=args.lora_rank,
         num_steps=args.warmup + args.steps,
     )
-    if args.remat == "auto":
+    chosen_by = "memory check" if remat == "auto" else "given"
+    if remat == "auto":
         remat, estimate = choose_remat(model, config, seq_len, new_tokens)
     else:
-        remat = args.remat
         estimate = memory.update_estimate(
             dataclasses.replace(model, remat=remat),
             rows=config.micro_batch_size,
@@ -158,7 +178,7 @@ def measure(args: argparse.Namespace, seq_len: int) -> dict[str, Any]:
         dtype=model.dtype,
         param_dtype=model.param_dtype,
         remat=remat,
-        remat_chosen_by="memory check" if args.remat == "auto" else "--remat",
+        remat_chosen_by=chosen_by,
         params=model.num_params(),
         adapter_params=adapters,
         estimate_gib=round(estimate.total / GIB, 2),
@@ -213,17 +233,27 @@ def measure(args: argparse.Namespace, seq_len: int) -> dict[str, Any]:
         f"{row.get('xla_total_gib')} GiB; compiled in {row['compile_s']:.1f} s",
         flush=True,
     )
+    limit = memory.device_memory()
+    if analysis is not None and limit is not None and planned > limit:
+        # Running it would fail allocating: say so now, without spending the time.
+        message = f"XLA plans {planned / GIB:.2f} GiB, the device holds {limit / GIB:.2f} GiB"
+        return dict(row, status="oom", message=message)
 
-    for _ in range(args.warmup):
-        state, metrics = compiled(state, batch)
-    jax.block_until_ready(state)
-    seconds = []
-    begin = time.perf_counter()
-    for _ in range(args.steps):
-        t0 = time.perf_counter()
-        state, metrics = compiled(state, batch)
+    try:
+        for _ in range(args.warmup):
+            state, metrics = compiled(state, batch)
         jax.block_until_ready(state)
-        seconds.append(time.perf_counter() - t0)
+        seconds = []
+        begin = time.perf_counter()
+        for _ in range(args.steps):
+            t0 = time.perf_counter()
+            state, metrics = compiled(state, batch)
+            jax.block_until_ready(state)
+            seconds.append(time.perf_counter() - t0)
+    except Exception as error:  # noqa: BLE001 - running out of memory is a result
+        if not out_of_memory(error):
+            raise
+        return dict(row, status="oom", message=f"{type(error).__name__}: {error}"[-600:])
     window = time.perf_counter() - begin
     metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
     tokens = rows * seq_len * args.steps
@@ -253,13 +283,11 @@ def main() -> None:
     add("--remat", default="auto", choices=("auto", *REMAT_ORDER), help="auto: the memory check")
     add("--steps", type=int, default=3, help="timed optimizer steps")
     add("--warmup", type=int, default=1, help="untimed optimizer steps after compiling")
-    add("--fallback_seq_len", type=int, default=0, help="measure here too if seq_len is OOM")
+    add("--fallback", default="", help="LEN[:REMAT],... to try in turn where it does not fit")
     add("--peak_n", type=int, default=8192, help="matrix size of the bf16 matmul peak")
     add("--seed", type=int, default=0)
     add("--json", default="", help="also write the report to this file")
     args = parser.parse_args()
-    if not 0 < args.prompt_len < args.seq_len:
-        parser.error(f"--prompt_len: {args.prompt_len}; use 1 to seq_len - 1")
 
     import jax
     import jax.numpy as jnp
@@ -279,17 +307,23 @@ def main() -> None:
         flops_formula="6 x matmul weights (LoRA: 4 x, + 6 x adapters) + 12 x layers x hidden x seq",
         rows=[],
     )
-    lengths = [args.seq_len] + ([args.fallback_seq_len] if args.fallback_seq_len else [])
-    for seq_len in lengths:
+    for seq_len, remat in attempts(args):
+        if any((r["seq_len"], r.get("remat")) == (seq_len, remat) for r in report["rows"]):
+            continue  # the memory check had already chosen it: it did not fit
         gc.collect()  # a row that ran out of memory leaves nothing behind for the next
+        if not 0 < args.prompt_len < seq_len:
+            raise SystemExit(f"--prompt_len {args.prompt_len}: use 1 to {seq_len - 1}")
         try:
-            row = measure(args, seq_len)
+            row = measure(args, seq_len, remat)
         except Exception as error:  # noqa: BLE001 - a failed row is a result too
             status = "oom" if out_of_memory(error) else "error"
             message = f"{type(error).__name__}: {error}"[-600:]
-            row = dict(shape=args.shape, seq_len=seq_len, status=status, message=message)
-            print(f"{args.shape} seq {seq_len}: {status}: {message[-300:]}", flush=True)
-        if row["status"] == "ok":
+            row = dict(shape=args.shape, seq_len=seq_len, remat=remat, status=status)
+            row["message"] = message
+        if row["status"] != "ok":
+            what = f"{args.shape} seq {seq_len} remat {row['remat']}: {row['status']}"
+            print(f"{what}: {row['message'][-300:]}", flush=True)
+        else:
             achieved = row["tokens_per_s"] * row["flops_per_token"]
             row["mfu"] = achieved / peak
             row["mfu_prime_rl_peak"] = achieved / datasheet if datasheet else None
