@@ -2,11 +2,11 @@
 # Every GPU check of the open issues in one command, on a lent GPU machine (README.md, "On a lent
 # GPU"): run from the repository root there, after gpu_kit.sh has filled .whl and .gpukit here.
 #
-#     bash experiments/benchmarks/gpu_checks.sh [--smoke] [--budget SECONDS] [--second | STEPS]
+#     bash experiments/benchmarks/gpu_checks.sh [--smoke] [--budget S] [--second | --third | STEPS]
 #
 # STEPS: a comma list, run in the order given. Default: the first call's (FIRST below: install,
-# gen17, ckpt17, grpo17, dpo17); --second: the second call's (install, psft, psync, ppartial, pasync,
-# gen135, main).
+# gen17, ckpt17, grpo17, dpo17); --third: issue 46's second call (install, train06, lora7);
+# --second: issue 39's (install, psft, psync, ppartial, pasync, gen135, main).
 # The steps:
 #   install  wheels into $SITE (--no-index --no-deps; the image's jax is never touched), the
 #            versions, `import jaxrl`, and experiments/grpo.py for 2 tiny updates on the GPU
@@ -18,6 +18,13 @@
 #            GRPOTrainer bf16 on the GPU, 4 prompts x 8 x (128 + 256) tokens (issue 35)
 #   dpo17    dpo_throughput.py on it: ours bf16 against TRL bf16, 8 pairs of 128 + 128 tokens,
 #            MFU against the bf16 matmul peak (issue 35: training >= 35% of the bf16 peak)
+#   train06  train_throughput.py: trainer-only tokens/s and MFU (prime-rl's FLOP count) of our GRPO
+#            optimizer step, Qwen3-0.6B shape, every parameter, bf16 over fp32 weights, 2 sequences
+#            of 16,384 tokens per step (micro-batches of 1), remat chosen by the memory check; if
+#            that runs out of memory, remat full, then 8,192 tokens; then, when the call's time
+#            allows, the Qwen3-4B shape with LoRA rank 16 over bf16 weights ($TRAIN06_ROWS)
+#   lora7    grpo_update.py: one GRPO update of the 7B Llama shape, LoRA rank 16, bf16 weights,
+#            2 prompts x 8 x (128 + 256) tokens, the defaults: s/update, XLA's planned peak memory
 #   gen135   generation.py, SmolLM2-135M shape, bf16, batches 1, 32, 128
 #   psft     issue 39: repeat_digit_long (answers of 1 to 256 digits), SFT of $PARTIAL_SHAPE
 #            (1.7b, the default, or smollm2; byte vocabulary) for $PARTIAL_SFT_STEPS (120) steps
@@ -41,6 +48,7 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
 FIRST=install,gen17,ckpt17,grpo17,dpo17
 SECOND=install,psft,psync,ppartial,pasync,gen135,main
+THIRD=install,train06,lora7
 SMOKE=${GPU_CHECKS_SMOKE:-0}
 BUDGET=540
 STEPS=$FIRST
@@ -57,8 +65,9 @@ while (($#)); do
         shift
         ;;
     --second) STEPS=$SECOND ;;
+    --third) STEPS=$THIRD ;;
     -h | --help)
-        sed -n '2,30p' "$0"
+        sed -n '2,44p' "$0"
         exit 0
         ;;
     -*)
@@ -71,15 +80,18 @@ while (($#)); do
 done
 for step in ${STEPS//,/ }; do
     case $step in
-    install | gen17 | ckpt17 | grpo17 | dpo17 | gen135 | psft | psync | ppartial | pasync | main) ;;
+    install | gen17 | ckpt17 | grpo17 | dpo17 | train06 | lora7 | gen135 | psft | psync | \
+        ppartial | pasync | main) ;;
     *)
-        echo "error: gpu_checks.sh: unknown step '$step'; choose from $FIRST,$SECOND" >&2
+        echo "error: gpu_checks.sh: unknown step '$step'; choose from $FIRST,$SECOND,$THIRD" >&2
         exit 2
         ;;
     esac
 done
 
 START=$(date +%s)
+# A step's own process (`__step`) reads the call's deadline and its limit from its parent.
+DEADLINE=${GPU_CHECKS_DEADLINE:-$((START + BUDGET))}
 OUT=${OUT:-/tmp/gpu_checks_out}
 WORK=${WORK:-/tmp/gpu_checks}
 SITE=${SITE:-/tmp/site}
@@ -100,7 +112,7 @@ export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.92}
 CKPT=$WORK/hf_1.7b
 PARTIAL_SHAPE=${PARTIAL_SHAPE:-1.7b}
 
-left() { echo $((BUDGET - ($(date +%s) - START))); }
+left() { echo $((DEADLINE - $(date +%s))); }
 
 pack() { # the logs and JSON so far, in the one archive the device returns
     local metrics # a GRPO mode stopped at its limit leaves its metrics in its run directory
@@ -110,8 +122,10 @@ pack() { # the logs and JSON so far, in the one archive the device returns
     tar -czf "$OUT/checks.tgz.tmp" -C "$WORK" out && mv "$OUT/checks.tgz.tmp" "$OUT/checks.tgz"
 }
 
-step() { # NAME LIMIT: runs the function step_NAME in its own process group, at most LIMIT s
-    local name=$1 limit=$2 remaining t0 pid watcher rc
+step() { # NAME LIMIT RESERVE: runs the function step_NAME in its own process group, at most
+    # LIMIT s; RESERVE: the seconds the later steps' limits add up to (a step's optional part,
+    # train06's second row, runs only if it leaves them that much)
+    local name=$1 limit=$2 reserve=${3:-0} remaining t0 pid watcher rc
     remaining=$(($(left) - 15))
     if ((remaining < 20)); then
         echo "$name: skipped, $((remaining + 15)) s of the budget left" | tee -a "$LOGS/summary.txt"
@@ -120,7 +134,8 @@ step() { # NAME LIMIT: runs the function step_NAME in its own process group, at 
     ((limit > remaining)) && limit=$remaining
     echo "=== $name: at most $limit s ($(date -u +%H:%M:%S) UTC)"
     t0=$(date +%s)
-    GPU_CHECKS_SMOKE=$SMOKE setsid bash "$0" __step "$name" > >(tee "$LOGS/$name.log") 2>&1 &
+    GPU_CHECKS_SMOKE=$SMOKE GPU_CHECKS_DEADLINE=$DEADLINE STEP_END=$((t0 + limit)) \
+        STEP_RESERVE=$reserve setsid bash "$0" __step "$name" > >(tee "$LOGS/$name.log") 2>&1 &
     pid=$!
     # The watcher is a process group of its own too, away from our output (an open pipe would
     # keep the caller waiting), so that ending it ends its sleep.
@@ -315,6 +330,59 @@ step_dpo17() {
         --peak_dtype bfloat16 $(trl_flags) --out "$LOGS/dpo17.json"
 }
 
+# Issue 46: trainer-only throughput at 16k tokens (prime-rl's benchmark) and the 7B LoRA update.
+step_train06() {
+    # Each row at most its seconds (a slow 0.6B row leaves the later steps theirs); the 4B row
+    # only when its seconds are left beside the later steps' limits (STEP_RESERVE).
+    local rows=${TRAIN06_ROWS:-0.6b,4b} rc=0 row own spare
+    local timing="--steps 3 --warmup 1 --peak_n 8192" full_s=150 lora_s=120
+    # Where 16k tokens do not fit (XLA's attention scores: README), 16k with remat full, then 8k.
+    local full="--shape qwen3-0.6b --seq_len 16384 --fallback 16384:full,8192"
+    local lora="--shape qwen3-4b --lora_rank 16 --param_dtype bfloat16 --seq_len 16384"
+    lora+=" --fallback 8192:full"
+    if ((SMOKE)); then # the tiny Llama at 256 tokens (its fallbacks never needed)
+        timing="--steps 2 --warmup 1 --peak_n 256" lora_s=90
+        full="--shape tiny --seq_len 256 --prompt_len 16 --fallback 256:full,128"
+        lora="--shape tiny --lora_rank 16 --param_dtype bfloat16 --seq_len 256 --prompt_len 16"
+    fi
+    for row in ${rows//,/ }; do
+        case $row in
+        0.6b)
+            # shellcheck disable=SC2086
+            timeout --foreground -k 5 "$full_s" \
+                "$PY" experiments/benchmarks/train_throughput.py $full $timing \
+                --json "$LOGS/train06.json" || rc=1
+            ;;
+        4b)
+            own=$((STEP_END - $(date +%s))) spare=$(($(left) - STEP_RESERVE - 15))
+            ((spare < own)) && own=$spare
+            if ((own < lora_s)); then
+                echo "train06: the 4B LoRA row skipped: $own s left of the $lora_s it may take" \
+                    "(TRAIN06_ROWS=4b runs it alone)"
+                continue
+            fi
+            # shellcheck disable=SC2086
+            timeout --foreground -k 5 "$lora_s" \
+                "$PY" experiments/benchmarks/train_throughput.py $lora \
+                ${timing/--steps 3/--steps 2} --json "$LOGS/train06_4b.json" || rc=1
+            ;;
+        *)
+            echo "TRAIN06_ROWS: unknown row '$row'; use 0.6b, 4b or both"
+            return 1
+            ;;
+        esac
+    done
+    return $rc
+}
+
+step_lora7() {
+    local sizes="--shape 7b --prompt_len 128 --new_tokens 256"
+    ((SMOKE)) && sizes="--shape tiny --prompt_len 8 --new_tokens 16"
+    # shellcheck disable=SC2086
+    "$PY" experiments/benchmarks/grpo_update.py $sizes --lora_rank 16 --prompts 2 --group_size 8 \
+        --dtype bfloat16 --param_dtype bfloat16 --steps 2 --warmup 1 --json "$LOGS/lora7.json"
+}
+
 # Issue 39 on the GPU: repeat_digit_long (answers of 1 to 256 digits) at $PARTIAL_SHAPE, SFT'd
 # briefly so that its completions have the task's long-tailed lengths, then GRPO from it in each
 # rollout mode, every mode with length_buckets=8 so that only the rollout differs.
@@ -410,10 +478,13 @@ echo "gpu_checks.sh: steps $STEPS, budget $BUDGET s, smoke $SMOKE, logs in $LOGS
     "$OUT/checks.tgz ($(date -u +%Y-%m-%dT%H:%M:%SZ))"
 echo "--- gpu_checks.sh $STEPS, budget $BUDGET s ($(date -u +%H:%M:%S) UTC)" >>"$LOGS/summary.txt"
 declare -A LIMIT=([install]=120 [gen17]=150 [ckpt17]=120 [grpo17]=280 [dpo17]=150
-    [gen135]=90 [psft]=170 [psync]=150 [ppartial]=150
+    [train06]=270 [lora7]=150 [gen135]=90 [psft]=170 [psync]=150 [ppartial]=150
     [pasync]=190 [main]=150)
-for step in ${STEPS//,/ }; do
-    step "$step" "${LIMIT[$step]}"
+read -ra ORDER <<<"${STEPS//,/ }"
+for i in "${!ORDER[@]}"; do
+    reserve=0
+    for later in "${ORDER[@]:i+1}"; do reserve=$((reserve + LIMIT[$later])); done
+    step "${ORDER[$i]}" "${LIMIT[${ORDER[$i]}]}" "$reserve"
 done
 "$PY" experiments/benchmarks/gpu_summary.py "$LOGS" | tee "$LOGS/summary_table.txt"
 pack

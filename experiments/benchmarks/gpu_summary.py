@@ -5,9 +5,11 @@
 
 Issue 35: decoding step / roofline at batch 32 and 128 (gen17, gen135; want <= 2), GRPO seconds
 per update ours against TRL bf16 (grpo17; want TRL / ours >= 4), DPO MFU against the bf16 matmul
-peak (dpo17; want >= 35%). Issue 39: trained tokens/s of sync, partial and async GRPO on
-repeat_digit_long (partial_*.jsonl, the updates after the first `--skip`). Standard library
-only."""
+peak (dpo17; want >= 35%). Issue 46: trainer-only tokens/s and MFU at 16k-token sequences
+(train06, train06_4b; prime-rl: 11.9k tokens/s, 11.1% MFU for Qwen3-0.6B; want >= 1.5x), seconds
+per 7B LoRA GRPO update and XLA's planned memory (lora7). Issue 39: trained tokens/s of sync,
+partial and async GRPO on repeat_digit_long (partial_*.jsonl, the updates after the first
+`--skip`). Standard library only."""
 
 from __future__ import annotations
 
@@ -73,6 +75,76 @@ def harness_rows(logs: Path, name: str, columns: list[tuple[str, str, float]]) -
     return lines
 
 
+# prime-rl's trainer benchmark on one H100 (its benchmarks' baselines): tokens/s at 16k tokens.
+PRIME_RL_TOKENS_PER_S = {("qwen3-0.6b", 0): 11_900.0, ("qwen3-4b", 16): 6_200.0}
+
+
+def trainer(logs: Path) -> list[str]:
+    """train06's rows (train06.json, train06_4b.json): tokens/s, MFU and memory, beside
+    prime-rl's tokens/s for the same shape at 16k tokens."""
+    lines = []
+    for name in ("train06", "train06_4b"):
+        report = load(logs / f"{name}.json")
+        if report is None:
+            continue
+        lines.append(
+            f"{name}: {report['device']}, jax {report['jax']}, bf16 peak "
+            f"{report['peak_flops'] / 1e12:.3g} TFLOP/s (n={report['peak_n']}); FLOPs/token "
+            f"{report['flops_formula']}"
+        )
+        for row in report["rows"]:
+            head = f"  {row['shape']} seq {row['seq_len']}"
+            if row.get("status") != "ok":
+                message = str(row.get("message", ""))[-160:]
+                lines.append(f"{head} remat {row.get('remat')}: {row.get('status')}: {message!r}")
+                continue
+            if row["lora_rank"]:
+                head += f" LoRA {row['lora_rank']}"
+            cells = [
+                f"{row['tokens_per_s']:,.0f} tok/s",
+                f"{row['median_step_s']:.2f} s/step of {row['sequences_per_step']}",
+                f"MFU {100 * row['mfu']:.1f}% (measured peak)",
+            ]
+            if row.get("mfu_prime_rl_peak") is not None:
+                cells.append(f"{100 * row['mfu_prime_rl_peak']:.1f}% (989 TFLOP/s)")
+            peer = PRIME_RL_TOKENS_PER_S.get((row["shape"], row["lora_rank"]))
+            if peer and row["seq_len"] == 16384:
+                cells.append(f"{row['tokens_per_s'] / peer:.2f}x prime-rl")
+            cells.append(
+                f"remat {row['remat']}, compile {row['compile_s']:.0f} s, memory: estimate "
+                f"{row['estimate_gib']}, XLA {row.get('xla_total_gib')}, device peak "
+                f"{row.get('device_peak_gib')} GiB"
+            )
+            lines.append(f"{head}: " + ", ".join(cells))
+    return lines
+
+
+def lora_update(logs: Path) -> list[str]:
+    """lora7: seconds per update and memory (estimate, XLA's plan, the device's peak)."""
+    report = load(logs / "lora7.json")
+    if report is None:
+        return []
+    what = (
+        f"lora7: {report['shape']} LoRA {report['lora_rank']}, {report['batch']}, "
+        f"{report['dtype']} over {report['param_dtype']}, remat {report['remat']} on "
+        f"{report['device']}: "
+    )
+    memory = (
+        f"memory: estimate {report['estimate_gib']}, XLA {report.get('xla_total_gib')} "
+        f"(temporaries {report.get('xla_temp_gib')}), device peak "
+        f"{report.get('device_peak_gib')} GiB"
+    )
+    compile_s = report.get("compile_s")
+    compiled = f"compile {compile_s:.0f} s" if compile_s is not None else "not compiled"
+    if report.get("status") != "ok":
+        message = str(report.get("message", ""))[-160:]
+        return [what + f"{report.get('status', 'started')}, {compiled}, {memory} {message!r}"]
+    return [
+        what + f"{report['median_update_s']:.2f} s/update, {compiled}, {memory}, mean "
+        f"completion {report['completion_length']:.0f} tokens"
+    ]
+
+
 def partial(logs: Path, skip: int) -> list[str]:
     """Trained tokens per second of each partial_<mode>.jsonl, over its updates after `skip`
     (wall_seconds between them); sync trains every completion (completion_length x count)."""
@@ -124,6 +196,8 @@ def main() -> None:
             ("compile s", "compile_s", 1.0),
         ],
     )
+    lines += trainer(args.logs)
+    lines += lora_update(args.logs)
     lines += partial(args.logs, args.skip)
     summary = args.logs / "summary.txt"
     if summary.exists():
