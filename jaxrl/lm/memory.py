@@ -266,16 +266,26 @@ def grpo_estimate(
     budget: int = 0,
 ) -> Estimate:
     """`update_estimate` of one GRPO update (`algos.grpo.Config`) on prompts of
-    `prompt_length` tokens; with `slot_groups` > 0, partial rollouts' (`algos.partial`) of that
-    many carried groups, decoding `budget` steps per update (0: max_new_tokens)."""
+    `prompt_length` tokens (each group's prompt once with config.shared_prompt); with
+    `slot_groups` > 0, partial rollouts' (`algos.partial`) of that many carried groups,
+    decoding `budget` steps per update (0: max_new_tokens). The shared pass's attention,
+    quadratic in prompt + group_size x max_new_tokens, is not counted (nor is the per-row
+    pass's: `attend` recomputes it in the backward pass, one layer at a time)."""
     new_tokens = config.sampling.max_new_tokens
     completions = config.batch_size * config.group_size
     steps = config.num_minibatches * config.grad_accum_steps
+    rows, length, scored = completions // steps, prompt_length + new_tokens, new_tokens
+    if config.shared_prompt:
+        # Shared prompts (`jaxrl.lm.log_probs.LogProbPass`): the step runs each group as one
+        # sequence, its prompt once and its completions after it; the head's positions are
+        # the same rows x new_tokens.
+        group = config.group_size
+        rows, length, scored = rows // group, prompt_length + group * new_tokens, group * scored
     estimate = update_estimate(
         model,
-        rows=completions // steps,
-        length=prompt_length + new_tokens,
-        scored=new_tokens,
+        rows=rows,
+        length=length,
+        scored=scored,
         lora_rank=config.lora_rank,
         lora_targets=config.lora_targets,
         rollout_prompts=config.batch_size,
