@@ -131,7 +131,8 @@ class LogProbPass:
     batch (minibatches, micro-batches, length buckets, mesh shards) keeps groups whole and in
     order. Both give the same log-probs and entropies up to rounding.
 
-    `pass_(model, params, batch, temperature) -> (log_probs, entropies)`, both [B, N]."""
+    Called as `log_prob_pass(model, params, batch, temperature) -> (log_probs, entropies)`, both
+    [B, N]; `PER_ROW` is `LogProbPass(1)`."""
 
     group_size: int = 1
 
