@@ -248,6 +248,21 @@ def test_memory_estimate_counts_each_prompt_once():
     assert LogProbPass(8).tokens(16, 96, 12) == 384 and PER_ROW.tokens(16, 96, 12) == 1728
 
 
+def test_memory_estimate_of_the_shared_update_is_within_15_percent_of_xlas_plan():
+    """test_memory's calibration shape (SmolLM2, 4 prompts x 8 x (128 + 256) tokens, bf16 over
+    fp32), shared: completions twice the prompt's length, where the packed attention's scores
+    (counted for one layer) are most of what sharing adds. Compile only, nothing allocated."""
+    from experiments.benchmarks import memory_plan
+
+    config, model, prompt_length = memory_plan.grpo_run("smollm2")
+    config = dataclasses.replace(config, shared_prompt=True)
+    plan, _ = memory_plan.plan(config, model, prompt_length)
+    estimate = memory.grpo_estimate(config, model, prompt_length)
+    assert estimate.parts["attention_scores"] > 0
+    assert estimate.total == pytest.approx(plan["total"], rel=0.15)
+    assert estimate.temporaries == pytest.approx(plan["temp"], rel=0.15)
+
+
 # --- partial and async modes: carried rows train through the same (shared) passes ------------
 
 SHARED = grpo.Config(
