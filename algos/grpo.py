@@ -83,7 +83,7 @@ from jaxrl import sharding
 from jaxrl.config import require, require_in_range, require_positive
 from jaxrl.hparams import HParams, static, swept
 from jaxrl.lm import memory, sampler, training
-from jaxrl.lm.log_probs import completion_log_probs, log_prob_mismatch
+from jaxrl.lm.log_probs import PER_ROW, LogProbPass, completion_log_probs, log_prob_mismatch
 from jaxrl.lm.model import ModelConfig, Transformer
 from jaxrl.lm.sampler import Completion, Sampling, generate, require_sampling
 from jaxrl.loop import Algorithm
@@ -249,6 +249,15 @@ class Config(GroupConfig):
     # length, each run at the smallest of max_new_tokens / 8, / 4, / 2, / 1 that holds it. The
     # update is the same up to rounding; the old and reference log-prob passes use them too.
     length_buckets: int = 0
+    # Each group's prompt runs through the model once per log-prob pass (the loss's forward and
+    # backward, the old policy's, the reference's), its group_size completions packed after it
+    # (`jaxrl.lm.log_probs.LogProbPass`): the same update up to rounding, with prompt x
+    # (group_size - 1) fewer tokens per group. Minibatches then shuffle whole groups (not rows:
+    # with num_minibatches > 1 a different draw of which completions step together), and every
+    # micro-batch (length bucket) must hold whole groups on each batch shard. Off by default:
+    # rounding alone redraws seed-sensitive runs, and the packed attention grows with
+    # (prompt + group_size x max_new_tokens)^2, more than per row once completions are long.
+    shared_prompt: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -260,6 +269,7 @@ class Config(GroupConfig):
             "use 0 (off) or fewer tokens than max_new_tokens",
         )
         optimizer_steps.validate_length_buckets(self)
+        optimizer_steps.validate_shared_prompt(self)
         shards = training.check_mesh_shape(self.mesh_shape)
         require(
             self.spec.baseline != "greedy" or self.batch_size % shards == 0,
@@ -567,7 +577,10 @@ def make_rollout(
 
 
 def make_loss(
-    model: Transformer, config: Config, behaviour_clip: bool = False
+    model: Transformer,
+    config: Config,
+    behaviour_clip: bool = False,
+    log_prob_pass: LogProbPass = PER_ROW,
 ) -> Callable[..., tuple[Array, dict]]:
     """`loss_fn(params, batch, hparams) -> (loss, metrics)` on a rollout batch of B completions.
 
@@ -575,13 +588,15 @@ def make_loss(
     and weights [B], and optionally old_log_probs and reference_log_probs [B, N] (absent: the
     current policy's, held constant; no KL penalty). `metrics`: clip_fraction, entropy and, with a
     reference, kl. With behaviour_log_probs in the batch, `behaviour_clip` is `policy_loss`'s.
+    `log_prob_pass`: every row's prompt (default) or each group's once
+    (`optimizer_steps.log_prob_pass`).
     """
     config = static(config)
     spec = config.spec
     temperature = config.sampling.temperature
 
     def loss_fn(params: Any, batch: dict[str, Array], hp: HParams):
-        log_probs, entropy = completion_log_probs(model, params, batch, temperature)
+        log_probs, entropy = log_prob_pass(model, params, batch, temperature)
         # A length bucket: its share of the micro-batch's loss and metrics (`normalisers`).
         bucketed = "norm_sequences" in batch
         totals = (batch["norm_sequences"][0], batch["norm_tokens"][0]) if bucketed else None
@@ -677,10 +692,15 @@ def learner(
     the behaviour policy), the inputs' unpacking and the trainer's log-probs."""
     transformer = Transformer(model, mesh=mesh)
     temperature = config.sampling.temperature
+    # Every pass of the update, the loss's and the no-grad ones, is this one (per row, or each
+    # group's prompt once: config.shared_prompt).
+    log_prob_pass = optimizer_steps.log_prob_pass(config)
 
     def optimize_for(behaviour_clip: bool) -> Callable:
-        loss_fn = make_loss(transformer, config, behaviour_clip)
-        return optimizer_steps.make_optimize(transformer, loss_fn, static(config), mesh)
+        loss_fn = make_loss(transformer, config, behaviour_clip, log_prob_pass)
+        return optimizer_steps.make_optimize(
+            transformer, loss_fn, static(config), mesh, log_prob_pass
+        )
 
     def trainer_log_probs(on: Any) -> Callable[[Any, dict], Array]:
         return lambda params, batch: completion_log_probs(

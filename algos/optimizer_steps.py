@@ -9,6 +9,12 @@ and splits them into k sub-batches, each run at the smallest of max_new_tokens /
 / 1 that holds its longest completion (`jaxrl.lm.training`'s `LengthBuckets`). Every sub-batch
 carries the micro-batch's denominators (`normalisers`), so their gradients sum to the
 micro-batch's: the same update, up to rounding. The no-grad passes run in the same buckets.
+
+Shared prompts (`Config.shared_prompt`, `log_prob_pass`): every pass takes the rows as
+contiguous groups of group_size sharing their prompt and runs each group's prompt once
+(`jaxrl.lm.log_probs.LogProbPass`). Everything that splits the batch then keeps groups whole:
+minibatches shuffle groups, micro-batches and length buckets hold whole groups (a group sorts
+by its longest completion), and each batch shard holds whole groups.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import jax.numpy as jnp
 
 from jaxrl.config import require, require_count
 from jaxrl.lm import training
-from jaxrl.lm.log_probs import completion_log_probs
+from jaxrl.lm.log_probs import PER_ROW, LogProbPass
 from jaxrl.lm.model import Transformer
 
 Array = jax.Array
@@ -50,6 +56,31 @@ def validate_length_buckets(config: Any) -> None:
         f"not split over the mesh's data*fsdp = {shards} batch shards",
         f"choose length_buckets so that {micro} / length_buckets is a multiple of {shards}",
     )
+
+
+def validate_shared_prompt(config: Any) -> None:
+    """With shared_prompt, every pass's rows must be whole groups on each batch shard: the
+    micro-batch (or its length bucket) a multiple of group_size x the mesh's batch shards."""
+    if not config.shared_prompt or config.group_size == 1:
+        return
+    unit = config.micro_batch_size // max(config.length_buckets, 1)
+    shards = training.check_mesh_shape(config.mesh_shape)
+    what = "length bucket" if config.length_buckets else "micro-batch"
+    require(
+        unit % (config.group_size * shards) == 0,
+        "shared_prompt",
+        f"a {what} of {unit} completions does not hold whole groups of group_size = "
+        f"{config.group_size} on each of the mesh's data*fsdp = {shards} batch shards",
+        f"set shared_prompt False, or make the {what} a multiple of "
+        f"{config.group_size * shards} (fewer num_minibatches, grad_accum_steps or "
+        f"length_buckets)",
+    )
+
+
+def log_prob_pass(config: Any) -> LogProbPass:
+    """The log-prob pass config.shared_prompt chooses: each group's prompt once, or (off, or
+    group_size 1) every row's."""
+    return LogProbPass(config.group_size if config.shared_prompt else 1)
 
 
 def bucket_lengths(max_new_tokens: int) -> tuple[int, ...]:
@@ -100,14 +131,26 @@ def normalisers(batch: dict[str, Array]) -> dict[str, Array]:
     return dict(batch, **{k: jnp.broadcast_to(v, (rows,)) for k, v in values.items()})
 
 
-def length_buckets(config: Any, mesh: Any = None) -> training.LengthBuckets | None:
-    """config.length_buckets as `training.LengthBuckets` over GRPO's batches (None when 0)."""
+def group_extent(completion_mask: Array, group_size: int) -> Array:
+    """[B, N] -> [B] the positions each row's group needs: the longest of its G rows'
+    `completion_extent`. Sorted stably by it, a group's rows stay contiguous and in order."""
+    if group_size == 1:
+        return completion_extent(completion_mask)
+    extent = completion_extent(completion_mask).reshape(-1, group_size).max(axis=1)
+    return jnp.repeat(extent, group_size, total_repeat_length=completion_mask.shape[0])
+
+
+def length_buckets(
+    config: Any, mesh: Any = None, group_size: int = 1
+) -> training.LengthBuckets | None:
+    """config.length_buckets as `training.LengthBuckets` over GRPO's batches (None when 0);
+    with `group_size` > 1 (a shared-prompt pass) groups of rows sort and split whole."""
     if config.length_buckets == 0:
         return None
     return training.LengthBuckets(
         count=config.length_buckets,
         lengths=bucket_lengths(config.sampling.max_new_tokens),
-        row_lengths=lambda batch: completion_extent(batch["completion_mask"]),
+        row_lengths=lambda batch: group_extent(batch["completion_mask"], group_size),
         cut=cut_batch,
         prepare=normalisers,
         mesh=mesh,
@@ -145,13 +188,15 @@ def optimize_with(
     config: Any,
     mesh: Any,
     buckets: training.LengthBuckets | None = None,
+    group_size: int = 1,
 ) -> Callable:
     """The optimizer steps on one sampled batch, as every rollout mode takes them (GRPO's single
     completions, multi-turn GRPO's conversations): `optimize(state, batch, hp, shuffle_key,
     policy, reference_params) -> (state, step_metrics)` adds the old log-probs under `policy`
     (when samples are reused) and the reference's (when given) to the batch, each from
     `no_grad_log_probs(params, batch)`, then runs the minibatch epochs of `loss_fn(params,
-    batch, hparams)` with this update's dropout stream (in length `buckets`, if given)."""
+    batch, hparams)` with this update's dropout stream (in length `buckets`, if given;
+    minibatches shuffling whole groups of `group_size` rows)."""
 
     def optimize(state, batch, hp, shuffle_key, policy, reference_params):
         batch = dict(batch)
@@ -166,31 +211,40 @@ def optimize_with(
         return training.minibatch_epochs(
             lambda p, micro_batch: loss_fn(p, micro_batch, hp), state, batch, hp, config,
             shuffle_key, config.num_epochs, config.num_minibatches, mesh, dropout_key, buckets,
+            group_size,
         )  # fmt: skip
 
     return optimize
 
 
-def make_optimize(transformer: Transformer, loss_fn: Callable, config: Any, mesh: Any) -> Callable:
+def make_optimize(
+    transformer: Transformer,
+    loss_fn: Callable,
+    config: Any,
+    mesh: Any,
+    log_prob_pass: LogProbPass = PER_ROW,
+) -> Callable:
     """GRPO's optimizer steps on one sampled batch of completions (`optimize_with`). With
     config.length_buckets > 0 the training and the no-grad passes run in length buckets
     (`length_buckets`). With one optimizer step per batch no old log-prob pass runs: those
     log-probs are the loss's own, held constant (`grpo.make_loss`), and so are the proximal
     policy's of AReaL's decoupled objective in partial and async mode (the parameters the
     update starts from); forcing the pass changes nothing but the time
-    (test_partial_rollouts)."""
-    buckets = length_buckets(config, mesh)
+    (test_partial_rollouts). `log_prob_pass` is the no-grad passes' (the loss's must be the
+    same): with a shared-prompt pass, buckets and minibatches keep groups whole."""
+    group_size = log_prob_pass.group_size
+    buckets = length_buckets(config, mesh, group_size)
     temperature = config.sampling.temperature
     # The no-grad passes split the whole batch into sub-batches as small as training's.
     parts = config.length_buckets * config.num_minibatches * config.grad_accum_steps
 
     def no_grad_log_probs(params: Any, batch: dict[str, Array]) -> Array:
         def log_probs_of(part: dict[str, Array]) -> Array:
-            return completion_log_probs(transformer, params, part, temperature)[0]
+            return log_prob_pass(transformer, params, part, temperature)[0]
 
         if buckets is not None:
             log_probs = log_probs_in_buckets(log_probs_of, batch, buckets, parts)
             return jax.lax.stop_gradient(log_probs)
         return jax.lax.stop_gradient(log_probs_of(batch))
 
-    return optimize_with(loss_fn, no_grad_log_probs, config, mesh, buckets)
+    return optimize_with(loss_fn, no_grad_log_probs, config, mesh, buckets, group_size)

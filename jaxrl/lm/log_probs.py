@@ -10,11 +10,13 @@ Where the rows come in groups of G that share their prompt (GRPO's samples of on
 g*G ... g*G + G - 1), `grouped_completion_log_probs` computes the same log-probs while each
 group's prompt goes through the model once: the group is packed into one sequence [prompt,
 completion 1, ..., completion G] whose completions attend to the prompt and to their own tokens
-only (`Transformer`'s segment_ids).
+only (`Transformer`'s segment_ids). `LogProbPass` is the choice between the two as a part an
+update is built with.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -118,6 +120,41 @@ def grouped_completion_log_probs(
         tokens[:, -completion_length:],
         temperature,
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class LogProbPass:
+    """How an update's log-prob passes run over a completion batch, chosen once when the update
+    is built. `group_size` 1: every row with its own copy of the prompt
+    (`completion_log_probs`). G > 1: the rows come in contiguous groups of G that share their
+    prompt, each group's prompt run once (`grouped_completion_log_probs`); whoever splits the
+    batch (minibatches, micro-batches, length buckets, mesh shards) keeps groups whole and in
+    order. Both give the same log-probs and entropies up to rounding.
+
+    Called as `log_prob_pass(model, params, batch, temperature) -> (log_probs, entropies)`, both
+    [B, N]; `PER_ROW` is `LogProbPass(1)`."""
+
+    group_size: int = 1
+
+    def __post_init__(self) -> None:
+        if self.group_size < 1:
+            raise ValueError(f"LogProbPass: group_size {self.group_size}; use 1 or more")
+
+    def __call__(
+        self, model: Transformer, params: Any, batch: dict[str, Array], temperature: float
+    ) -> tuple[Array, Array]:
+        if self.group_size == 1:
+            return completion_log_probs(model, params, batch, temperature)
+        return grouped_completion_log_probs(model, params, batch, temperature, self.group_size)
+
+    def tokens(self, rows: int, prompt_length: int, new_tokens: int) -> int:
+        """Tokens the model runs per pass over `rows` completions of `new_tokens` after prompts
+        of `prompt_length` (the head runs on rows x new_tokens positions either way)."""
+        groups = rows // self.group_size
+        return groups * (prompt_length + self.group_size * new_tokens)
+
+
+PER_ROW = LogProbPass()  # today's pass: every row with its own copy of the prompt
 
 
 def log_probs_and_entropy(logits: Array, tokens: Array, temperature: float) -> tuple[Array, Array]:

@@ -137,12 +137,15 @@ def update_estimate(
     prompt_length: int = 0,
     new_tokens: int = 0,
     mesh_shape: tuple[int, int, int] = (1, 1, 1),
+    attention_scores: bool = False,
 ) -> Estimate:
     """The peak of one update: an optimisation step over micro-batches of `rows` sequences of
     `length` tokens whose head runs on `scored` positions per row, and (when rollout_prompts >
     0) a rollout sampling `group_size` completions of `new_tokens` after each of
     `rollout_prompts` prompts of `prompt_length` tokens. Bytes per device of a
-    (data, fsdp, tensor) mesh."""
+    (data, fsdp, tensor) mesh. `attention_scores`: count one layer's fp32 attention scores
+    [rows, heads, length, length] in the step (the shared-prompt pass's packed sequences, where
+    they grow with the square of the group's length)."""
     data, fsdp, tensor = mesh_shape
     batch_shards, param_shards = data * fsdp, fsdp * tensor
     pb, cb = _bytes(model.param_dtype), _bytes(model.dtype)
@@ -190,6 +193,10 @@ def update_estimate(
     parts["kept_activations"] = activations
     parts["layer_working_set"] = working
     parts["head_chunks"] = head
+    if attention_scores:
+        scores = rows * model.num_heads * length * length * 4 / (batch_shards * width_shards)
+        parts["attention_scores"] = scores
+        step += scores
 
     rollout = 0.0
     if rollout_prompts:
@@ -246,7 +253,13 @@ def partial_slots(
 
 
 # The parts of `update_estimate` that make up its optimisation step.
-STEP_PARTS = ("gradients", "kept_activations", "layer_working_set", "head_chunks")
+STEP_PARTS = (
+    "gradients",
+    "kept_activations",
+    "layer_working_set",
+    "head_chunks",
+    "attention_scores",  # only where counted (shared prompts)
+)
 
 # Calibration against XLA's plans (module docstring); tests/test_memory.py holds it to 15%.
 GRADIENT_COPIES = 2.0
@@ -266,16 +279,27 @@ def grpo_estimate(
     budget: int = 0,
 ) -> Estimate:
     """`update_estimate` of one GRPO update (`algos.grpo.Config`) on prompts of
-    `prompt_length` tokens; with `slot_groups` > 0, partial rollouts' (`algos.partial`) of that
-    many carried groups, decoding `budget` steps per update (0: max_new_tokens)."""
+    `prompt_length` tokens (each group's prompt once with config.shared_prompt); with
+    `slot_groups` > 0, partial rollouts' (`algos.partial`) of that many carried groups,
+    decoding `budget` steps per update (0: max_new_tokens). The shared pass's attention
+    scores, quadratic in prompt + group_size x max_new_tokens, are counted for one layer (XLA's
+    plan, SmolLM2 at 4 x 8 x (128 + 256): 7.51 GiB, the estimate 7.22; 6.59 without them); the
+    per-row pass's, a few hundred MB at that shape, are not."""
     new_tokens = config.sampling.max_new_tokens
     completions = config.batch_size * config.group_size
     steps = config.num_minibatches * config.grad_accum_steps
+    rows, length, scored = completions // steps, prompt_length + new_tokens, new_tokens
+    if config.shared_prompt:
+        # Shared prompts (`jaxrl.lm.log_probs.LogProbPass`): the step runs each group as one
+        # sequence, its prompt once and its completions after it; the head's positions are
+        # the same rows x new_tokens.
+        group = config.group_size
+        rows, length, scored = rows // group, prompt_length + group * new_tokens, group * scored
     estimate = update_estimate(
         model,
-        rows=completions // steps,
-        length=prompt_length + new_tokens,
-        scored=new_tokens,
+        rows=rows,
+        length=length,
+        scored=scored,
         lora_rank=config.lora_rank,
         lora_targets=config.lora_targets,
         rollout_prompts=config.batch_size,
@@ -283,6 +307,7 @@ def grpo_estimate(
         prompt_length=prompt_length,
         new_tokens=new_tokens,
         mesh_shape=tuple(mesh_shape or config.mesh_shape),
+        attention_scores=config.shared_prompt,
     )
     if slot_groups == 0:
         return estimate
@@ -305,7 +330,7 @@ def grpo_estimate(
     parts["rollout_cache"] = rollout
     # The optimisation step is the synchronous update's (batch_size groups at the same shapes;
     # partial mode trains every parameter, so no LoRA merge is kept through it).
-    step = sum(parts[name] for name in STEP_PARTS)
+    step = sum(parts.get(name, 0.0) for name in STEP_PARTS)
     data, fsdp, _ = tuple(mesh_shape or config.mesh_shape)
     logits = 2 * slot_groups * config.group_size * model.vocab_size * 4 / (data * fsdp)
     temporaries = max(step, rollout + parts["generation_copy"] + logits) + FIXED_BYTES

@@ -491,13 +491,19 @@ def into_minibatches(
     num_minibatches: int,
     grad_accum_steps: int,
     mesh: Any = None,
+    group_size: int = 1,
 ) -> dict[str, Array]:
     """An on-policy batch [B, ...] (inside jit) as [num_minibatches, grad_accum_steps,
     micro_batch, ...] for a scan of optimizer steps, its rows shuffled by `shuffle_key` (None:
-    in order) and each micro-batch split over the mesh's batch axes."""
+    in order) and each micro-batch split over the mesh's batch axes. With `group_size` G > 1
+    the shuffle moves contiguous groups of G rows whole, each in its own order."""
     if shuffle_key is not None:
         rows = jax.tree.leaves(batch)[0].shape[0]
-        order = jax.random.permutation(shuffle_key, rows)
+        if group_size == 1:
+            order = jax.random.permutation(shuffle_key, rows)
+        else:
+            groups = jax.random.permutation(shuffle_key, rows // group_size)
+            order = (groups[:, None] * group_size + jnp.arange(group_size)).reshape(-1)
         batch = jax.tree.map(lambda x: x[order], batch)
     shape = (num_minibatches, grad_accum_steps, -1)
     batch = jax.tree.map(lambda x: x.reshape(*shape, *x.shape[1:]), batch)
@@ -520,12 +526,14 @@ def minibatch_epochs(
     mesh: Any = None,
     dropout_key: Array | None = None,
     buckets: LengthBuckets | None = None,
+    group_size: int = 1,
 ) -> tuple[TrainState | LoraTrainState, dict[str, Array]]:
     """The RL algorithms' optimisation on one rollout (inside jit): num_epochs passes over the
-    batch [B, ...], each in its own order from `shuffle_key` (in order with one minibatch), of
-    num_minibatches `train_step`s (each micro-batch in length buckets, with `buckets`). With
-    config.lora_dropout > 0, optimizer step i draws its masks from fold_in(dropout_key, i).
-    Returns the state and the steps' metrics stacked [num_epochs, num_minibatches]."""
+    batch [B, ...], each in its own order from `shuffle_key` (in order with one minibatch;
+    whole groups of `group_size` rows moved together), of num_minibatches `train_step`s (each
+    micro-batch in length buckets, with `buckets`). With config.lora_dropout > 0, optimizer
+    step i draws its masks from fold_in(dropout_key, i). Returns the state and the steps'
+    metrics stacked [num_epochs, num_minibatches]."""
 
     def optimizer_step(carry, minibatch_and_index):
         minibatch, index = minibatch_and_index
@@ -537,7 +545,7 @@ def minibatch_epochs(
         shuffle = epoch_key if num_minibatches > 1 else None
         steps = index * num_minibatches + jnp.arange(num_minibatches)
         minibatches = into_minibatches(
-            batch, shuffle, num_minibatches, config.grad_accum_steps, mesh
+            batch, shuffle, num_minibatches, config.grad_accum_steps, mesh, group_size
         )
         return jax.lax.scan(optimizer_step, carry, (minibatches, steps))
 
