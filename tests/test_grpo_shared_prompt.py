@@ -82,9 +82,9 @@ def _assert_shared_equals_per_row(settings, mesh_shape=(1, 1, 1)):
 
 # gspo and cispo differ from grpo only when the ratio is not 1: two epochs, so the old
 # policy's pass runs (shared too) and the second epoch's ratios move. CI runs grpo (sequence
-# mean, KL and entropy) and cispo (its weight surrogate, token mean, the old policy's pass);
-# the LoRA and bucket cases below hold constant_length (dr_grpo) and token_mean (dapo); the
-# rest with --runslow (55-70 s each on the loaded 2-core host).
+# mean, KL and entropy) and the LoRA case below (constant_length, dr_grpo); the rest, and the
+# cases tests/conftest.py's NOT_IN_CI names, with --runslow (55-70 s each on the loaded 2-core
+# host).
 @pytest.mark.parametrize(
     "settings",
     [
