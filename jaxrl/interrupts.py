@@ -179,11 +179,20 @@ class Watch:
 WATCH = Watch()
 
 
+# A script's stderr as it started: the stop line goes here even while a reader silences file
+# descriptor 2 (`jaxrl.lm.checkpoints.quiet_orbax`, reading a checkpoint, where a Ctrl-C ended
+# `multiturn.py` with status 130 and no line in 1 of 3 tries at 8 s).
+_SCRIPT_STDERR: int | None = None
+
+
 def for_a_script() -> None:
     """Called by every script before its heavy imports: from here to the process's end, Ctrl-C
     and SIGTERM are the watcher's, and outside a training loop they end the script at once with
     its stop line (`set_stop_line`)."""
+    global _SCRIPT_STDERR
     WATCH.script = True
+    with contextlib.suppress(OSError):
+        _SCRIPT_STDERR = os.dup(2)
     WATCH._install()
 
 
@@ -213,7 +222,11 @@ def watching(line: Callable[[], str] | None = None) -> Iterator[Watch]:
 def _say(line: str) -> None:
     with contextlib.suppress(OSError, ValueError):  # a closed stream must not stop the stop
         sys.stdout.flush()
-        print(f"\n{line}", file=sys.stderr, flush=True)
+        if _SCRIPT_STDERR is None:  # from Python: the user's stderr (a notebook's cell output)
+            print(f"\n{line}", file=sys.stderr, flush=True)
+        else:
+            sys.stderr.flush()
+            os.write(_SCRIPT_STDERR, f"\n{line}\n".encode())
 
 
 def _end_at_once() -> None:

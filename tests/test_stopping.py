@@ -222,3 +222,27 @@ def test_a_second_ctrl_c_in_a_notebook_kernel_raises_at_once_without_ending_it(m
     assert time.monotonic() - started < 5 and isinstance(stopped.value, KeyboardInterrupt)
     assert "the same call resumes" in str(stopped.value)
     assert not interrupts.WATCH.requested  # nothing carries into the next call
+
+
+def test_the_stop_line_is_said_while_a_checkpoint_read_silences_stderr(tmp_path):
+    """A script reading a checkpoint silences file descriptor 2 (orbax's threads print after a
+    failed read); a Ctrl-C then still ends it with its one stop line (exit 130)."""
+    import subprocess
+    import sys
+
+    program = tmp_path / "reads.py"
+    program.write_text(
+        "import os, signal, time\n"
+        "from jaxrl import interrupts\n"
+        "interrupts.for_a_script()\n"
+        "from jaxrl.lm.checkpoints import quiet_orbax\n"
+        "with quiet_orbax():\n"
+        "    os.kill(os.getpid(), signal.SIGINT)\n"
+        "    time.sleep(30)\n"
+    )
+    result = subprocess.run([sys.executable, str(program)], capture_output=True, text=True,
+                            timeout=120)  # fmt: skip
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 130 and lines == [
+        "Interrupted before any checkpoint; run the same command again to start."
+    ], result.stderr
