@@ -434,30 +434,36 @@ def test_host_reward_callback_works_on_numpy_rows():
     assert seen and set(seen) == {np.ndarray}, set(seen)
 
 
-@pytest.mark.parametrize(
-    "rewards, problem",
-    [
+def test_unusable_host_rewards_are_recorded_as_one_line_failures():
+    """A host reward of the wrong length, with a NaN or not numbers stops the step, and the
+    failure the runner reports (jaxrl.host) names the function and the problem. One compiled
+    update serves every case (the function's return is what changes), so it compiles once."""
+    cases = [
         ([1.0], "returned shape (1,); return one float per completion (4)"),
         ([0.0, 1.0, float("nan"), 0.5], "returned nan for completion 2 of 4 (1 non-finite"),
         ("high", "returned strings; return a list of floats"),
         (["1.0", "0.0", "1.0", "0.0"], "returned strings; return a list of floats"),
-    ],
-)
-def test_unusable_host_rewards_are_recorded_as_one_line_failures(rewards, problem):
-    """A host reward of the wrong length, with a NaN or not numbers stops the step, and the
-    failure the runner reports (jaxrl.host) names the function and the problem."""
+    ]
+    returned = []
 
     def bad_reward(prompts, completions, answer):
-        return rewards
+        return returned[-1]
 
-    terms = [host_reward(bad_reward, TOKENIZER, "bad")]
+    terms = (host_reward(bad_reward, TOKENIZER, "bad"),)
     config = grpo.Config(batch_size=2, group_size=2, sampling=Sampling(max_new_tokens=2))
-    with pytest.raises(Exception, match="return"):
-        _run_update(config, None, init_params(TINY, jax.random.key(0)), terms)
-    failure = host.take_failure()
+    task = TEXT_TASK._replace(reward_terms=terms)
+    algorithm = grpo.make(config, TINY, task, init_params(TINY, jax.random.key(0)))
+    hp = hparams.hparams(config)
+    state = algorithm.init(jax.random.PRNGKey(3), hp)
+    update = jax.jit(loop.make_chunk(algorithm.update, 2, runs_axis=False))
     name = f"reward function {__name__}:test_unusable_host_rewards_are_recorded_as_one_line"
-    assert failure.summary().startswith(name), failure.summary()
-    assert problem in failure.summary(), failure.summary()
+    for rewards, problem in cases:
+        returned.append(rewards)
+        with pytest.raises(Exception, match="return"):
+            jax.block_until_ready(update(state, grpo.Inputs(None), hp))
+        failure = host.take_failure()
+        assert failure.summary().startswith(name), failure.summary()
+        assert problem in failure.summary(), (rewards, failure.summary())
     assert host.take_failure() is None  # taken once
 
 

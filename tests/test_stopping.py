@@ -27,7 +27,7 @@ QUIET = ["--config.run.progress=False", "--config.run.tensorboard=False"]
 ONE_CHUNK = ["--config.run.num_chunks=1", *QUIET]
 LM = ["--config.batch_size=8", "--config.task.num_eval=16", *ONE_CHUNK]
 CASES = {
-    "ppo.py": ["--config.total_timesteps=409600", "--num_seeds=2", *ONE_CHUNK],
+    "ppo.py": ["--config.total_timesteps=204800", "--num_seeds=2", *ONE_CHUNK],
     "sac.py": [
         "--config=experiments/configs/sac.py:pendulum_small",
         "--config.total_timesteps=7000",

@@ -152,20 +152,21 @@ SFT_SMALL |= {"run.num_chunks": 2, "batch_size": 16}
 
 
 @pytest.fixture(scope="module")
-def sft_pair(tmp_path_factory):
-    """The same small SFT run (reverse digits, tiny model) by script and by trainer."""
+def sft_run(tmp_path_factory):
+    """A small SFT run (reverse digits, tiny model) by its trainer: its Result."""
     from jaxrl.trainers import sft
 
-    tmp_path = tmp_path_factory.mktemp("sft")
-    return script_and_trainer(tmp_path, "sft", sft, SFT_SMALL)
+    workdir = str(tmp_path_factory.mktemp("sft") / "sft")
+    return sft.train(configured(sft, None, SFT_SMALL), workdir)
 
 
-# Not in CI: every script is its trainer's flag front end (test above); ppo, dpo and grpo run in CI
+# Not in CI: every script is its trainer's flag front end (test above); ppo runs in CI
 @pytest.mark.slow
-def test_sft_from_python_equals_the_script(sft_pair):
-    script_dir, result = sft_pair
-    assert_same_run(script_dir, result)
-    assert 0.0 <= result.summary["eval_task_accuracy"] <= 1.0
+def test_sft_from_python_equals_the_script(sft_run, tmp_path):
+    script_dir = str(tmp_path / "sft-script")
+    run_script("sft.py", *flags(SFT_SMALL), f"--workdir={script_dir}")
+    assert_same_run(script_dir, sft_run)
+    assert 0.0 <= sft_run.summary["eval_task_accuracy"] <= 1.0
 
 
 def test_a_finished_run_called_again_returns_its_result_at_once(tmp_path):
@@ -213,32 +214,35 @@ DPO_SMALL |= {"run.num_chunks": 2, "batch_size": 8}
 
 
 @pytest.fixture(scope="module")
-def dpo_pair(sft_pair, tmp_path_factory):
-    """The same small DPO run from the SFT run's directory by script and by trainer."""
+def dpo_run(sft_run, tmp_path_factory):
+    """A small DPO run from the SFT run's directory by its trainer: its Result."""
     from jaxrl.trainers import dpo
 
-    sft_dir, tmp_path = sft_pair[0], tmp_path_factory.mktemp("dpo")
-    extra = [f"--config.init_from={sft_dir}"]
-    return script_and_trainer(tmp_path, "dpo", dpo, DPO_SMALL, extra=extra, model=sft_dir)
+    workdir = str(tmp_path_factory.mktemp("dpo") / "dpo")
+    return dpo.train(configured(dpo, None, DPO_SMALL), workdir, model=sft_run.run_dir)
 
 
-def test_dpo_from_python_equals_the_script(dpo_pair):
-    script_dir, result = dpo_pair
-    assert_same_run(script_dir, result)
-    assert 0.0 <= result.summary["eval_reward_accuracy"] <= 1.0
+def test_dpo_from_python_equals_the_script(sft_run, dpo_run, tmp_path):
+    script_dir = str(tmp_path / "dpo-script")
+    run_script(
+        "dpo.py", *flags(DPO_SMALL), f"--config.init_from={sft_run.run_dir}",
+        f"--workdir={script_dir}",
+    )  # fmt: skip
+    assert_same_run(script_dir, dpo_run)
+    assert 0.0 <= dpo_run.summary["eval_reward_accuracy"] <= 1.0
 
 
 # Not in CI: the test above returns a finished run at once; this one its early path (two DPO runs)
 @pytest.mark.slow
 def test_a_finished_run_from_a_checkpoint_is_recognised_before_reading_it(
-    sft_pair, dpo_pair, monkeypatch
+    sft_run, dpo_run, monkeypatch
 ):
     """A finished run that started from a checkpoint (here the SFT run; SmolLM2's GGUF takes
     seconds to parse) is recognised from its own record, model.json, before the checkpoint is
     read; with another setting the checkpoint is read as before."""
     from jaxrl.trainers import dpo, lm_runs
 
-    sft_dir, result = sft_pair[0], dpo_pair[1]
+    sft_dir, result = sft_run.run_dir, dpo_run
 
     def unread(*args):
         raise AssertionError("the checkpoint was read")
@@ -250,12 +254,12 @@ def test_a_finished_run_from_a_checkpoint_is_recognised_before_reading_it(
         dpo.train(configured(dpo, None, {**DPO_SMALL, "beta": 0.25}), result.run_dir, model=sft_dir)
 
 
-def test_params_given_from_python_train_as_their_run_directory_does(sft_pair, dpo_pair, tmp_path):
+def test_params_given_from_python_train_as_their_run_directory_does(sft_run, dpo_run, tmp_path):
     """A run's model read into memory (`ModelParams.load`) and handed to DPO trains exactly as
     the run directory itself does: the same final state and summary, init_from aside."""
     from jaxrl.trainers import base, dpo
 
-    sft_dir, from_dir = sft_pair[0], dpo_pair[1]
+    sft_dir, from_dir = sft_run.run_dir, dpo_run
     weights = base.ModelParams.load(sft_dir)
     assert weights.tokenizer == "byte" and not weights.pretrained
     given = dpo.train(configured(dpo, None, DPO_SMALL), tmp_path / "given", model=weights)
@@ -375,7 +379,7 @@ def test_an_input_error_is_a_short_traceback(tmp_path, bad_line):
     assert [line for line in short_traceback(error.value) if PACKAGE_DIR in line] == []
 
 
-def test_a_model_field_beside_a_model_is_refused_from_python_too(sft_pair, tmp_path):
+def test_a_model_field_beside_a_model_is_refused_from_python_too(sft_run, tmp_path):
     """The script refuses --config.model.X with --config.init_from (the architecture is the
     checkpoint's); from Python a changed model field beside `model=` is the same line."""
     from jaxrl.trainers import sft
@@ -384,22 +388,22 @@ def test_a_model_field_beside_a_model_is_refused_from_python_too(sft_pair, tmp_p
     config.model.num_layers = 3
     config.model.dtype = "bfloat16"  # how the model runs: applies to a checkpoint
     with pytest.raises(InputError) as error:
-        sft.train(config, tmp_path / "run", model=sft_pair[0])
+        sft.train(config, tmp_path / "run", model=sft_run.run_dir)
     assert str(error.value).startswith(
         "config.model.num_layers: the architecture comes from --config.init_from="
     )
     assert not (tmp_path / "run").exists()
 
 
-def test_a_preset_model_field_the_checkpoint_agrees_with_is_not_refused(sft_pair):
+def test_a_preset_model_field_the_checkpoint_agrees_with_is_not_refused(sft_run):
     """A preset may set a model field (grpo.py:repeat_digit_long raises the positions for a
     random start); from a checkpoint that field is ignored only where the checkpoint disagrees:
     positions it holds (or more) start, more than it holds are the usual one line."""
     from jaxrl.trainers import lm_runs, sft
 
     config = sft.config()
-    held = checkpoints.find_checkpoint(sft_pair[0]).model.max_position_embeddings
-    config.init_from = sft_pair[0]
+    held = checkpoints.find_checkpoint(sft_run.run_dir).model.max_position_embeddings
+    config.init_from = sft_run.run_dir
     config.model.max_position_embeddings = held - 1  # not the tiny model's; the checkpoint holds it
     assert lm_runs.start_checkpoint(config).model.max_position_embeddings == held
     config.model.max_position_embeddings = held + 1
