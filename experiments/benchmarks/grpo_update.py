@@ -29,6 +29,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from experiments.benchmarks.lm_shapes import MODEL_SHAPES  # noqa: E402
+from experiments.benchmarks.memory_plan import planned_bytes  # noqa: E402
 
 GIB = 1 << 30
 
@@ -130,17 +131,11 @@ def measure(args: argparse.Namespace, report: dict[str, Any]) -> None:
     start = time.perf_counter()
     compiled = jax.jit(update, donate_argnums=0).lower(state, None, hp).compile()
     report["compile_s"] = time.perf_counter() - start
-    analysis = compiled.memory_analysis()
-    if analysis is not None:
-        planned = (
-            analysis.temp_size_in_bytes
-            + analysis.argument_size_in_bytes
-            + analysis.output_size_in_bytes
-            - analysis.alias_size_in_bytes
-        )
-        report["xla_temp_gib"] = round(analysis.temp_size_in_bytes / GIB, 2)
-        report["xla_argument_gib"] = round(analysis.argument_size_in_bytes / GIB, 2)
-        report["xla_total_gib"] = round(planned / GIB, 2)
+    planned = planned_bytes(compiled)
+    if planned is not None:
+        report["xla_temp_gib"] = round(planned["temp"] / GIB, 2)
+        report["xla_argument_gib"] = round(planned["argument"] / GIB, 2)
+        report["xla_total_gib"] = round(planned["total"] / GIB, 2)
     print(
         f"{args.shape} LoRA {args.lora_rank}, {report['batch']}, {model.dtype} over "
         f"{model.param_dtype}, remat {model.remat}: estimate {report['estimate_gib']} GiB, XLA "

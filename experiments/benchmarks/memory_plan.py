@@ -116,7 +116,17 @@ def plan(config: Any, model: Any, prompt_len: int) -> tuple[dict[str, float], fl
     lowered = jax.jit(algorithm.update, donate_argnums=0).lower(state, None, hp)
     compiled = lowered.compile()
     seconds = time.perf_counter() - start
+    return planned_bytes(compiled), seconds
+
+
+def planned_bytes(compiled: Any) -> dict[str, int] | None:
+    """XLA's memory plan of a compiled program in bytes (None where the backend gives none):
+    its temporaries, arguments, outputs, aliased (donated) bytes, code, and `total`, what is
+    live at once: arguments, plus outputs not written over donated arguments, plus the
+    temporaries (the peak XLA plans for)."""
     analysis = compiled.memory_analysis()
+    if analysis is None:
+        return None
     fields = {
         "temp": analysis.temp_size_in_bytes,
         "argument": analysis.argument_size_in_bytes,
@@ -124,10 +134,8 @@ def plan(config: Any, model: Any, prompt_len: int) -> tuple[dict[str, float], fl
         "alias": analysis.alias_size_in_bytes,
         "generated_code": analysis.generated_code_size_in_bytes,
     }
-    # What is live at once: arguments, plus outputs not written over donated arguments, plus
-    # the temporaries (the peak XLA plans for).
     fields["total"] = fields["temp"] + fields["argument"] + fields["output"] - fields["alias"]
-    return fields, seconds
+    return fields
 
 
 def main() -> None:

@@ -52,6 +52,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from experiments.benchmarks.lm_shapes import MODEL_SHAPES  # noqa: E402
+from experiments.benchmarks.memory_plan import planned_bytes  # noqa: E402
 
 SHAPES = ("tiny", "qwen3-0.6b", "qwen3-4b", "smollm2", "1.7b", "7b")
 REMAT_ORDER = ("none", "save_dots", "full")  # least recomputation first
@@ -217,16 +218,10 @@ def measure(args: argparse.Namespace, seq_len: int, remat: str) -> dict[str, Any
     start = time.perf_counter()
     compiled = jax.jit(step, donate_argnums=0).lower(state, batch).compile()
     row["compile_s"] = time.perf_counter() - start
-    analysis = compiled.memory_analysis()
-    if analysis is not None:
-        planned = (
-            analysis.temp_size_in_bytes
-            + analysis.argument_size_in_bytes
-            + analysis.output_size_in_bytes
-            - analysis.alias_size_in_bytes
-        )
-        row["xla_temp_gib"] = round(analysis.temp_size_in_bytes / GIB, 2)
-        row["xla_total_gib"] = round(planned / GIB, 2)
+    planned = planned_bytes(compiled)
+    if planned is not None:
+        row["xla_temp_gib"] = round(planned["temp"] / GIB, 2)
+        row["xla_total_gib"] = round(planned["total"] / GIB, 2)
     print(
         f"{args.shape} seq {seq_len} x {rows} (micro-batches of {config.micro_batch_size}), "
         f"remat {remat} ({row['remat_chosen_by']}), estimate {row['estimate_gib']} GiB, XLA plan "
@@ -234,9 +229,11 @@ def measure(args: argparse.Namespace, seq_len: int, remat: str) -> dict[str, Any
         flush=True,
     )
     limit = memory.device_memory()
-    if analysis is not None and limit is not None and planned > limit:
+    if planned is not None and limit is not None and planned["total"] > limit:
         # Running it would fail allocating: say so now, without spending the time.
-        message = f"XLA plans {planned / GIB:.2f} GiB, the device holds {limit / GIB:.2f} GiB"
+        message = (
+            f"XLA plans {planned['total'] / GIB:.2f} GiB, the device holds {limit / GIB:.2f} GiB"
+        )
         return dict(row, status="oom", message=message)
 
     try:
