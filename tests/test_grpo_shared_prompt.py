@@ -29,6 +29,7 @@ from jaxrl.lm.model import Transformer, init_params, param_shardings
 from jaxrl.lm.sampler import Sampling
 from tests.test_async_rollouts import _async_updates
 from tests.test_partial_rollouts import TEXT_TASK, TINY, _updates
+from tests.test_shared_prompt import grouped_batch
 
 ATOL = 1e-5  # tests/test_shared_prompt.py's, for log-probs and gradients
 # Small enough that Adam's steps keep rounding differences of the gradient below ATOL in the
@@ -130,27 +131,11 @@ def test_shared_update_equals_todays_on_8_devices():
 
 
 def _grouped_batch(groups, group_size, prompt, new, seed=0):
-    """A rollout batch of `groups` groups (their prompts left-padded, repeated over the group's
-    rows) with completions of random lengths, advantages and weights."""
-    rng = np.random.default_rng(seed)
-    rows = groups * group_size
-    real = rng.integers(2, prompt + 1, groups)
-    prompt_mask = np.arange(prompt)[None, :] >= (prompt - real)[:, None]
-    prompt_tokens = np.where(prompt_mask, rng.integers(3, 200, (groups, prompt)), 0)
-    lengths = rng.integers(1, new + 1, rows)
-    completion_mask = np.arange(new)[None, :] < lengths[:, None]
-    completion = np.where(completion_mask, rng.integers(3, 200, (rows, new)), 0)
-    return {
-        "tokens": jnp.asarray(
-            np.concatenate([np.repeat(prompt_tokens, group_size, 0), completion], 1), jnp.int32
-        ),
-        "attention_mask": jnp.asarray(
-            np.concatenate([np.repeat(prompt_mask, group_size, 0), completion_mask], 1)
-        ),
-        "completion_mask": jnp.asarray(completion_mask),
-        "advantages": jnp.asarray(rng.normal(size=rows), jnp.float32),
-        "weights": jnp.ones(rows, jnp.float32),
-    }
+    """test_shared_prompt's rollout-shaped batch (prompts left-padded and repeated over their
+    group's rows, completions ending at random steps), on the device, with GRPO's weights."""
+    batch = grouped_batch(groups, group_size, prompt, new, seed)
+    batch = {name: jnp.asarray(value) for name, value in batch.items()}
+    return batch | {"weights": jnp.ones(groups * group_size, jnp.float32)}
 
 
 def test_minibatches_of_whole_groups_equal_the_per_row_pass_over_them():
