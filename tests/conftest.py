@@ -107,6 +107,17 @@ NOT_IN_CI = {
     "tests/test_lora.py::test_lora_dpo_step_trains_only_the_adapters": 48,  # SFT's and GRPO's
     "tests/test_grpo.py::test_sweep_over_learning_rate_and_kl_beta_equals_separate_runs": 186,  # PPO's vmap over hyperparameters
     "tests/test_async_rollouts.py::test_staleness_one_on_8_devices_samples_from_the_last_version": 136,  # the async trainer on a split mesh, bound 0 on 8 devices
+    # Second 2026-11-27 cuts: CI's run of the first ones passed in 4,371 s, still over 70
+    # minutes. Seconds from a run of CI's tier on the 2-core host (load 5-6); the test CI keeps.
+    "tests/test_mujoco_envs.py::test_make_vec_jit_vmap_float32_time_limit_and_one_step": 149,  # the float64 matches of MJX and Gymnasium
+    "tests/test_shared_prompt.py::test_grouped_equals_per_row_with_lora": 63,  # the update's LoRA + accumulation equality
+    "tests/test_shared_prompt.py::test_grouped_equals_per_row_with_rematerialisation": 25,  # test_lm_model's remat test
+    "tests/test_shared_prompt.py::test_grouped_log_probs_entropies_and_gradients_equal_per_row[2]": 23,  # [4]
+    "tests/test_grpo_shared_prompt.py::test_shared_update_equals_todays_on_8_devices": 59,  # the grouped pass on 8 devices
+    "tests/test_partial_rollouts.py::test_partial_summary_counts_the_trained_completions": 63,  # partial's in-process tests
+    "tests/test_partial_rollouts.py::test_partial_with_decode_row_buckets_samples_the_same": 41,  # test_lm_model's decode_row_buckets
+    "tests/test_ppo_lm.py::test_generation_reward_model_and_update_are_one_compiled_program[separate]": 28,  # [value_head]
+    "tests/test_compare.py::test_compare_real_ppo_runs": 44,  # the comparisons of written runs
     # GRPO's shared-prompt update (opt-in): CI keeps grpo with KL and entropy, LoRA with
     # accumulation, 8 devices, partial's bound-0 equality; seconds alone on the loaded host
     "tests/test_grpo_shared_prompt.py::test_shared_update_equals_todays_for_every_variant[cispo]": 70,

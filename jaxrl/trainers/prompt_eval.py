@@ -356,10 +356,11 @@ def summary_fields(
         }
     generated_per_update = tokens / config.num_steps
     # The training pass's tokens: every trained completion at its fixed shape (with
-    # length_buckets > 0 the pass runs shorter buckets, so this is an upper bound).
-    trained_per_update = (
-        completions / config.num_steps * (prompts.prompt_length + config.sampling.max_new_tokens)
-    )
+    # length_buckets > 0 the pass runs shorter buckets, so this is an upper bound). With shared
+    # prompts a group's pass holds its prompt once and its completions after it.
+    prompt, new_tokens = prompts.prompt_length, config.sampling.max_new_tokens
+    group = config.group_size if getattr(config, "shared_prompt", False) else 1
+    trained_per_update = completions / group / config.num_steps * (prompt + group * new_tokens)
     summary = {
         "task": prompts.name,
         "init_from": source,
