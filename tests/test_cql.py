@@ -16,7 +16,7 @@ from jaxrl.data import Transitions, build_episode_dataset, episodes_to_transitio
 from jaxrl.data import collect as collect_lib
 from jaxrl.types import Transition
 
-CQL_UPDATES = 3_000
+CQL_UPDATES = 2_000
 
 
 def numpy_gap(q_uniform, q_current, q_next, lp_current, lp_next, q_data, action_dim, temperature):
@@ -200,7 +200,9 @@ def test_cql_beats_behaviour_and_behaviour_cloning_on_medium_pendulum(tmp_path):
     """The shipped "medium" dataset (50 episodes of an early-stopped SAC policy, behaviour
     return about -756) goes through the TFDS builder and loader; CQL must score at or above the
     behaviour policy and above behaviour cloning on the same data. The full-size run (100k
-    transitions, 3 seeds) is in the README."""
+    transitions, 3 seeds) is in the README. Measured 2026-11-27 (mean return of 10 episodes x 2
+    seeds): CQL -615 after 1,500 updates, -411 after 2,000, -355 after 3,000; behaviour -755;
+    BC -735 after its 2,000."""
     path = build_episode_dataset(FIXTURE, str(tmp_path), "pendulum_medium", env_name="Pendulum-v1")
     transitions = load_transitions(path)
     behaviour = float(np.mean(transitions.episode_returns()))
