@@ -24,9 +24,8 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-import distrax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -49,6 +48,9 @@ from jaxrl.loop import Algorithm, zeros_step
 from jaxrl.nets import ACTIVATIONS, QEnsemble, SquashedGaussianActor
 from jaxrl.prng import loop_keys
 from jaxrl.types import Metrics, Params, PRNGKey, Transition
+
+if TYPE_CHECKING:  # only the hints name distrax; jaxrl.nets imports it at first use (start-up time)
+    import distrax
 
 # --------------------------------------------------------------------------------------------
 # 1. Configuration

@@ -13,11 +13,13 @@ parameters (gymnax `EnvParams`) are bound at construction: they are constants of
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-from gymnax.environments import spaces
+
+if TYPE_CHECKING:  # gymnax is imported where a space is checked: start-up time
+    from gymnax.environments import spaces
 
 Observation = Any
 EnvState = Any
@@ -106,6 +108,9 @@ class Wrapper:
 
 def is_discrete(space: spaces.Space) -> bool:
     """Whether `space` is a gymnax `Discrete` space (otherwise it is a box)."""
+    # Here, not at the top: gymnax imports seaborn and matplotlib, seconds of start-up time.
+    from gymnax.environments import spaces
+
     return isinstance(space, spaces.Discrete)
 
 

@@ -25,16 +25,18 @@ from __future__ import annotations
 import os
 import sys
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from gymnax.environments import spaces
 
 from envs.core import StepResult
 from envs.wrappers import AutoReset, EpisodeStatistics, Vectorize
 from jaxrl import extras
+
+if TYPE_CHECKING:  # gymnax is imported where a space is made: start-up time
+    from gymnax.environments import spaces
 
 PREFIX = "jaxmarl:"
 
@@ -83,6 +85,8 @@ def has_shaped_reward(name: str) -> bool:
 
 
 def _to_gymnax(space: Any) -> spaces.Discrete:
+    from gymnax.environments import spaces  # here, not at the top: start-up time
+
     if not hasattr(space, "n"):
         raise ValueError(f"only discrete actions are supported, got {space}")
     return spaces.Discrete(int(space.n))
@@ -120,6 +124,8 @@ class MultiAgentEnv:
         # real observation is the one to trust (traced, not computed).
         obs, _ = jax.eval_shape(self._env.reset, jax.random.key(0))
         space = self._env.observation_space(first)
+        from gymnax.environments import spaces  # here, not at the top: start-up time
+
         self.observation_space = spaces.Box(
             np.broadcast_to(np.asarray(space.low, np.float32), obs[first].shape),
             np.broadcast_to(np.asarray(space.high, np.float32), obs[first].shape),

@@ -12,7 +12,9 @@ from typing import Any
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
+
+# orbax.checkpoint is imported where a checkpoint is opened, not here: it costs about a second of
+# every script's start, and --help or a mistyped flag never opens one.
 
 
 def _is_empty(leaf: Any) -> bool:
@@ -37,6 +39,8 @@ class Checkpointer:
     def __init__(self, directory: str, keep: int = 3):
         if keep < 1:
             raise ValueError(f"keep ({keep}) must be >= 1")
+        import orbax.checkpoint as ocp  # here, not at the top: start-up time
+
         self.directory = os.path.abspath(directory)
         self._manager = ocp.CheckpointManager(
             self.directory,
@@ -49,6 +53,8 @@ class Checkpointer:
 
     def save(self, step: int, state: Any, metadata: dict[str, Any]) -> bool:
         """Save `state` and `metadata` as checkpoint `step`; returns whether it saved."""
+        import orbax.checkpoint as ocp  # start-up time (already loaded by __init__)
+
         saved = self._manager.save(
             step,
             args=ocp.args.Composite(
@@ -64,6 +70,8 @@ class Checkpointer:
     def restore(self, like: Any, step: int | None = None) -> tuple[Any, dict[str, Any]]:
         """Restore the state at `step` (default newest) with the structure, shapes, dtypes and
         shardings of `like`, and its metadata."""
+        import orbax.checkpoint as ocp  # start-up time (already loaded by __init__)
+
         step = self.latest_step() if step is None else step
         if step is None:
             raise FileNotFoundError(f"no checkpoint in {self.directory}")

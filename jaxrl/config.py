@@ -337,8 +337,15 @@ def flat_defaults(config_cls: type) -> dict[str, Any]:
 def config_dict(config: Any, preset: Mapping[str, Any], **sections: Any) -> Any:
     """A config file's `get_config()` result: the algorithm Config's fields (a typed section's
     by their own names, `flat_fields`) with a preset's values, plus named sections (`run` is
-    added when not given)."""
-    flat = ml_collections.ConfigDict(flat_fields(config))
+    added when not given).
+
+    `config` is a Config, or a Config class for its defaults (`flat_defaults`, the same values):
+    a class is not constructed, so its validation does not run here. The control algorithms pass
+    theirs: validating the default environment name imports gymnax, seconds of a script's start
+    that --help or a mistyped flag need not wait for; the run validates the Config it builds."""
+    flat = ml_collections.ConfigDict(
+        flat_defaults(config) if isinstance(config, type) else flat_fields(config)
+    )
     flat.update(dict(preset))
     for name, value in flat.items():
         if isinstance(value, list):  # ml_collections keeps tuples only if they start as tuples

@@ -7,15 +7,17 @@ Policy heads return distrax distributions so that losses read `dist.log_prob(a)`
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import distrax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxrl.hl_gauss import HLGauss
+
+if TYPE_CHECKING:  # distrax is imported where a distribution is built: start-up time
+    import distrax
 
 ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     "tanh": nn.tanh,
@@ -196,25 +198,20 @@ TORSOS = ("mlp", "nature_cnn")  # ActorCritic's torsos (algos.ppo.Config.torso)
 
 def tanh_normal(mean: jax.Array, log_std: jax.Array) -> distrax.Distribution:
     """A diagonal Normal squashed by tanh into (-1, 1), with the change-of-variables log-prob."""
+    import distrax  # here, not at the top: start-up time
+
     base = distrax.MultivariateNormalDiag(mean, jnp.exp(log_std))
     return distrax.Transformed(base, distrax.Block(distrax.Tanh(), ndims=1))
 
 
-class Categorical(distrax.Categorical):
-    """distrax's categorical distribution over logits with leaner sampling and log-probs: every
-    PPO rollout step samples it and every gradient step takes its log-prob, and distrax spends
-    several small operations on checks our callers never need (that freshly computed
-    probabilities are finite, that an action is inside the support). Samples are the same
-    Gumbel-max draws for the same key; values agree with distrax's to float rounding.
-    (`sample_and_log_prob` is distrax's own, which calls these two.)"""
+def __getattr__(name: str) -> Any:
+    # `jaxrl.nets.Categorical` is `jaxrl.categorical.Categorical`, imported when first asked for
+    # (distrax costs start-up time).
+    if name == "Categorical":
+        from jaxrl.categorical import Categorical
 
-    def _sample_n(self, key: jax.Array, n: int) -> jax.Array:
-        shape = (n,) + self._logits.shape[:-1]
-        return jax.random.categorical(key, self._logits, axis=-1, shape=shape).astype(self._dtype)
-
-    def log_prob(self, value: jax.Array) -> jax.Array:
-        log_probs = jax.nn.log_softmax(self._logits)
-        return jnp.sum(jax.nn.one_hot(value, self.num_categories) * log_probs, axis=-1)
+        return Categorical
+    raise AttributeError(f"module 'jaxrl.nets' has no attribute {name!r}")
 
 
 class CategoricalHead(nn.Module):
@@ -224,6 +221,8 @@ class CategoricalHead(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array) -> distrax.Distribution:
+        from jaxrl.categorical import Categorical  # here, not at the top: start-up time
+
         # Small final-layer scale: the initial policy is near uniform (Andrychowicz et al., 2021).
         logits = Dense(self.num_actions, kernel_init=orthogonal(0.01))(x)
         return Categorical(logits=logits)
@@ -237,6 +236,8 @@ class GaussianHead(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array) -> distrax.Distribution:
+        import distrax  # here, not at the top: start-up time
+
         mean = Dense(self.action_dim, kernel_init=orthogonal(0.01))(x)
         log_std = self.param(
             "log_std", nn.initializers.constant(self.init_log_std), (self.action_dim,)

@@ -5,58 +5,50 @@ written by `rlds_builder`, found by `locate`, read back by `rlds_reader` and fla
 `transitions` for a learner. `step_batches` gives a training run's deterministic, resumable
 per-step batches of a tokenised dataset."""
 
-from jaxrl.data.episodes import EpisodeDataError
-from jaxrl.data.locate import (
-    CorruptDatasetError,
-    DatasetNotFoundError,
-    dataset_path,
-    load_dataset_info,
-)
-from jaxrl.data.preferences import (
-    PreferenceDataError,
-    PreferenceRows,
-    batches,
-    build_preference_dataset,
-    load_preference_split,
-    read_preference_jsonl,
-    tokenize_preferences,
-    tokenize_sft,
-)
-from jaxrl.data.rlds_builder import build_episode_dataset
-from jaxrl.data.rlds_reader import load_episodes
-from jaxrl.data.transitions import (
-    Transitions,
-    episodes_to_transitions,
-    load_transitions,
-    normalized_score,
-    sample_batch,
-    sample_indices,
-    to_device,
-)
-from jaxrl.data.transitions import batches as transition_batches
+from __future__ import annotations
 
-__all__ = [
-    "CorruptDatasetError",
-    "DatasetNotFoundError",
-    "EpisodeDataError",
-    "PreferenceDataError",
-    "PreferenceRows",
-    "Transitions",
-    "batches",
-    "build_episode_dataset",
-    "build_preference_dataset",
-    "dataset_path",
-    "episodes_to_transitions",
-    "load_dataset_info",
-    "load_episodes",
-    "load_preference_split",
-    "load_transitions",
-    "normalized_score",
-    "read_preference_jsonl",
-    "sample_batch",
-    "sample_indices",
-    "to_device",
-    "tokenize_preferences",
-    "tokenize_sft",
-    "transition_batches",
-]
+from typing import Any
+
+# {public name: (the module of `jaxrl.data` that defines it, its name there)}. A name's module is
+# imported when the name is first used: most of them import tensorflow-datasets, a good part of a
+# second at every start that a language-model script's --help or mistyped flag need not wait for.
+_MODULES = {
+    "EpisodeDataError": ("episodes", "EpisodeDataError"),
+    "CorruptDatasetError": ("locate", "CorruptDatasetError"),
+    "DatasetNotFoundError": ("locate", "DatasetNotFoundError"),
+    "dataset_path": ("locate", "dataset_path"),
+    "load_dataset_info": ("locate", "load_dataset_info"),
+    "PreferenceDataError": ("preferences", "PreferenceDataError"),
+    "PreferenceRows": ("preferences", "PreferenceRows"),
+    "batches": ("preferences", "batches"),
+    "build_preference_dataset": ("preferences", "build_preference_dataset"),
+    "load_preference_split": ("preferences", "load_preference_split"),
+    "read_preference_jsonl": ("preferences", "read_preference_jsonl"),
+    "tokenize_preferences": ("preferences", "tokenize_preferences"),
+    "tokenize_sft": ("preferences", "tokenize_sft"),
+    "build_episode_dataset": ("rlds_builder", "build_episode_dataset"),
+    "load_episodes": ("rlds_reader", "load_episodes"),
+    "Transitions": ("transitions", "Transitions"),
+    "episodes_to_transitions": ("transitions", "episodes_to_transitions"),
+    "load_transitions": ("transitions", "load_transitions"),
+    "normalized_score": ("transitions", "normalized_score"),
+    "sample_batch": ("transitions", "sample_batch"),
+    "sample_indices": ("transitions", "sample_indices"),
+    "to_device": ("transitions", "to_device"),
+    "transition_batches": ("transitions", "batches"),
+}
+
+__all__ = sorted(_MODULES)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MODULES:
+        import importlib
+
+        module, attribute = _MODULES[name]
+        return getattr(importlib.import_module(f"jaxrl.data.{module}"), attribute)
+    raise AttributeError(f"module 'jaxrl.data' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -20,8 +20,6 @@ import os
 import re
 from typing import Any
 
-import tensorflow_datasets as tfds
-
 __all__ = [
     "CorruptDatasetError",
     "DatasetNotFoundError",
@@ -219,6 +217,8 @@ def open_builder(path: str) -> Any:
                 f"{os.path.join(path, required)}: missing, so the dataset in {path} is corrupted; "
                 "delete it and rebuild it"
             )
+    import tensorflow_datasets as tfds  # here, not at the top: start-up time
+
     try:
         builder = tfds.builder_from_directory(path)
         builder.info.splits  # noqa: B018  (parses the split metadata now, not at first read)

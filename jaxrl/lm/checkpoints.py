@@ -27,7 +27,6 @@ from typing import Any, NoReturn
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 
 from jaxrl.config import ConfigError, fail
 from jaxrl.lm import ByteTokenizer, Tokenizer, load_tokenizer, training
@@ -509,6 +508,8 @@ REWARD_HEAD = "reward"  # model.json's "head" of reward_model.py's runs
 
 def save_params(run_dir: RunDirectory, params: Any) -> None:
     """Save the final parameters to the run's `params/` (where `initial_params` finds them)."""
+    import orbax.checkpoint as ocp  # here, not at the top: start-up time
+
     path = os.path.abspath(run_dir.file(PARAMS_DIR))
     with ocp.StandardCheckpointer() as checkpointer:
         checkpointer.save(path, params, force=True)
@@ -517,6 +518,8 @@ def save_params(run_dir: RunDirectory, params: Any) -> None:
 def read_saved_params(path: str) -> Any:
     """The parameters saved at `path` (a run's params/) as they were saved: their structure and
     dtypes, on one device (what a finished run called again hands back)."""
+    import orbax.checkpoint as ocp  # here, not at the top: start-up time
+
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
 
     def as_saved(tree: Any) -> Any:

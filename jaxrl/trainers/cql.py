@@ -23,13 +23,6 @@ import numpy as np
 from algos import bc, cql
 from jaxrl import hparams, loop, retention, runner
 from jaxrl.config import ConfigError, build_config, fail, is_finite_number
-from jaxrl.data import (
-    CorruptDatasetError,
-    DatasetNotFoundError,
-    load_dataset_info,
-    load_transitions,
-    normalized_score,
-)
 from jaxrl.trainers import base
 from jaxrl.types import Transition
 
@@ -45,6 +38,14 @@ def load_dataset(flat: Any, config: cql.Config) -> tuple[Transition, dict[str, A
             "experiments/collect.py (e.g. --config.dataset.path=data/pendulum_v1/medium/1.0.0) "
             "or a TFDS name with --config.dataset.data_dir"
         )
+    # Here, not at the top: jaxrl.data's readers import tensorflow-datasets (start-up time).
+    from jaxrl.data import (
+        CorruptDatasetError,
+        DatasetNotFoundError,
+        load_dataset_info,
+        load_transitions,
+    )
+
     path = os.path.expanduser(section.path)
     data_dir = os.path.expanduser(section.data_dir) if section.data_dir else None
     try:
@@ -98,6 +99,8 @@ def train(flat: Any, workdir: str | None, seeds: Any, kill_after_chunk: int | No
     """Train CQL (`config`: experiments/configs/cql.py's, default preset pendulum; its
     dataset.path names the RLDS dataset) for `num_seeds` seeds from PRNGKey(`seed`) in `workdir`,
     and behaviour cloning beside it; returns CQL's final states and the summary."""
+    from jaxrl.data import normalized_score  # here, not at the top: start-up time (tfds)
+
     config = build_config(cql.Config, flat)
     num_seeds, init_keys, eval_keys = seeds.count, seeds.init_keys, seeds.eval_keys
     for name in ("random_return", "expert_return"):

@@ -21,7 +21,6 @@ from algos import sft
 from envs.text import protocol  # the tasks: imported at start, as a run needs them
 from jaxrl import runner, sharding
 from jaxrl.config import ConfigError, fail
-from jaxrl.data import tokenize_sft
 from jaxrl.data.chat import (
     ASSISTANT_TURNS,
     ChatDataError,
@@ -89,6 +88,8 @@ def task_data(run: lm_runs.Setup) -> SftData:
         split: ([row["prompt"] for row in rows], [row["completion"] for row in rows])
         for split, rows in rows.items()
     }
+    from jaxrl.data.preferences import tokenize_sft  # here, not at the top: start-up time (tfds)
+
     lengths = lm_runs.task_lengths(section)
     try:
         # A cut prompt is another question (e.g. "rev 123=" cut to "23="): too short a length is

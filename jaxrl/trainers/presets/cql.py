@@ -35,7 +35,7 @@ def get_config(preset: str = "pendulum") -> ml_collections.ConfigDict:
         return ml_collections.FieldReference(None, field_type=field_type)
 
     config = config_dict(
-        cql.Config(),
+        cql.Config,
         preset_of(PRESETS, preset),
         dataset=ml_collections.ConfigDict(
             dict(path=optional(str), data_dir=optional(str), split="train")  # path is required

@@ -41,4 +41,4 @@ def get_config(preset: str = "mappo_spread") -> ml_collections.ConfigDict:
     section."""
     from algos import mappo
 
-    return config_dict(mappo.Config(), preset_of(PRESETS, preset))
+    return config_dict(mappo.Config, preset_of(PRESETS, preset))

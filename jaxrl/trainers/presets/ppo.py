@@ -89,4 +89,4 @@ def get_config(preset: str = "cartpole") -> ml_collections.ConfigDict:
     section."""
     from algos import ppo
 
-    return config_dict(ppo.Config(), preset_of(PRESETS, preset))
+    return config_dict(ppo.Config, preset_of(PRESETS, preset))

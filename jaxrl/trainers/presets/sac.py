@@ -49,7 +49,7 @@ def get_config(preset: str = "pendulum") -> ml_collections.ConfigDict:
     from algos import sac
 
     config = config_dict(
-        sac.Config(),
+        sac.Config,
         preset_of(PRESETS, preset),
         run=run_section(log_every=250),  # updates per metrics row
     )
