@@ -309,9 +309,26 @@ def defines(module: str, name: str) -> bool:
             targets = [t.id for t in node.targets if isinstance(t, ast.Name)]
             if name in targets:
                 return True
-            if "__all__" in targets and name in ast.literal_eval(node.value):
+            if "__all__" in targets and name in exported(tree, node.value):
                 return True
     return False
+
+
+def exported(tree: ast.Module, value: ast.expr) -> Any:
+    """The names of a module's `__all__`: a literal list, or `sorted(_MODULES)` over a dict
+    literal of the names a lazy package (envs, jaxrl.data) imports at first use."""
+    try:
+        return ast.literal_eval(value)
+    except ValueError:
+        pass
+    if isinstance(value, ast.Call) and value.args and isinstance(value.args[0], ast.Name):
+        for node in tree.body:
+            named = isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == value.args[0].id for t in node.targets
+            )
+            if named:
+                return ast.literal_eval(node.value)
+    return ()
 
 
 def expand(name: str) -> list[str]:
