@@ -19,7 +19,7 @@ from __future__ import annotations
 import jaxrl  # noqa: F401
 # isort: on
 
-from typing import Any
+from jaxrl import lazy
 
 # {public name: the module of `envs` that defines it}
 _MODULES = {
@@ -60,14 +60,4 @@ _MODULES = {
 
 __all__ = sorted(_MODULES)
 
-
-def __getattr__(name: str) -> Any:
-    if name in _MODULES:
-        import importlib
-
-        return getattr(importlib.import_module(f"envs.{_MODULES[name]}"), name)
-    raise AttributeError(f"module 'envs' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy.exports(__name__, _MODULES)

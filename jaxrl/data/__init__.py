@@ -7,7 +7,7 @@ per-step batches of a tokenised dataset."""
 
 from __future__ import annotations
 
-from typing import Any
+from jaxrl import lazy
 
 # {public name: (the module of `jaxrl.data` that defines it, its name there)}. A name's module is
 # imported when the name is first used: most of them import tensorflow-datasets, a good part of a
@@ -40,15 +40,4 @@ _MODULES = {
 
 __all__ = sorted(_MODULES)
 
-
-def __getattr__(name: str) -> Any:
-    if name in _MODULES:
-        import importlib
-
-        module, attribute = _MODULES[name]
-        return getattr(importlib.import_module(f"jaxrl.data.{module}"), attribute)
-    raise AttributeError(f"module 'jaxrl.data' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy.exports(__name__, _MODULES)
