@@ -70,27 +70,29 @@ class Config(ppo.TrainingConfig):
     samples_per_update: ClassVar[str] = "num_envs * rollout_length * num_agents"
 
     def __post_init__(self) -> None:
-        # The environment first: the shared checks count samples per agent.
+        # The checks that need no environment first, then the environment, then the shared
+        # checks: they count samples per agent, and counting agents builds the environment
+        # (importing JaxMARL takes seconds; a mistyped critic should not wait for it).
         require(
             self.env_name in multi_agent.registered(),
             "env_name",
             f"{self.env_name!r} is not a multi-agent environment jaxrl runs",
             f"choose one of {multi_agent.registered()}",
         )
-        super().__post_init__()
-        require_non_negative(self, "reward_shaping_horizon")
         require(
             self.critic in CRITICS,
             "critic",
             f"unknown critic {self.critic!r}",
             f"choose one of {list(CRITICS)} (IPPO, MAPPO)",
         )
+        require_non_negative(self, "reward_shaping_horizon")
         require(
             self.reward_shaping_horizon == 0 or multi_agent.has_shaped_reward(self.env_name),
             "reward_shaping_horizon",
             f"{self.env_name!r} has no shaping reward, so the horizon would be ignored",
             "set reward_shaping_horizon=0, or choose a jaxmarl:overcooked_* environment",
         )
+        super().__post_init__()
 
     @property
     def num_agents(self) -> int:

@@ -479,17 +479,24 @@ def command(script: str, arguments: str, workdir: str) -> list[str]:
     return [sys.executable, os.path.join("experiments", script), *arguments.split(), *extra]
 
 
-# Scripts whose configs name a gymnax (or gymnax-backed) environment: gymnax loads when the name
-# is checked, not at start-up.
-GYMNAX_SCRIPTS = ("ppo.py", "sac.py", "cql.py", "mappo.py", "collect.py")
+# The environment families each control script's config checks import: gymnax (or JaxMARL,
+# which builds on it, for mappo.py: its shared checks count samples per agent, and counting
+# agents builds the environment) loads when a config is checked, not at start-up.
+ENV_IMPORTS = {
+    "ppo.py": "gymnax",
+    "sac.py": "gymnax",
+    "cql.py": "gymnax",
+    "mappo.py": "gymnax, jaxmarl",
+    "collect.py": "gymnax",
+}
 
 
 def bare_start(script: str) -> list[str]:
     """The command whose time bounds a script's cases: its `--helpfull` (every import, flag
-    parsing, nothing else), with gymnax imported first where its configs name an environment."""
-    if script not in GYMNAX_SCRIPTS:
+    parsing, nothing else), with the environment family its config checks import loaded first."""
+    if script not in ENV_IMPORTS:
         return [sys.executable, f"experiments/{script}", "--helpfull"]
-    run = f"import gymnax, runpy, sys; sys.argv = ['{script}', '--helpfull']; "
+    run = f"import {ENV_IMPORTS[script]}, runpy, sys; sys.argv = ['{script}', '--helpfull']; "
     run += f"runpy.run_path('experiments/{script}', run_name='__main__')"
     return [sys.executable, "-c", run]
 
@@ -542,8 +549,8 @@ def test_bad_input_is_one_line_exit_2_nothing_written(outcomes, index):
 
 def start_time(results: dict, script: str) -> float:
     """A script's start (`bare:`): `--helpfull`, which imports everything but the environment
-    family a config names; for the control scripts with gymnax imported first, as every case
-    that checks an environment's name imports it."""
+    family a config names; for the control scripts with that family imported first
+    (ENV_IMPORTS), as the cases that check an environment import it."""
     _, seconds = results[f"bare:{script}"]
     return seconds
 
