@@ -42,6 +42,7 @@ from jaxrl import sharding
 from jaxrl.config import require, require_positive
 from jaxrl.hparams import HParams, static, swept
 from jaxrl.lm import training
+from jaxrl.lm.log_probs import LogProbPass
 from jaxrl.lm.model import ModelConfig, Transformer
 from jaxrl.lm.sampler import Sampling, generate, require_sampling
 from jaxrl.loop import Algorithm
@@ -76,6 +77,11 @@ class Config(dpo.Config):
     dynamic_sampling: bool = False
     oversample_factor: int = 2
     warn_no_signal_updates: int = 3
+    # Each pair's two completions follow the same prompt: with shared_prompt the policy's and the
+    # reference's passes run each pair as one sequence, its prompt once and both completions
+    # after it (`score_pairs_sharing_prompt`), prompt fewer tokens a pair; the same loss and
+    # gradients up to rounding. Off by default, as GRPO's: rounding alone redraws a run.
+    shared_prompt: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -137,6 +143,38 @@ def best_and_worst(scores: Array) -> tuple[Array, Array, Array]:
     return chosen, rejected, weight
 
 
+def score_pairs_sharing_prompt(
+    model: Transformer, params: Any, batch: dict[str, Array], new_tokens: int
+) -> dict[str, Array]:
+    """`dpo.score_pairs` of sampled pairs, whose sides are [prompt | completion] rows with the
+    same left-padded prompt in their first columns and `new_tokens` completion columns after it:
+    each pair runs as one sequence, [prompt, chosen, rejected], the prompt once
+    (`LogProbPass(2)`), each completion attending to the prompt and to itself. The same summed
+    log-probs and lengths of the loss-masked tokens, up to rounding."""
+    total = batch["chosen_tokens"].shape[1]
+
+    def interleaved(name: str) -> Array:
+        """[pairs, total] x 2 -> [2 x pairs, total]: rows chosen 0, rejected 0, chosen 1, ..."""
+        both = jnp.stack([batch[f"chosen_{name}"], batch[f"rejected_{name}"]], axis=1)
+        return both.reshape(-1, total)
+
+    scored = interleaved("loss_mask")[:, -new_tokens:]
+    rows = {
+        "tokens": interleaved("tokens"),
+        "attention_mask": interleaved("attention_mask"),
+        "completion_mask": scored,
+    }
+    log_probs, _ = LogProbPass(2)(model, params, rows, 1.0)
+    sums = jnp.sum(log_probs * scored, axis=1).reshape(-1, 2)
+    lengths = scored.sum(axis=1).astype(jnp.float32).reshape(-1, 2)
+    return {
+        "chosen": sums[:, 0],
+        "rejected": sums[:, 1],
+        "chosen_length": lengths[:, 0],
+        "rejected_length": lengths[:, 1],
+    }
+
+
 class Inputs(NamedTuple):
     """What one update reads besides its state: the reference's parameters (the SFT model; unused
     by SimPO), the reward model's (None: the task's reward) and the task's `data`."""
@@ -173,11 +211,19 @@ def make(
             "online DPO", config.warn_no_signal_updates, "tied_fraction", config.dynamic_sampling
         )
 
+    if config.shared_prompt:
+        new_tokens = config.sampling.max_new_tokens
+
+        def score_pairs(model: Transformer, params: Any, batch: dict[str, Array]):
+            return score_pairs_sharing_prompt(model, params, batch, new_tokens)
+    else:
+        score_pairs = dpo.score_pairs
+
     def loss_fn(params: Any, batch: dict[str, Array], hp: HParams, reference_params: Any):
         """dpo.py's loss, averaged over the pairs that carry a preference (weight 1)."""
-        policy = dpo.score_pairs(transformer, params, batch)
+        policy = score_pairs(transformer, params, batch)
         if config.uses_reference:
-            reference = dpo.score_pairs(transformer, jax.lax.stop_gradient(reference_params), batch)
+            reference = score_pairs(transformer, jax.lax.stop_gradient(reference_params), batch)
         else:
             reference = {side: jnp.zeros_like(policy[side]) for side in ("chosen", "rejected")}
         losses, chosen_reward, rejected_reward = dpo.preference_loss(

@@ -260,6 +260,36 @@ def test_a_group_shares_its_prompt_prefill():
     assert len({tuple(row) for row in np.asarray(shared.tokens[:group])}) > 1
 
 
+def test_pass_at_k_samples_share_each_prompt_and_keep_their_draws():
+    # sampled_completions (the held-out pass@k samples) prefills each of 13 prompts once for its
+    # 4 samples; batch i of 16 rows (4 prompts; the last wraps round) still draws with
+    # fold_in(key, i), so the texts are those of sampling the repeated prompts row by row.
+    from jaxrl.lm.completions import sampled_completions
+    from jaxrl.sharding import make_mesh
+
+    class Digits:
+        def decode(self, ids):
+            return " ".join(map(str, ids))
+
+    prompts = np.asarray(jax.random.randint(jax.random.key(1), (13, 5), 3, CONFIG.vocab_size))
+    mask = np.ones_like(prompts, bool)
+    mask[3, :2] = False
+    config = SamplingConfig(max_new_tokens=5, eos_id=EOS, pad_id=PAD, temperature=1.0)
+    params = init_params(CONFIG, jax.random.key(0))
+    key = jax.random.key(7)
+    got = sampled_completions(
+        CONFIG, params, Digits(), prompts, mask, config, 4, key, make_mesh(), 16
+    )
+    rows = np.repeat(np.arange(13), 4)
+    sample = jax.jit(lambda p, t, m, k: generate(CONFIG, p, t, m, k, config))
+    texts = []
+    for index, start in enumerate(range(0, len(rows), 16)):
+        chosen = rows[np.arange(start, start + 16) % len(rows)]
+        out = sample(params, prompts[chosen], mask[chosen], jax.random.fold_in(key, index))
+        texts += [Digits().decode(t[m]) for t, m in zip(out.tokens, out.mask, strict=True)]
+    assert got == [texts[4 * i : 4 * i + 4] for i in range(13)]
+
+
 def test_decode_row_buckets_sample_what_decoding_every_row_samples():
     # 16 rows, half of which end (EOS) at different steps: with 4 row buckets the decode steps
     # gather the rows still sampling into 12 or 8 rows, and the samples are the same.

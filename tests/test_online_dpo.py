@@ -6,10 +6,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from algos import online_dpo, reward_model
+from algos import dpo, online_dpo, reward_model
 from jaxrl import hparams, loop
 from jaxrl.config import ConfigError, from_flat
-from jaxrl.lm.model import init_params
+from jaxrl.lm.model import Transformer, init_params
 from jaxrl.lm.sampler import Sampling
 from tests.test_grpo import TEXT_TASK, TINY
 from tests.test_ppo_lm import MODEL, SEEDS, fine_tuned  # noqa: F401  (a fixture)
@@ -93,6 +93,65 @@ def test_sampling_ranking_and_update_are_one_compiled_program():
     assert metrics["tied_fraction"][0] == 0.0  # a random reward model never ties
     assert metrics["grad_norm"][0] > 0 and np.isclose(metrics["loss"][0], np.log(2), atol=1e-4)
     assert not np.allclose(jax.tree.leaves(new_state.params)[0], jax.tree.leaves(lm)[0])
+
+
+def test_a_pair_sharing_its_prompt_scores_as_two_rows():
+    """score_pairs_sharing_prompt (each pair one sequence, its prompt once) gives dpo.score_pairs'
+    summed log-probs and lengths, a tied pair's zeroed loss masks included."""
+    prompt, new = 5, 4
+    pairs = 3
+    key = jax.random.key(0)
+    params = init_params(TINY, key)
+    tokens = jax.random.randint(key, (pairs, 2, prompt + new), 3, TINY.vocab_size)
+    tokens = tokens.at[:, 1, :prompt].set(tokens[:, 0, :prompt])  # one prompt per pair
+    mask = np.ones((pairs, 2, prompt + new), bool)
+    mask[0, :, :2] = False  # a left-padded prompt
+    mask[1, 0, -1:] = False  # a completion that ended early
+    loss_mask = mask.copy()
+    loss_mask[:, :, :prompt] = False
+    loss_mask[2] = False  # a tied pair: nothing scored
+    batch = {}
+    for index, side in enumerate(("chosen", "rejected")):
+        batch[f"{side}_tokens"] = tokens[:, index]
+        batch[f"{side}_attention_mask"] = jnp.asarray(mask[:, index])
+        batch[f"{side}_loss_mask"] = jnp.asarray(loss_mask[:, index])
+    transformer = Transformer(TINY)
+    want = dpo.score_pairs(transformer, params, batch)
+    got = online_dpo.score_pairs_sharing_prompt(transformer, params, batch, new)
+    for name in ("chosen", "rejected", "chosen_length", "rejected_length"):
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("loss_type", dpo.LOSS_TYPES)
+def test_shared_prompt_update_equals_the_per_row_update(loss_type):
+    """One update (ranked by a reward model, so no pair is tied; two micro-batches) with
+    shared_prompt gives the per-row update's loss, metrics and parameters up to rounding."""
+    lm = init_params(TINY, jax.random.key(0))
+    reward = reward_model.init_params(lm, TINY, jax.random.key(1))
+    results = []
+    for shared in (False, True):
+        config = online_dpo.Config(
+            batch_size=4,
+            num_samples=3,
+            grad_accum_steps=2,
+            sampling=Sampling(max_new_tokens=4),
+            learning_rate=1e-3,
+            loss_type=loss_type,
+            shared_prompt=shared,
+        )
+        algorithm = online_dpo.make(config, TINY, TEXT_TASK, lm, reward_model_config=TINY)
+        hp = hparams.hparams(config)
+        state = algorithm.init(jax.random.key(2), hp)
+        results.append(jax.jit(algorithm.update)(state, online_dpo.Inputs(lm, reward), hp))
+    (per_row, per_row_metrics), (shared, shared_metrics) = results
+    for name in ("loss", "chosen_log_prob", "rejected_log_prob", "reward_margin", "grad_norm"):
+        np.testing.assert_allclose(
+            shared_metrics[name], per_row_metrics[name], rtol=1e-5, atol=1e-5, err_msg=name
+        )
+    # GRPO's shared-prompt tests' tolerance: Adam's first step moves each weight by about the
+    # learning rate whatever the gradient's size, so rounding in a near-zero gradient shows.
+    for a, b in zip(jax.tree.leaves(shared.params), jax.tree.leaves(per_row.params), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5)
 
 
 def test_online_dpo_raises_the_answer_reward_of_a_briefly_fine_tuned_policy(fine_tuned):  # noqa: F811

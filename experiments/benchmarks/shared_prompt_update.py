@@ -7,9 +7,11 @@ The default shape is the `grpo.py:word_problems` preset's update: SmolLM2-135M's
 weights, fp32), 8 prompts x 8 samples, grad_accum_steps 4 (micro-batches of 2 groups), prompts
 of 96 tokens (the preset's two worked examples and a problem run 90-100), 12 new tokens. The
 task is `memory_plan.fixed_length_task`'s: prompts of exactly --prompt random tokens, EOS an id
-no sample is, so every completion runs all its tokens (what random weights do anyway).
+no sample is, so every completion runs all its tokens (what random weights do anyway). Each arm runs
+1 + --repeats successive updates from the same start (the first compiles; the time is the
+median of the others), and the parameter gap is the two arms' after the last of them.
 
-    python experiments/benchmarks/shared_prompt_update.py --repeats 1
+    python experiments/benchmarks/shared_prompt_update.py --repeats 2   # 3 updates an arm
     python experiments/benchmarks/shared_prompt_update.py --model tiny --repeats 5
 
 The machine's load average is printed before and after: on a shared host the times move with it.
@@ -41,18 +43,22 @@ def training_tokens(config, prompt: int, passes: int) -> dict[str, int]:
     return {"per_pass": per_pass, "per_update": passes * per_pass}
 
 
-def timed(fn, repeats: int) -> tuple[float, float, object]:
-    """(seconds of the first call, median seconds of `repeats` more calls, the last result)."""
+def timed(fn, repeats: int, carry=None) -> tuple[float, float, object]:
+    """(seconds of the first call, median seconds of `repeats` more calls, the last result).
+    With `carry`, each call takes the one before's result (`fn(carry)`): successive updates."""
     import jax
     import numpy as np
 
+    def call(previous):
+        return fn(previous) if carry is not None else fn()
+
     start = time.perf_counter()
-    result = jax.block_until_ready(fn())
+    result = jax.block_until_ready(call(carry))
     first = time.perf_counter() - start
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        result = jax.block_until_ready(fn())
+        result = jax.block_until_ready(call(result))
         times.append(time.perf_counter() - start)
     return first, float(np.median(times)), result
 
@@ -98,12 +104,14 @@ def main() -> None:
     passes = 1 + int(today.reuses_samples)  # no reference: the preset's kl_beta is 0
 
     def measure(config):
-        """(the arm's figures, its parameters after one update)."""
+        """(the arm's figures, its parameters after 1 + repeats successive updates)."""
         learner = grpo.learner(config, model, task, params)
         algorithm = grpo.make(config, model, task, params)
         state = algorithm.init(jax.random.key(2), hp)
         update = jax.jit(algorithm.update)
-        first, seconds, (after, _) = timed(lambda: update(state, None, hp), args.repeats)
+        first, seconds, (after, _) = timed(
+            lambda previous: update(previous[0], None, hp), args.repeats, carry=(state, None)
+        )
         optimize = jax.jit(learner.make_optimize(False))
         steps_first, steps_seconds, _ = timed(
             lambda: optimize(state, batch, hp, jax.random.key(3), state.params, None),
@@ -147,7 +155,8 @@ def main() -> None:
         / shared["optimizer_steps_seconds"],
         token_ratio=per_row["training_tokens"]["per_update"]
         / shared["training_tokens"]["per_update"],
-        max_parameter_gap_after_one_update=gap,
+        updates=1 + args.repeats,
+        max_parameter_gap=gap,
         load_average_before=load_before,
         load_average_after=os.getloadavg(),
         device=str(jax.devices()[0]),
@@ -156,8 +165,8 @@ def main() -> None:
         f"{args.model}, {args.batch_size} x {args.group_size}, prompt {args.prompt}, new "
         f"{args.new}, grad_accum_steps {args.grad_accum_steps}: {summary['token_ratio']:.1f}x "
         f"fewer training tokens; update {summary['update_speedup']:.2f}x faster, optimizer "
-        f"steps {summary['optimizer_steps_speedup']:.2f}x; max |parameter gap| after one "
-        f"update {gap:.2e}; load average {load_before[0]:.1f} before, "
+        f"steps {summary['optimizer_steps_speedup']:.2f}x; max |parameter gap| after "
+        f"{1 + args.repeats} updates {gap:.2e}; load average {load_before[0]:.1f} before, "
         f"{summary['load_average_after'][0]:.1f} after (1 min)"
     )
     if args.out:

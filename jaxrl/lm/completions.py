@@ -73,10 +73,10 @@ def greedy_completions(
 
 
 @functools.lru_cache(maxsize=8)
-def _sampler(model: ModelConfig, sampling: SamplingConfig, mesh: Any) -> Callable:
-    """One jitted sampler per (model, sampling, mesh), its key an argument."""
+def _sampler(model: ModelConfig, sampling: SamplingConfig, mesh: Any, group_size: int) -> Callable:
+    """One jitted sampler per (model, sampling, mesh, samples per prompt), its key an argument."""
     return jax.jit(
-        lambda p, t, m, k: generate(model, p, t, m, k, sampling, mesh),
+        lambda p, t, m, k: generate(model, p, t, m, k, sampling, mesh, group_size=group_size),
         out_shardings=sharding.replicated(mesh),
     )
 
@@ -94,19 +94,21 @@ def sampled_completions(
     batch_size: int = 256,
 ) -> list[list[str]]:
     """`num_samples` decoded completions of every left-padded prompt sampled with `sampling`
-    (for pass@k), `batch_size` rows at a time; batch i draws with `fold_in(key, i)`, so the same
-    key gives the same samples (a resumed run's evaluation is the uninterrupted run's)."""
-    run = _sampler(model, sampling, mesh)
+    (for pass@k), about `batch_size` rows (batch_size // num_samples prompts) at a time; batch i
+    draws with `fold_in(key, i)`, so the same key gives the same samples (a resumed run's
+    evaluation is the uninterrupted run's). Each prompt is prefilled once and its cache shared
+    by its samples (`generate`'s group_size): the samples of repeating each prompt num_samples
+    times, a prompt's computation once."""
+    run = _sampler(model, sampling, mesh, num_samples)
     n = len(prompt_tokens)
-    rows = np.repeat(np.arange(n), num_samples)  # prompt of each sample
-    batch_size = batch_for_mesh(min(batch_size, len(rows)), mesh)
+    prompts = batch_for_mesh(min(max(1, batch_size // num_samples), n), mesh)
     texts: list[str] = []
-    for index, start in enumerate(range(0, len(rows), batch_size)):
-        chosen = rows[np.arange(start, start + batch_size) % len(rows)]
+    for index, start in enumerate(range(0, n, prompts)):
+        chosen = np.arange(start, start + prompts) % n
         tokens = sharding.shard_batch(prompt_tokens[chosen], mesh)
         mask = sharding.shard_batch(prompt_mask[chosen], mesh)
         out = jax.device_get(run(params, tokens, mask, jax.random.fold_in(key, index)))
-        for row in range(min(batch_size, len(rows) - start)):
+        for row in range(min(prompts, n - start) * num_samples):
             texts.append(tokenizer.decode(out.tokens[row][out.mask[row]]))
     return [texts[i * num_samples : (i + 1) * num_samples] for i in range(n)]
 

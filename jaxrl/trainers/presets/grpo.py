@@ -35,12 +35,15 @@ PRESETS = {
     # by the final number; make the file first (README: "GRPO on a real model"). 12 new tokens
     # hold "14 - 8 = 6" and stop before the model starts a next "Question:" whose numbers the
     # reward would read; micro-batches of 16 completions keep the backward pass near 5 GB.
+    # Each group's prompt (two worked examples, about 96 tokens against 12 new ones) runs once
+    # per log-prob pass, not once per completion: 1,536 training tokens an update, not 6,912.
     "word_problems": dict(
         num_steps=20,
         batch_size=8,
         group_size=8,
         grad_accum_steps=4,
         max_new_tokens=12,
+        shared_prompt=True,
         task=dict(train_jsonl="data/word_problems.jsonl", num_eval=200),
     ),
     # Long-tailed completion lengths (1 to 32 digits, mean 9.8), the task of partial rollouts
