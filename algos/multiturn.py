@@ -22,7 +22,8 @@ Each update, for `batch_size` games drawn from the environment (one reset key ea
 3. The clipped policy-gradient loss of GRPO (`grpo.policy_loss`) over the policy's own tokens
    only; the environment's tokens are context and carry no loss. Old log-probs are recomputed
    by one forward pass over the recorded conversations (`dialogue.policy_log_probs` gives the
-   sampler's log-probs again).
+   sampler's log-probs again). With `shared_prompt` every pass runs each game's opening once,
+   its group_size episodes' turns packed after it (`dialogue.shared_opening_logits`).
 
 How generation meets training is the rollout passed to `make` (`algos.rollouts`): `Sync()` by
 default, `algos.partial.Partial` (conversations carried across updates, its budget in turns:
@@ -61,6 +62,15 @@ class Config(grpo.GroupConfig):
 
     credit: str = "episode"  # "episode" (the return) or "turn" (discounted return per turn)
     gamma: float = swept(1.0)  # the per-turn discount of credit="turn"
+    # A game's group_size episodes share their opening (the same reset): each group's opening
+    # runs through the model once per pass (the loss's forward and backward, the old policy's,
+    # the reference's), its episodes' turns packed after it (`dialogue.PolicyPass`): the same
+    # update up to rounding, with opening x (group_size - 1) fewer slots per game. Minibatches
+    # then shuffle whole games (with num_minibatches > 1 a different draw of which episodes step
+    # together), and every micro-batch must hold whole games on each batch shard. Off by
+    # default: the packed attention grows with (opening + group_size x turns)^2, so it is
+    # slower where the turns outweigh the opening (the guess_my_number preset: docs/multiturn.md).
+    shared_prompt: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -84,6 +94,7 @@ class Config(grpo.GroupConfig):
             "use grpo, dr_grpo, dapo or rloo",
         )
         require(self.lora_rank == 0, "lora_rank", "LoRA is not built for multi-turn yet", "use 0")
+        optimizer_steps.validate_shared_prompt(self)
 
 
 # --- credit over turns ---------------------------------------------------------------------------
@@ -136,15 +147,36 @@ def token_advantages(per_turn: Array, turn_index: Array, valid: Array) -> Array:
 # --- the loss ---------------------------------------------------------------------------------
 
 
-def policy_logits_of(model: Transformer, params: Any, batch: dict[str, Array]) -> Array:
-    """`dialogue.policy_logits` on a batch of recorded conversations."""
-    return dialogue.policy_logits(
+def policy_logits_of(
+    model: Transformer,
+    params: Any,
+    batch: dict[str, Array],
+    policy_pass: dialogue.PolicyPass = dialogue.PER_EPISODE,
+) -> Array:
+    """The policy tokens' logits of a batch of recorded conversations, by `policy_pass`
+    (every episode over its own slots, or each game's opening once)."""
+    return policy_pass(
         model, params, batch["tokens"], batch["positions"], batch["mask"], batch["predictors"]
     )
 
 
+def choose_policy_pass(config: Config, env: Any) -> dialogue.PolicyPass:
+    """The pass config.shared_prompt chooses over `env`'s conversations: each game's opening
+    once (the slots before `dialogue.turn_slots`), or every episode's own."""
+    if not config.shared_prompt:
+        return dialogue.PER_EPISODE
+    turns = dialogue.turn_slots(
+        env.max_turns, config.sampling.max_new_tokens, env.max_message_tokens
+    )
+    return dialogue.PolicyPass(config.group_size, turns)
+
+
 def make_loss(
-    model: Transformer, config: Config, capacity: int, behaviour_clip: bool = False
+    model: Transformer,
+    config: Config,
+    capacity: int,
+    behaviour_clip: bool = False,
+    policy_pass: dialogue.PolicyPass = dialogue.PER_EPISODE,
 ) -> Callable[..., tuple]:
     """`loss_fn(params, batch, hparams) -> (loss, metrics)` over a batch of conversations: the
     recorded slots (tokens, mask, positions [N, S]), the policy's tokens gathered (predictors,
@@ -152,12 +184,13 @@ def make_loss(
     [N, K] when samples are reused; behaviour_log_probs [N, K] when the episodes are older than
     the proximal policy; sampler_log_probs and fresh_mask [N, K] for the logprob_mismatch
     metrics. With behaviour_log_probs in the batch, `behaviour_clip` is `grpo.policy_loss`'s.
+    `policy_pass` computes the logits (`policy_logits_of`).
     """
     config = static(config)
     spec = config.spec
 
     def loss_fn(params: Any, batch: dict[str, Array], hp: HParams):
-        logits = policy_logits_of(model, params, batch)
+        logits = policy_logits_of(model, params, batch, policy_pass)
         log_probs, entropy = log_probs_and_entropy(
             logits, batch["targets"], config.sampling.temperature
         )
@@ -286,20 +319,28 @@ def make_rollout(
 
 
 def make_optimize(
-    transformer: Transformer, loss_fn: Callable, config: Config, mesh: Any
+    transformer: Transformer,
+    loss_fn: Callable,
+    config: Config,
+    mesh: Any,
+    policy_pass: dialogue.PolicyPass = dialogue.PER_EPISODE,
 ) -> Callable:
     """The optimizer steps on one batch of conversations, as every rollout mode takes them
     (`optimizer_steps.optimize_with`): the old and reference log-probs of the policy's tokens
-    by one forward pass over the recorded conversations, then the minibatch epochs."""
+    by one forward pass over the recorded conversations, then the minibatch epochs.
+    `policy_pass` is the no-grad passes' (the loss's must be the same): with a shared opening,
+    minibatches shuffle whole games."""
     config = static(config)
     temperature = config.sampling.temperature
 
     def log_probs_of(params: Any, batch: dict[str, Array]) -> Array:
-        logits = policy_logits_of(transformer, params, batch)
+        logits = policy_logits_of(transformer, params, batch, policy_pass)
         log_probs, _ = log_probs_and_entropy(logits, batch["targets"], temperature)
         return jax.lax.stop_gradient(log_probs)
 
-    return optimizer_steps.optimize_with(loss_fn, log_probs_of, config, mesh)
+    return optimizer_steps.optimize_with(
+        loss_fn, log_probs_of, config, mesh, group_size=policy_pass.group_size
+    )
 
 
 def unpack_inputs(inputs: Inputs | None) -> tuple[Any, None]:
@@ -322,10 +363,11 @@ def learner(
     transformer = Transformer(model, mesh=mesh)
     capacity = env.max_turns * config.sampling.max_new_tokens
     temperature = config.sampling.temperature
+    logits_pass = choose_policy_pass(config, env)
 
     def optimize_for(behaviour_clip: bool) -> Callable:
-        loss_fn = make_loss(transformer, config, capacity, behaviour_clip)
-        return make_optimize(transformer, loss_fn, config, mesh)
+        loss_fn = make_loss(transformer, config, capacity, behaviour_clip, logits_pass)
+        return make_optimize(transformer, loss_fn, config, mesh, logits_pass)
 
     def make_rollout_on(on: Any, row_buckets: int) -> Callable:
         del row_buckets  # 0: `check_rollout`
@@ -333,7 +375,7 @@ def learner(
 
     def trainer_log_probs(on: Any) -> Callable[[Any, dict], Array]:
         return lambda params, batch: log_probs_and_entropy(
-            policy_logits_of(Transformer(model, mesh=on), params, batch),
+            policy_logits_of(Transformer(model, mesh=on), params, batch, logits_pass),
             batch["targets"],
             temperature,
         )[0]

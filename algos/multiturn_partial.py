@@ -40,6 +40,10 @@ conversation's history just before a fixed column, and a slot's record is its ow
 and rollout_groups = batch_size, every conversation starts and ends in one update and the
 samples and the parameters are synchronous multi-turn GRPO's, bit for bit.
 
+With `shared_prompt` (each game's opening once per pass, `multiturn.Config`) nothing changes
+here: a game's slots start together from one reset, so their records hold the same opening from
+slot 0, and the games that train are whole and in order.
+
 The mode is `algos.partial.Partial` passed to `multiturn.make`, which hands it here.
 """
 

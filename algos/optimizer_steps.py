@@ -60,20 +60,26 @@ def validate_length_buckets(config: Any) -> None:
 
 def validate_shared_prompt(config: Any) -> None:
     """With shared_prompt, every pass's rows must be whole groups on each batch shard: the
-    micro-batch (or its length bucket) a multiple of group_size x the mesh's batch shards."""
+    micro-batch (or its length bucket) a multiple of group_size x the mesh's batch shards.
+    GRPO's Config and multi-turn GRPO's (games' episodes sharing their opening) both."""
     if not config.shared_prompt or config.group_size == 1:
         return
-    unit = config.micro_batch_size // max(config.length_buckets, 1)
+    # Multi-turn GRPO's Config has no length buckets.
+    bucketed = hasattr(config, "length_buckets")
+    buckets = config.length_buckets if bucketed else 0
+    unit = config.micro_batch_size // max(buckets, 1)
     shards = training.check_mesh_shape(config.mesh_shape)
-    what = "length bucket" if config.length_buckets else "micro-batch"
+    what = "length bucket" if buckets else "micro-batch"
+    fewer = "num_minibatches, grad_accum_steps or length_buckets"
+    if not bucketed:
+        fewer = "num_minibatches or grad_accum_steps"
     require(
         unit % (config.group_size * shards) == 0,
         "shared_prompt",
         f"a {what} of {unit} completions does not hold whole groups of group_size = "
         f"{config.group_size} on each of the mesh's data*fsdp = {shards} batch shards",
         f"set shared_prompt False, or make the {what} a multiple of "
-        f"{config.group_size * shards} (fewer num_minibatches, grad_accum_steps or "
-        f"length_buckets)",
+        f"{config.group_size * shards} (fewer {fewer})",
     )
 
 

@@ -17,10 +17,15 @@ attention. Every slot written is also recorded (token, mask, position), so the t
 reads exactly the context the sampler saw: one forward over `Episodes.tokens` with
 `Episodes.mask` and `Episodes.positions` gives the sampled tokens' log-probs again. Only the
 policy's own tokens (`policy_mask`) carry a loss; the environment's tokens are context.
+
+Episodes of one game (the same reset key) share their opening, slot for slot:
+`shared_opening_logits` runs a group's opening once and packs its episodes' turns after it, the
+same logits up to rounding (`PolicyPass` chooses between the two passes).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, NamedTuple
 
 import jax
@@ -51,7 +56,12 @@ class Episodes(NamedTuple):
 def episode_length(opening: int, max_turns: int, turn_tokens: int, message_tokens: int) -> int:
     """Slots a conversation can need: the opening, then per turn the policy's budget, an
     appended end of turn, and the environment's widest message."""
-    return opening + max_turns * (turn_tokens + 1 + message_tokens)
+    return opening + turn_slots(max_turns, turn_tokens, message_tokens)
+
+
+def turn_slots(max_turns: int, turn_tokens: int, message_tokens: int) -> int:
+    """The slots after the opening (`episode_length` less the opening): every turn's."""
+    return max_turns * (turn_tokens + 1 + message_tokens)
 
 
 def converse(
@@ -323,6 +333,115 @@ def policy_logits(
     token's predictor (`PolicyTokens.predictors`)."""
     logits, _ = model.apply({"params": params}, tokens, positions, mask, logit_positions=predictors)
     return logits
+
+
+def shared_opening_logits(
+    model: Transformer,
+    params: Any,
+    tokens: Array,
+    positions: Array,
+    mask: Array,
+    predictors: Array,
+    opening: int,
+    group_size: int,
+) -> Array:
+    """`policy_logits` of conversations whose rows come in contiguous groups of `group_size`
+    that share their first `opening` slots (the episodes of one game: the same reset, so the same
+    opening, tokens, mask and positions), with each group's opening run through the model once:
+    logits [B, K, V] in the batch's row order.
+
+    Each group of G rows [S] becomes one sequence of opening + G * (S - opening) slots: the
+    group's first opening, then every episode's slots after it, each episode a segment
+    (`Transformer`'s segment_ids) that reads the opening and its own earlier slots, never
+    another episode's, at the positions and under the mask its own row records. So every slot
+    reads exactly the keys it reads in its row. A predictor inside the opening (the slot before
+    an episode's first policy token) is the group's shared one; the gradient through the opening
+    is summed over the group in one backward pass. Rows of a group whose openings differ get the
+    group's first opening: the caller keeps groups whole and in order."""
+    rows, size = tokens.shape
+    if rows % group_size or not 0 < opening < size:
+        raise ValueError(
+            f"shared_opening_logits: {rows} rows of {size} slots with an opening of {opening}; "
+            f"needs whole groups of group_size = {group_size} and slots after the opening"
+        )
+    games, rest = rows // group_size, size - opening
+
+    def pack(x: Array) -> Array:
+        """[rows, S] -> [games, opening + G * rest]: the group's first opening, then each
+        episode's slots after it."""
+        grouped = x.reshape(games, group_size, size)
+        after = grouped[:, :, opening:].reshape(games, group_size * rest)
+        return jnp.concatenate([grouped[:, 0, :opening], after], axis=1)
+
+    segments = jnp.concatenate(
+        [
+            jnp.zeros(opening, jnp.int32),
+            jnp.repeat(jnp.arange(1, group_size + 1, dtype=jnp.int32), rest),
+        ]
+    )
+    # Episode j's slot p after the opening sits at p + j * rest in its group's sequence; a slot
+    # of the opening stays where it is.
+    episode = (jnp.arange(rows, dtype=jnp.int32) % group_size)[:, None]
+    reads = jnp.where(predictors < opening, predictors, predictors + episode * rest)
+    logits, _ = model.apply(
+        {"params": params},
+        pack(tokens),
+        pack(positions),
+        pack(mask),
+        logit_positions=reads.reshape(games, -1),
+        segment_ids=jnp.broadcast_to(segments, (games, segments.shape[0])),
+    )
+    return logits.reshape(rows, predictors.shape[1], -1)
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyPass:
+    """How an update's passes over recorded conversations compute the policy tokens' logits,
+    chosen once when the update is built. `group_size` 1: every row over its own slots
+    (`policy_logits`). G > 1: the rows come in contiguous groups of G episodes of one game,
+    whose openings (the slots before the last `turn_slots`, `turn_slots`) are the same, and
+    each group's opening runs once (`shared_opening_logits`); whoever splits the batch keeps
+    groups whole and in order. Both give the same logits up to rounding.
+
+    Called as `policy_pass(model, params, tokens, positions, mask, predictors) -> logits [B, K,
+    V]`; `PER_EPISODE` is `PolicyPass()`."""
+
+    group_size: int = 1
+    turn_slots: int = 0  # slots after the opening, `turn_slots(...)`; read when group_size > 1
+
+    def __post_init__(self) -> None:
+        if self.group_size < 1 or (self.group_size > 1 and self.turn_slots < 1):
+            raise ValueError(
+                f"PolicyPass: group_size {self.group_size} with turn_slots {self.turn_slots}; "
+                "use group_size 1, or more with turn_slots of 1 or more"
+            )
+
+    def __call__(
+        self,
+        model: Transformer,
+        params: Any,
+        tokens: Array,
+        positions: Array,
+        mask: Array,
+        predictors: Array,
+    ) -> Array:
+        if self.group_size == 1:
+            return policy_logits(model, params, tokens, positions, mask, predictors)
+        opening = tokens.shape[1] - self.turn_slots
+        return shared_opening_logits(
+            model, params, tokens, positions, mask, predictors, opening, self.group_size
+        )
+
+    def tokens(self, rows: int, size: int) -> int:
+        """Slots the model runs per pass over `rows` conversations of `size` slots (the head
+        runs on the policy's tokens either way)."""
+        if self.group_size == 1:
+            return rows * size
+        opening = size - self.turn_slots
+        return rows // self.group_size * opening + rows * self.turn_slots
+
+
+PER_EPISODE = PolicyPass()  # every episode over its own slots, its opening included
 
 
 def policy_log_probs(
