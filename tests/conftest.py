@@ -125,6 +125,12 @@ NOT_IN_CI = {
     "tests/test_grpo_shared_prompt.py::test_minibatches_of_whole_groups_equal_the_per_row_pass_over_them": 60,
     "tests/test_grpo_shared_prompt.py::test_memory_estimate_of_the_shared_update_is_within_15_percent_of_xlas_plan": 60,
     "tests/test_grpo_shared_prompt.py::test_async_with_bound_zero_equals_synchronous_grpo_with_shared_prompts": 80,
+    # Multi-turn shared openings (opt-in): CI keeps the log-prob, loss and gradient equalities
+    # for both credits and the whole update with episode credit, KL and 2 epochs.
+    "tests/test_multiturn_shared_opening.py::test_shared_update_equals_the_per_episode_update[turn_entropy_mesh]": 76,
+    # Online DPO's shared-prompt pairs (opt-in): CI keeps the pair scores and the sigmoid update.
+    "tests/test_online_dpo.py::test_shared_prompt_update_equals_the_per_row_update[ipo]": 50,
+    "tests/test_online_dpo.py::test_shared_prompt_update_equals_the_per_row_update[simpo]": 50,
 }
 
 

@@ -260,14 +260,17 @@ def test_a_group_shares_its_prompt_prefill():
     assert len({tuple(row) for row in np.asarray(shared.tokens[:group])}) > 1
 
 
-def test_pass_at_k_samples_share_each_prompt_and_keep_their_draws():
-    # sampled_completions (the held-out pass@k samples) prefills each of 13 prompts once for its
-    # 4 samples; batch i of 16 rows (4 prompts; the last wraps round) still draws with
-    # fold_in(key, i), so the texts are those of sampling the repeated prompts row by row.
-    from jaxrl.lm.completions import sampled_completions
+def test_held_out_answers_and_samples_share_one_prefill():
+    # greedy_and_sampled_completions (the held-out evaluation: greedy accuracy and pass@k)
+    # prefills each of 13 prompts once for its greedy answer and its 4 samples; call i of 4
+    # prompts (the last wraps round) draws with fold_in(key, i), so the samples are those of
+    # sampling the repeated prompts row by row, 16 rows a batch, and the answers are greedy ones.
+    from jaxrl.lm.completions import greedy_and_sampled_completions, greedy_completions
     from jaxrl.sharding import make_mesh
 
     class Digits:
+        eos_id, pad_id = EOS, PAD
+
         def decode(self, ids):
             return " ".join(map(str, ids))
 
@@ -276,10 +279,11 @@ def test_pass_at_k_samples_share_each_prompt_and_keep_their_draws():
     mask[3, :2] = False
     config = SamplingConfig(max_new_tokens=5, eos_id=EOS, pad_id=PAD, temperature=1.0)
     params = init_params(CONFIG, jax.random.key(0))
-    key = jax.random.key(7)
-    got = sampled_completions(
-        CONFIG, params, Digits(), prompts, mask, config, 4, key, make_mesh(), 16
+    key, mesh = jax.random.key(7), make_mesh()
+    answers, samples = greedy_and_sampled_completions(
+        CONFIG, params, Digits(), prompts, mask, config, 4, key, mesh, 4
     )
+    assert answers == greedy_completions(CONFIG, params, Digits(), prompts, mask, 5, mesh, 13)
     rows = np.repeat(np.arange(13), 4)
     sample = jax.jit(lambda p, t, m, k: generate(CONFIG, p, t, m, k, config))
     texts = []
@@ -287,7 +291,7 @@ def test_pass_at_k_samples_share_each_prompt_and_keep_their_draws():
         chosen = rows[np.arange(start, start + 16) % len(rows)]
         out = sample(params, prompts[chosen], mask[chosen], jax.random.fold_in(key, index))
         texts += [Digits().decode(t[m]) for t, m in zip(out.tokens, out.mask, strict=True)]
-    assert got == [texts[4 * i : 4 * i + 4] for i in range(13)]
+    assert samples == [texts[4 * i : 4 * i + 4] for i in range(13)]
 
 
 def test_decode_row_buckets_sample_what_decoding_every_row_samples():

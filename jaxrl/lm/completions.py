@@ -11,8 +11,8 @@ import jax
 import numpy as np
 
 from jaxrl import sharding
-from jaxrl.lm.model import ModelConfig
-from jaxrl.lm.sampler import SamplingConfig, generate
+from jaxrl.lm.model import ModelConfig, Transformer
+from jaxrl.lm.sampler import SamplingConfig, decode, generate, generation_copy, prefill
 
 
 def batch_for_mesh(requested: int, mesh: Any) -> int:
@@ -73,15 +73,24 @@ def greedy_completions(
 
 
 @functools.lru_cache(maxsize=8)
-def _sampler(model: ModelConfig, sampling: SamplingConfig, mesh: Any, group_size: int) -> Callable:
-    """One jitted sampler per (model, sampling, mesh, samples per prompt), its key an argument."""
-    return jax.jit(
-        lambda p, t, m, k: generate(model, p, t, m, k, sampling, mesh, group_size=group_size),
-        out_shardings=sharding.replicated(mesh),
-    )
+def _greedy_and_sampled(
+    model: ModelConfig, greedy: SamplingConfig, sampling: SamplingConfig, mesh: Any, samples: int
+) -> Callable:
+    """One jitted program per setting: each prompt prefilled once, then its greedy completion
+    and its `samples` sampled ones decoded from that one cache."""
+    steps = max(greedy.max_new_tokens, sampling.max_new_tokens)
+
+    def run(params: Any, tokens: jax.Array, mask: jax.Array, key: jax.Array):
+        transformer = Transformer(model, mesh=mesh)
+        params = generation_copy(params, model)
+        prefilled = prefill(transformer, params, tokens, mask, steps)
+        greedy_out = decode(transformer, params, prefilled, jax.random.key(0), greedy)
+        return greedy_out, decode(transformer, params, prefilled, key, sampling, samples)
+
+    return jax.jit(run, out_shardings=sharding.replicated(mesh))
 
 
-def sampled_completions(
+def greedy_and_sampled_completions(
     model: ModelConfig,
     params: Any,
     tokenizer: Any,
@@ -92,25 +101,36 @@ def sampled_completions(
     key: jax.Array,
     mesh: Any,
     batch_size: int = 256,
-) -> list[list[str]]:
-    """`num_samples` decoded completions of every left-padded prompt sampled with `sampling`
-    (for pass@k), about `batch_size` rows (batch_size // num_samples prompts) at a time; batch i
-    draws with `fold_in(key, i)`, so the same key gives the same samples (a resumed run's
-    evaluation is the uninterrupted run's). Each prompt is prefilled once and its cache shared
-    by its samples (`generate`'s group_size): the samples of repeating each prompt num_samples
-    times, a prompt's computation once."""
-    run = _sampler(model, sampling, mesh, num_samples)
+) -> tuple[list[str], list[list[str]]]:
+    """`greedy_completions` (of sampling.max_new_tokens) and `num_samples` completions of every
+    left-padded prompt sampled with `sampling` (for pass@k), `batch_size` prompts a call, each
+    prompt prefilled once for its greedy answer and its samples: the held-out evaluation's
+    accuracy and pass@k at the cost of one prefill, and the samples decoded batch_size x
+    num_samples rows at a time. Call i draws with fold_in(key, i), so the same key gives the
+    same samples (a resumed run's evaluation is the uninterrupted run's): those of sampling each
+    prompt's num_samples repeats row by row in that call. The greedy answers are
+    `greedy_completions`' (up to rounding where the batch differs)."""
+    greedy = SamplingConfig(
+        max_new_tokens=sampling.max_new_tokens,
+        eos_id=tokenizer.eos_id,
+        pad_id=tokenizer.pad_id,
+        temperature=0.0,
+    )
+    run = _greedy_and_sampled(model, greedy, sampling, mesh, num_samples)
     n = len(prompt_tokens)
-    prompts = batch_for_mesh(min(max(1, batch_size // num_samples), n), mesh)
+    prompts = batch_for_mesh(min(batch_size, n), mesh)
+    answers: list[str] = []
     texts: list[str] = []
+    decoded = lambda out, row: tokenizer.decode(out.tokens[row][out.mask[row]])  # noqa: E731
     for index, start in enumerate(range(0, n, prompts)):
         chosen = np.arange(start, start + prompts) % n
         tokens = sharding.shard_batch(prompt_tokens[chosen], mesh)
         mask = sharding.shard_batch(prompt_mask[chosen], mesh)
         out = jax.device_get(run(params, tokens, mask, jax.random.fold_in(key, index)))
-        for row in range(min(prompts, n - start) * num_samples):
-            texts.append(tokenizer.decode(out.tokens[row][out.mask[row]]))
-    return [texts[i * num_samples : (i + 1) * num_samples] for i in range(n)]
+        kept = min(prompts, n - start)
+        answers += [decoded(out[0], row) for row in range(kept)]
+        texts += [decoded(out[1], row) for row in range(kept * num_samples)]
+    return answers, [texts[i * num_samples : (i + 1) * num_samples] for i in range(n)]
 
 
 def task_accuracy(

@@ -295,16 +295,57 @@ def generate(
     up to the rounding of a smaller matmul."""
     model = Transformer(model_config, mesh=mesh, rules=rules)
     params = generation_copy(params, model_config)
-    prompts, prompt_length = prompt_tokens.shape
-    batch = prompts * group_size
-    steps = config.max_new_tokens
-    cache = init_cache(model_config, prompts, prompt_length + steps)
-    prompt_mask = prompt_mask.astype(bool)
+    prefilled = prefill(model, params, prompt_tokens, prompt_mask, config.max_new_tokens)
+    return decode(model, params, prefilled, key, config, group_size, row_buckets)
 
+
+class Prefilled(NamedTuple):
+    """Prompts run through the model once (`prefill`): their KV cache with room for the new
+    tokens, the logits at each prompt's last position [P, 1, V] and its tokens' positions."""
+
+    cache: Any
+    logits: Array
+    positions: Array
+
+
+def prefill(
+    model: Transformer, params: Any, prompt_tokens: Array, prompt_mask: Array, steps: int
+) -> Prefilled:
+    """Run left-padded prompts through `model` (parameters already `generation_copy`'d) into a
+    cache with room for `steps` new tokens: what every `decode` from these prompts starts from.
+    One prefill can serve several decodes (a greedy answer and samples of the same prompts)."""
+    prompts, prompt_length = prompt_tokens.shape
+    cache = init_cache(model.config, prompts, prompt_length + steps)
+    prompt_mask = prompt_mask.astype(bool)
     positions = positions_from_mask(prompt_mask)
     logits, cache = model.apply(
         {"params": params}, prompt_tokens, positions, prompt_mask, cache, logits_for_last=1
     )
+    return Prefilled(cache, logits, positions)
+
+
+def decode(
+    model: Transformer,
+    params: Any,
+    prefilled: Prefilled,
+    key: Array,
+    config: SamplingConfig,
+    group_size: int = 1,
+    row_buckets: int = 0,
+) -> Completion:
+    """`config.max_new_tokens` tokens after each prefilled prompt, `group_size` completions of
+    each (rows p*G ... p*G + G - 1), as `generate` describes; the prefill must have room for
+    them."""
+    model_config = model.config
+    cache, logits, positions = prefilled
+    prompts, prompt_length = positions.shape
+    batch = prompts * group_size
+    steps = config.max_new_tokens
+    if cache["mask"].shape[1] < prompt_length + steps:
+        raise ValueError(
+            f"decode: {steps} new tokens after prompts of {prompt_length}, but the prefill "
+            f"made room for {cache['mask'].shape[1] - prompt_length}; prefill with steps={steps}"
+        )
     if group_size > 1:
         # The cache's batch axis is 1 for keys and values ([layers, B, ...]), 0 otherwise.
         def share(x: Array, axis: int = 0) -> Array:

@@ -20,9 +20,8 @@ from jaxrl import distributed, host, logging, runner, statistics
 from jaxrl.lm import checkpoints
 from jaxrl.lm.completions import (
     eval_examples,
+    greedy_and_sampled_completions,
     greedy_completions,
-    sampled_completions,
-    task_accuracy,
 )
 from jaxrl.lm.model import ModelConfig
 from jaxrl.logging import RunDirectory
@@ -95,16 +94,15 @@ def task_evaluator(run: lm_runs.Setup, model: ModelConfig, held_out: Any, proble
     task."""
 
     def evaluate(params: Any) -> HeldOut:
-        _, mean_score, completions = task_accuracy(
-            model, params, run.task, run.tokenizer, problems, held_out.tokens, held_out.mask,
-            run.config.sampling.max_new_tokens, run.mesh, run.flat.eval_batch_size,
-        )  # fmt: skip
+        completions, sampled = held_out_completions(
+            run, model, params, held_out.tokens, held_out.mask
+        )
         scores = [run.task.score(p, c) for p, c in zip(problems, completions, strict=True)]
+        mean_score = float(np.mean(scores))
         correct = np.array([s == 1.0 for s in scores], np.float64)
         examples = eval_examples(run.task, problems, completions)
         samples = None
-        if eval_samples(run):
-            sampled = sample(run, model, params, held_out.tokens, held_out.mask)
+        if sampled is not None:
             samples = np.array(
                 [
                     [run.task.score(p, c) == 1.0 for c in row]
@@ -128,10 +126,7 @@ def file_evaluator(run: lm_runs.Setup, model: ModelConfig, data: PromptData):
     columns = {name: [row.columns[name] for row in table.rows] for name in table.column_names()}
 
     def evaluate(params: Any) -> HeldOut:
-        texts = greedy_completions(
-            model, params, run.tokenizer, table.tokens, table.mask,
-            run.config.sampling.max_new_tokens, run.mesh, run.flat.eval_batch_size,
-        )  # fmt: skip
+        texts, sampled = held_out_completions(run, model, params, table.tokens, table.mask)
         completions: list = texts
         if table.conversational:
             completions = [[{"role": "assistant", "content": text}] for text in texts]
@@ -154,9 +149,8 @@ def file_evaluator(run: lm_runs.Setup, model: ModelConfig, data: PromptData):
         ]
         correct = (first >= 1.0).astype(np.float64)  # full marks: a right answer
         samples = None
-        if eval_samples(run):  # the first reward function scores every sample
+        if sampled is not None:  # the first reward function scores every sample
             n = eval_samples(run)
-            sampled = sample(run, model, params, table.tokens, table.mask)
             flat_texts = [text for row in sampled for text in row]
             flat: list = flat_texts
             if table.conversational:
@@ -179,14 +173,23 @@ def file_evaluator(run: lm_runs.Setup, model: ModelConfig, data: PromptData):
     return evaluate
 
 
-def sample(
+def held_out_completions(
     run: lm_runs.Setup, model: ModelConfig, params: Any, tokens: np.ndarray, mask: np.ndarray
-) -> list[list[str]]:
-    """`eval_samples` completions of every held-out prompt, sampled as training samples, with a
-    key fixed by the run's seed (the same params give the same samples)."""
+) -> tuple[list[str], list[list[str]] | None]:
+    """The greedy answer to every held-out prompt and, with eval_samples > 0, that many
+    completions of each sampled as training samples (None without), with a key fixed by the
+    run's seed (the same params give the same samples). Each prompt is prefilled once for its
+    greedy answer and its samples together."""
+    n = eval_samples(run)
+    if not n:
+        answers = greedy_completions(
+            model, params, run.tokenizer, tokens, mask, run.config.sampling.max_new_tokens,
+            run.mesh, run.flat.eval_batch_size,
+        )  # fmt: skip
+        return answers, None
     sampling = run.config.sampling.for_tokens(run.tokenizer.eos_id, run.tokenizer.pad_id)
-    return sampled_completions(
-        model, params, run.tokenizer, tokens, mask, sampling, eval_samples(run),
+    return greedy_and_sampled_completions(
+        model, params, run.tokenizer, tokens, mask, sampling, n,
         jax.random.fold_in(jax.random.key(run.flat.seed), 1), run.mesh,
         run.flat.eval_batch_size,
     )  # fmt: skip

@@ -225,6 +225,8 @@ def prompt_rl_config(
         preset,
         num_chunks=num_chunks,
         rewards=rewards,
+        # Held-out prompts per generation call; with eval_samples, each call also decodes
+        # eval_batch_size x eval_samples sampled rows from the same prefill.
         eval_batch_size=settings.get("eval_batch_size", 256),
         eval_every=0,  # held-out evaluation every N chunks (0: at the start and the end only)
         eval_samples=4,  # sampled completions per held-out prompt, for pass@k (0: none)
