@@ -40,6 +40,16 @@ def _greedy_generator(model: ModelConfig, sampling: SamplingConfig, mesh: Any) -
     )
 
 
+def greedy_sampling(tokenizer: Any, max_new_tokens: int) -> SamplingConfig:
+    """Greedy decoding (temperature 0) of `max_new_tokens` with the tokenizer's end and pad."""
+    return SamplingConfig(
+        max_new_tokens=max_new_tokens,
+        eos_id=tokenizer.eos_id,
+        pad_id=tokenizer.pad_id,
+        temperature=0.0,
+    )
+
+
 def greedy_completions(
     model: ModelConfig,
     params: Any,
@@ -52,13 +62,7 @@ def greedy_completions(
 ) -> list[str]:
     """The decoded greedy completion of every left-padded prompt, `batch_size` prompts at a time
     (the last batch padded with repeats, so one program serves every batch)."""
-    sampling = SamplingConfig(
-        max_new_tokens=max_new_tokens,
-        eos_id=tokenizer.eos_id,
-        pad_id=tokenizer.pad_id,
-        temperature=0.0,
-    )
-    run = _greedy_generator(model, sampling, mesh)
+    run = _greedy_generator(model, greedy_sampling(tokenizer, max_new_tokens), mesh)
     n = len(prompt_tokens)
     batch_size = batch_for_mesh(min(batch_size, n), mesh)  # no batch of mostly repeats
     completions: list[str] = []
@@ -110,12 +114,7 @@ def greedy_and_sampled_completions(
     same samples (a resumed run's evaluation is the uninterrupted run's): those of sampling each
     prompt's num_samples repeats row by row in that call. The greedy answers are
     `greedy_completions`' (up to rounding where the batch differs)."""
-    greedy = SamplingConfig(
-        max_new_tokens=sampling.max_new_tokens,
-        eos_id=tokenizer.eos_id,
-        pad_id=tokenizer.pad_id,
-        temperature=0.0,
-    )
+    greedy = greedy_sampling(tokenizer, sampling.max_new_tokens)
     run = _greedy_and_sampled(model, greedy, sampling, mesh, num_samples)
     n = len(prompt_tokens)
     prompts = batch_for_mesh(min(batch_size, n), mesh)
