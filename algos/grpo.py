@@ -137,6 +137,9 @@ class GroupConfig(training.TrainConfig):
     # (without one, no penalty is computed: the scripts pass it when kl_beta > 0).
     kl_beta: float = swept(0.0)
     entropy_coef: float = swept(0.0)  # token-entropy bonus; slows collapse onto one answer
+    # With entropy_floor > 0 the bonus acts only while the mean token entropy is below it
+    # (`entropy_bonus`): no pull toward uniform above the floor, a push back up below it.
+    entropy_floor: float = swept(0.0)
     # max_new_tokens, temperature (also applied to the trained log-probs), top_k, top_p; the
     # flags keep their flat names (--config.temperature).
     sampling: Sampling = dataclasses.field(default_factory=Sampling)
@@ -176,6 +179,15 @@ class GroupConfig(training.TrainConfig):
             "entropy_coef",
             f"got {self.entropy_coef}",
             "use 0 (off) or more",
+        )
+        require(
+            self.entropy_floor >= 0, "entropy_floor", f"got {self.entropy_floor}", "use 0 or more"
+        )
+        require(
+            self.entropy_floor == 0 or self.entropy_coef > 0,
+            "entropy_floor",
+            f"{self.entropy_floor} with entropy_coef 0 does nothing",
+            "set --config.entropy_coef too (e.g. 0.05)",
         )
         require(self.warmup_steps >= 0, "warmup_steps", f"got {self.warmup_steps}", "use 0 or more")
         require(self.weight_decay >= 0, "weight_decay", f"got {self.weight_decay}", "use 0 or more")
@@ -326,6 +338,16 @@ def k3_kl(log_probs: Array, reference_log_probs: Array) -> Array:
     and never negative."""
     log_ratio = reference_log_probs - log_probs
     return jnp.exp(log_ratio) - log_ratio - 1.0
+
+
+def entropy_bonus(entropy: Array, hp: HParams) -> Array:
+    """The entropy term subtracted from the loss: entropy_coef x the mean token entropy, or with
+    entropy_floor > 0, entropy_coef x min(entropy, entropy_floor), whose gradient is the bonus's
+    while the entropy is below the floor and zero above it. A floor keeps the policy sampling
+    alternatives where it would otherwise settle on one answer per prompt (all rewards of a
+    group equal: no gradient) without pulling it toward uniform while it is still broad."""
+    floored = jnp.where(hp.entropy_floor > 0, jnp.minimum(entropy, hp.entropy_floor), entropy)
+    return hp.entropy_coef * floored
 
 
 def aggregate(
@@ -636,7 +658,7 @@ def make_loss(
             1,
             all_tokens,
         )
-        return loss - hp.entropy_coef * metrics["entropy"], metrics
+        return loss - entropy_bonus(metrics["entropy"], hp), metrics
 
     return loss_fn
 

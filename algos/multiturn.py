@@ -210,7 +210,7 @@ def make_loss(
             metrics.update(log_prob_mismatch(batch["sampler_log_probs"], old, batch["fresh_mask"]))
         ones = jnp.ones_like(batch["weights"])
         metrics["entropy"] = grpo.aggregate(entropy, batch["valid"], ones, "token_mean", 1)
-        return loss - hp.entropy_coef * metrics["entropy"], metrics
+        return loss - grpo.entropy_bonus(metrics["entropy"], hp), metrics
 
     return loss_fn
 

@@ -221,6 +221,8 @@ def test_config_errors_name_the_field():
         (dict(overlong_buffer=8, max_new_tokens=8), "overlong_buffer"),
         (dict(top_p=0.0), "top_p"),
         (dict(entropy_coef=-0.1), "entropy_coef"),
+        (dict(entropy_floor=0.1), "entropy_floor"),  # no entropy_coef: it would do nothing
+        (dict(entropy_coef=0.05, entropy_floor=-1.0), "entropy_floor"),
     ]
     for settings, field in cases:
         with pytest.raises(ConfigError, match=f"^{field}:"):
@@ -254,6 +256,43 @@ def test_entropy_bonus_subtracts_coef_times_the_token_mean_entropy():
     expected_entropy = entropy[completion_mask].mean()
     np.testing.assert_allclose(float(metrics["entropy"]), expected_entropy, rtol=1e-5)
     np.testing.assert_allclose(float(bonus), float(plain) - 0.1 * expected_entropy, rtol=1e-5)
+
+
+def test_entropy_floor_gives_the_bonus_only_below_the_floor():
+    """With entropy_floor f the term is entropy_coef x min(entropy, f): under the floor the loss
+    and gradient are the bonus's, above it the loss is shifted by coef x f and the gradient is
+    the plain loss's (no pull toward uniform)."""
+    params = init_params(TINY, jax.random.key(3))
+    rng = np.random.default_rng(4)
+    completion_mask = np.array([[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0], [1, 1, 1, 0]], bool)
+    batch = {
+        "tokens": jnp.asarray(rng.integers(3, 200, (4, 9)).astype(np.int32)),
+        "attention_mask": jnp.ones((4, 9), bool),
+        "completion_mask": jnp.asarray(completion_mask),
+        "advantages": jnp.asarray(rng.normal(size=4), jnp.float32),
+        "weights": jnp.ones(4),
+    }
+    model = Transformer(TINY)
+
+    def loss_and_grad(**settings):
+        config = grpo.Config(sampling=Sampling(max_new_tokens=4), **settings)
+        loss_fn = grpo.make_loss(model, config)
+        hp = hparams.hparams(config)
+        (loss, metrics), grad = jax.value_and_grad(loss_fn, has_aux=True)(params, batch, hp)
+        return float(loss), float(metrics["entropy"]), grad
+
+    plain, entropy, plain_grad = loss_and_grad()
+    bonus, _, bonus_grad = loss_and_grad(entropy_coef=0.1)
+    assert entropy > 5.0  # a random model over 260 tokens: near log(260) = 5.56
+    below, _, below_grad = loss_and_grad(entropy_coef=0.1, entropy_floor=6.0)
+    above, _, above_grad = loss_and_grad(entropy_coef=0.1, entropy_floor=1.0)
+    np.testing.assert_allclose(below, bonus, rtol=1e-6)
+    np.testing.assert_allclose(above, plain - 0.1 * 1.0, rtol=1e-6)
+    for got, want in ((below_grad, bonus_grad), (above_grad, plain_grad)):
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-7)
+    assert max(float(np.abs(a - b).max()) for a, b in zip(
+        jax.tree.leaves(bonus_grad), jax.tree.leaves(plain_grad))) > 1e-4  # fmt: skip
 
 
 # --- one update: rollout and training in one program ----------------------------------------
