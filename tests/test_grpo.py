@@ -291,8 +291,8 @@ def test_entropy_floor_gives_the_bonus_only_below_the_floor():
     for got, want in ((below_grad, bonus_grad), (above_grad, plain_grad)):
         for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-7)
-    assert max(float(np.abs(a - b).max()) for a, b in zip(
-        jax.tree.leaves(bonus_grad), jax.tree.leaves(plain_grad))) > 1e-4  # fmt: skip
+    pairs = zip(jax.tree.leaves(bonus_grad), jax.tree.leaves(plain_grad), strict=True)
+    assert max(float(np.abs(a - b).max()) for a, b in pairs) > 1e-4  # the bonus has a gradient
 
 
 # --- one update: rollout and training in one program ----------------------------------------
@@ -509,23 +509,10 @@ def test_unusable_host_rewards_are_recorded_as_one_line_failures():
 # --- learning ---------------------------------------------------------------------------------
 
 
-def test_grpo_learns_reverse_three_digits_from_random_init():
-    """The experiments/configs/grpo.py preset, one seed: mean answer reward of the sampled
-    completions over the last 10 of 300 updates must reach 0.9 from under 0.05.
-
-    The outcome at 300 updates is seed-sensitive under both the old and the new engine: most
-    seeds are still climbing (about 0.8-0.88), some have finished (0.99), some stall near 0.45.
-    Any change of the random streams or of float rounding (the layer scan and the inverse-CDF
-    sampler of 2026-11-25, even the number of simulated devices) redraws which seed lands
-    where. Measured in the test's own path: before the engine change (1898f4e, one device)
-    seeds 0-5 ended at 0.83, 0.997, 0.47, 0.79, 0.88, 0.41; after it (8 simulated devices, this
-    test's setting) seeds 0-5 at 0.58, 0.76, 0.84, 0.47, 0.82, 0.996. Seed 5 is one that
-    finishes; if a change of the engine's numerics moves it, pick another that does and say
-    so, rather than lowering the threshold. On the AVX2-only 2-core host of 2026-11-27 the same
-    code (and 2783726 before the layers change, bit for bit the same) gives seeds 0, 1, 2, 3, 5
-    0.83, 0.63, 0.997, 0.49, 0.82: float rounding differs between hosts, so the seed is now 2.
-    That the outcome hangs on the seed at all is issue 47's to fix."""
-    seed = 2
+def final_reverse_digits_reward(seed: int) -> tuple[float, list[float]]:
+    """The random-init `reverse_digits` preset (experiments/configs/grpo.py) on one seed: the
+    mean answer reward of the sampled completions over the last 10 of its 300 updates, and the
+    reward of every update."""
     from jaxrl.trainers.presets.grpo import get_config
     from jaxrl.trainers.presets.lm import for_start
 
@@ -541,8 +528,21 @@ def test_grpo_learns_reverse_three_digits_from_random_init():
     for _ in range(0, config.num_steps, 50):
         state, metrics = run(state, None, hp)
         rewards.extend(np.asarray(metrics["reward_task"]).tolist())
+    return float(np.mean(rewards[-10:])), rewards
+
+
+def test_grpo_learns_reverse_three_digits_from_random_init():
+    """The preset on seed 2, the seed this test ran before the entropy floor: mean sampled
+    answer reward over the last 10 of 300 updates at least 0.9, from under 0.05.
+
+    Before the floor the outcome hung on the seed: most seeds collapsed onto a near-deterministic
+    policy (entropy under 0.05, most groups with equal rewards, so no gradient) before the model
+    found the position-wise copy, and ended at 0.45-0.85; seed 2 was one that finished. With the
+    preset's entropy floor (entropy_coef 0.5 below a mean token entropy of 0.15) the policy keeps
+    sampling alternatives; docs/results.md has both arms on seeds 0-7."""
+    final, rewards = final_reverse_digits_reward(2)
     assert rewards[0] < 0.05
-    assert np.mean(rewards[-10:]) >= 0.9, rewards[::25]
+    assert final >= 0.9, rewards[::25]
 
 
 # --- length-bucketed training ----------------------------------------------------------------
