@@ -540,8 +540,9 @@ def test_grpo_learns_reverse_three_digits_from_random_init():
     found the position-wise copy, and ended at 0.45-0.85; seed 2 was one that finished here. With
     the preset's entropy floor (entropy_coef 0.5 below a mean token entropy of 0.15) the policy
     keeps sampling alternatives: on one device 6 of seeds 0-7 reach 0.9 (3 without), seed 2 at
-    0.965 (0.836 without); docs/results.md has both arms. Seed 3 still stalls near 0.48 with or
-    without the floor, which is why the acceptance of issue 47 (every seed) is still open.
+    0.965 (0.836 without); docs/results.md has both arms. Seed 3 ends near 0.48 at update 300
+    with or without the floor (with it, it climbs on and finished by update 425 in one run), so
+    the acceptance of issue 47 (every seed within the preset's updates) is still open.
     Passed on 2026-11-28 in this test's setting (8 simulated devices), 317 s."""
     final, rewards = final_reverse_digits_reward(2)
     assert rewards[0] < 0.05
