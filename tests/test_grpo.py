@@ -541,8 +541,9 @@ def test_grpo_learns_reverse_three_digits_from_random_init():
     the preset's entropy floor (entropy_coef 0.5 below a mean token entropy of 0.15) the policy
     keeps sampling alternatives: on one device 6 of seeds 0-7 reach 0.9 (3 without), seed 2 at
     0.965 (0.836 without); docs/results.md has both arms. Seed 3 ends near 0.48 at update 300
-    with or without the floor (with it, it climbs on and finished by update 425 in one run), so
-    the acceptance of issue 47 (every seed within the preset's updates) is still open.
+    with or without the floor (with it, it climbs on: it finished by update 425 in a two-thread
+    run, settled at 0.84 in a one-core run of 700), so issue 47's acceptance (every seed) is
+    still open.
     Passed on 2026-11-28 in this test's setting (8 simulated devices), 317 s."""
     final, rewards = final_reverse_digits_reward(2)
     assert rewards[0] < 0.05
