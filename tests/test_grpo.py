@@ -229,9 +229,9 @@ def test_config_errors_name_the_field():
             from_flat(grpo.Config, settings)
 
 
-def test_entropy_bonus_subtracts_coef_times_the_token_mean_entropy():
-    """loss_fn with entropy_coef c equals the surrogate minus c x the mean per-token entropy
-    of the completion tokens, computed here in NumPy from the model's logits."""
+def entropy_test_batch():
+    """The entropy tests' tiny model parameters and a batch of 4 completions of lengths 4, 2, 1
+    and 3 after 5-token prompts."""
     params = init_params(TINY, jax.random.key(3))
     rng = np.random.default_rng(4)
     tokens = rng.integers(3, 200, (4, 9)).astype(np.int32)
@@ -243,6 +243,14 @@ def test_entropy_bonus_subtracts_coef_times_the_token_mean_entropy():
         "advantages": jnp.asarray(rng.normal(size=4), jnp.float32),
         "weights": jnp.ones(4),
     }
+    return params, batch
+
+
+def test_entropy_bonus_subtracts_coef_times_the_token_mean_entropy():
+    """loss_fn with entropy_coef c equals the surrogate minus c x the mean per-token entropy
+    of the completion tokens, computed here in NumPy from the model's logits."""
+    params, batch = entropy_test_batch()
+    completion_mask = np.asarray(batch["completion_mask"])
     model = Transformer(TINY)
     plain_config = grpo.Config(sampling=Sampling(max_new_tokens=4))
     bonus_config = grpo.Config(sampling=Sampling(max_new_tokens=4), entropy_coef=0.1)
@@ -262,16 +270,7 @@ def test_entropy_floor_gives_the_bonus_only_below_the_floor():
     """With entropy_floor f the term is entropy_coef x min(entropy, f): under the floor the loss
     and gradient are the bonus's, above it the loss is shifted by coef x f and the gradient is
     the plain loss's (no pull toward uniform)."""
-    params = init_params(TINY, jax.random.key(3))
-    rng = np.random.default_rng(4)
-    completion_mask = np.array([[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0], [1, 1, 1, 0]], bool)
-    batch = {
-        "tokens": jnp.asarray(rng.integers(3, 200, (4, 9)).astype(np.int32)),
-        "attention_mask": jnp.ones((4, 9), bool),
-        "completion_mask": jnp.asarray(completion_mask),
-        "advantages": jnp.asarray(rng.normal(size=4), jnp.float32),
-        "weights": jnp.ones(4),
-    }
+    params, batch = entropy_test_batch()
     model = Transformer(TINY)
 
     def loss_and_grad(**settings):

@@ -28,6 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from experiments.benchmarks.lm_shapes import MODEL_SHAPES  # noqa: E402
+from experiments.benchmarks.shared_prompt_update import per_row_config  # noqa: E402
 
 
 def largest_gap(a, b) -> float:
@@ -56,7 +57,6 @@ def main() -> None:
     from jaxrl import hparams, sharding
     from jaxrl.lm.checkpoints import find_checkpoint, load_params
     from jaxrl.lm.model import ModelConfig, init_params
-    from jaxrl.lm.sampler import Sampling
 
     if args.weights == "smollm2":
         checkpoint = find_checkpoint("smollm2")
@@ -67,13 +67,7 @@ def main() -> None:
         model = ModelConfig(**MODEL_SHAPES[args.model])
         params = init_params(model, jax.random.key(0))
     task = fixed_length_task(96, model.vocab_size)
-    per_row = grpo.Config(
-        batch_size=8,
-        group_size=8,
-        grad_accum_steps=4,
-        sampling=Sampling(max_new_tokens=12),
-        learning_rate=2e-5,
-    )
+    per_row = per_row_config()
     arms = {
         "per_row": per_row,
         "shared_prompt": dataclasses.replace(per_row, shared_prompt=True),

@@ -32,6 +32,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from experiments.benchmarks.lm_shapes import MODEL_SHAPES  # noqa: E402
 
 
+def per_row_config(
+    batch_size: int = 8, group_size: int = 8, grad_accum_steps: int = 4, new: int = 12
+):
+    """The per-row GRPO update at the `word_problems` preset's settings (by default its shape:
+    8 x 8, 4 micro-batches, 12 new tokens; lr 2e-5, the preset's for a pretrained start)."""
+    from algos import grpo
+    from jaxrl.lm.sampler import Sampling
+
+    return grpo.Config(
+        batch_size=batch_size,
+        group_size=group_size,
+        grad_accum_steps=grad_accum_steps,
+        sampling=Sampling(max_new_tokens=new),
+        learning_rate=2e-5,
+    )
+
+
 def training_tokens(config, prompt: int, passes: int) -> dict[str, int]:
     """Tokens the model runs per pass over the update's completions and per update (`passes`
     passes: the loss's, plus the old policy's and the reference's where they run)."""
@@ -84,18 +101,11 @@ def main() -> None:
     from experiments.benchmarks.memory_plan import fixed_length_task
     from jaxrl import hparams
     from jaxrl.lm.model import ModelConfig, init_params
-    from jaxrl.lm.sampler import Sampling
 
     model = ModelConfig(**MODEL_SHAPES[args.model])
     task = fixed_length_task(args.prompt, model.vocab_size)
     params = init_params(model, jax.random.key(0))
-    today = grpo.Config(
-        batch_size=args.batch_size,
-        group_size=args.group_size,
-        grad_accum_steps=args.grad_accum_steps,
-        sampling=Sampling(max_new_tokens=args.new),
-        learning_rate=2e-5,  # the preset's for a pretrained start
-    )
+    today = per_row_config(args.batch_size, args.group_size, args.grad_accum_steps, args.new)
     arms = {"per_row": today, "shared_prompt": dataclasses.replace(today, shared_prompt=True)}
     hp = hparams.hparams(today)
     # The rollout both arms train on in the optimizer-steps timing (the same in both arms).
