@@ -16,6 +16,7 @@ rest of its group. One update, all of it inside one `jax.jit` and sharded over t
         ratio = pi(token) / pi_old(token),  loss = -min(ratio * A, clip(ratio, 1 - lo, 1 + hi) * A)
         + kl_beta * k3(pi, pi_ref) per token, k3 = exp(ref - logp) - (ref - logp) - 1
         - entropy_coef * the mean entropy of the policy over the completion tokens
+        + uniform_kl_coef * the mean KL(uniform over the vocabulary || pi) over them
 
 Variants (`Config.variant`):
 - "grpo": std-normalised advantages; each sequence's token losses are averaged, then sequences.
@@ -140,6 +141,10 @@ class GroupConfig(training.TrainConfig):
     # With entropy_floor > 0 the bonus acts only while the mean token entropy is below it
     # (`entropy_bonus`): no pull toward uniform above the floor, a push back up below it.
     entropy_floor: float = swept(0.0)
+    # Weight of KL(uniform over the vocabulary || policy) per token, the log-barrier regulariser
+    # (`uniform_kl_penalty`): it pushes up every token's log-prob at a rate that does not fade
+    # with the token's probability, so a token the policy has stopped sampling comes back.
+    uniform_kl_coef: float = swept(0.0)
     # max_new_tokens, temperature (also applied to the trained log-probs), top_k, top_p; the
     # flags keep their flat names (--config.temperature).
     sampling: Sampling = dataclasses.field(default_factory=Sampling)
@@ -188,6 +193,12 @@ class GroupConfig(training.TrainConfig):
             "entropy_floor",
             f"{self.entropy_floor} with entropy_coef 0 does nothing",
             "set --config.entropy_coef too (e.g. 0.05)",
+        )
+        require(
+            self.uniform_kl_coef >= 0,
+            "uniform_kl_coef",
+            f"got {self.uniform_kl_coef}",
+            "use 0 (off) or more",
         )
         require(self.warmup_steps >= 0, "warmup_steps", f"got {self.warmup_steps}", "use 0 or more")
         require(self.weight_decay >= 0, "weight_decay", f"got {self.weight_decay}", "use 0 or more")
@@ -348,6 +359,19 @@ def entropy_bonus(entropy: Array, hp: HParams) -> Array:
     group equal: no gradient) without pulling it toward uniform while it is still broad."""
     floored = jnp.where(hp.entropy_floor > 0, jnp.minimum(entropy, hp.entropy_floor), entropy)
     return hp.entropy_coef * floored
+
+
+def uniform_kl_penalty(uniform_kl: Array, hp: HParams) -> Array:
+    """The term added to the loss: uniform_kl_coef x the mean over tokens of KL(uniform || pi),
+    which is -log(vocab) - the mean of log pi over the vocabulary: the log-barrier (relative
+    entropy) regulariser of softmax policies in Agarwal, Kakade, Lee and Mahajan, "On the theory
+    of policy gradient methods" (2020). Its gradient on a token's logit is uniform_kl_coef x
+    (pi - 1/vocab) per position, so a token the policy has all but stopped sampling is pushed up
+    at the same rate whatever its probability; an entropy bonus's push, pi x (-log pi -
+    entropy), goes mostly to the alternatives already sampled and fades with the probability.
+    The price: the policy keeps about uniform_kl_coef / (the advantage gap) of its mass off the
+    best token."""
+    return hp.uniform_kl_coef * uniform_kl
 
 
 def aggregate(
@@ -618,7 +642,7 @@ def make_loss(
     temperature = config.sampling.temperature
 
     def loss_fn(params: Any, batch: dict[str, Array], hp: HParams):
-        log_probs, entropy = log_prob_pass(model, params, batch, temperature)
+        log_probs, entropy, uniform_kl = log_prob_pass(model, params, batch, temperature)
         # A length bucket: its share of the micro-batch's loss and metrics (`normalisers`).
         bucketed = "norm_sequences" in batch
         totals = (batch["norm_sequences"][0], batch["norm_tokens"][0]) if bucketed else None
@@ -650,15 +674,17 @@ def make_loss(
                 log_prob_mismatch(batch["sampler_log_probs"], old, batch["fresh_mask"], count)
             )
         all_tokens = (None, batch["norm_all_tokens"][0]) if bucketed else None
-        metrics["entropy"] = aggregate(
-            entropy,
-            batch["completion_mask"],
-            jnp.ones_like(batch["weights"]),
-            "token_mean",
-            1,
-            all_tokens,
-        )
-        return loss - entropy_bonus(metrics["entropy"], hp), metrics
+        for name, per_token in (("entropy", entropy), ("uniform_kl", uniform_kl)):
+            metrics[name] = aggregate(
+                per_token,
+                batch["completion_mask"],
+                jnp.ones_like(batch["weights"]),
+                "token_mean",
+                1,
+                all_tokens,
+            )
+        barrier = uniform_kl_penalty(metrics["uniform_kl"], hp)
+        return loss - entropy_bonus(metrics["entropy"], hp) + barrier, metrics
 
     return loss_fn
 

@@ -45,8 +45,8 @@ from algos.rollouts import Learner, Sync
 from jaxrl.config import require
 from jaxrl.hparams import HParams, static, swept
 from jaxrl.lm import dialogue
-from jaxrl.lm.log_probs import log_prob_mismatch, log_probs_and_entropy
-from jaxrl.lm.model import ModelConfig, Transformer
+from jaxrl.lm.log_probs import log_prob_mismatch
+from jaxrl.lm.model import ModelConfig, Transformer, token_statistics
 from jaxrl.loop import Algorithm
 
 Array = jax.Array
@@ -191,7 +191,7 @@ def make_loss(
 
     def loss_fn(params: Any, batch: dict[str, Array], hp: HParams):
         logits = policy_logits_of(model, params, batch, policy_pass)
-        log_probs, entropy = log_probs_and_entropy(
+        log_probs, entropy, uniform_kl = token_statistics(
             logits, batch["targets"], config.sampling.temperature
         )
         old = batch.get("old_log_probs", jax.lax.stop_gradient(log_probs))
@@ -210,7 +210,9 @@ def make_loss(
             metrics.update(log_prob_mismatch(batch["sampler_log_probs"], old, batch["fresh_mask"]))
         ones = jnp.ones_like(batch["weights"])
         metrics["entropy"] = grpo.aggregate(entropy, batch["valid"], ones, "token_mean", 1)
-        return loss - grpo.entropy_bonus(metrics["entropy"], hp), metrics
+        metrics["uniform_kl"] = grpo.aggregate(uniform_kl, batch["valid"], ones, "token_mean", 1)
+        barrier = grpo.uniform_kl_penalty(metrics["uniform_kl"], hp)
+        return loss - grpo.entropy_bonus(metrics["entropy"], hp) + barrier, metrics
 
     return loss_fn
 
@@ -335,7 +337,7 @@ def make_optimize(
 
     def log_probs_of(params: Any, batch: dict[str, Array]) -> Array:
         logits = policy_logits_of(transformer, params, batch, policy_pass)
-        log_probs, _ = log_probs_and_entropy(logits, batch["targets"], temperature)
+        log_probs = token_statistics(logits, batch["targets"], temperature).log_probs
         return jax.lax.stop_gradient(log_probs)
 
     return optimizer_steps.optimize_with(
@@ -374,11 +376,13 @@ def learner(
         return make_rollout(config, model, env, eos_id, pad_id, on)
 
     def trainer_log_probs(on: Any) -> Callable[[Any, dict], Array]:
-        return lambda params, batch: log_probs_and_entropy(
-            policy_logits_of(Transformer(model, mesh=on), params, batch, logits_pass),
-            batch["targets"],
-            temperature,
-        )[0]
+        return lambda params, batch: (
+            token_statistics(
+                policy_logits_of(Transformer(model, mesh=on), params, batch, logits_pass),
+                batch["targets"],
+                temperature,
+            ).log_probs
+        )
 
     return Learner(
         name="multi-turn GRPO",

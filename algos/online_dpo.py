@@ -164,7 +164,7 @@ def score_pairs_sharing_prompt(
         "attention_mask": interleaved("attention_mask"),
         "completion_mask": scored,
     }
-    log_probs, _ = LogProbPass(2)(model, params, rows, 1.0)
+    log_probs = LogProbPass(2)(model, params, rows, 1.0).log_probs
     sums = jnp.sum(log_probs * scored, axis=1).reshape(-1, 2)
     lengths = scored.sum(axis=1).astype(jnp.float32).reshape(-1, 2)
     return {

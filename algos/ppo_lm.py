@@ -50,8 +50,8 @@ from jaxrl import sharding
 from jaxrl.config import require, require_in_range, require_positive
 from jaxrl.hparams import HParams, static, swept
 from jaxrl.lm import training
-from jaxrl.lm.log_probs import completion_log_probs, log_probs_and_entropy
-from jaxrl.lm.model import ModelConfig, Transformer, head_logits
+from jaxrl.lm.log_probs import completion_log_probs
+from jaxrl.lm.model import ModelConfig, Transformer, head_logits, token_statistics
 from jaxrl.lm.sampler import Sampling, generate, require_sampling
 from jaxrl.loop import Algorithm
 
@@ -370,7 +370,7 @@ def make_forward(
             )
             head = params["critic"]
             values = hidden[:, :-1].astype(jnp.float32) @ head["score_kernel"] + head["score_bias"]
-        log_probs, entropy = log_probs_and_entropy(logits, completion, config.sampling.temperature)
+        log_probs, entropy, _ = token_statistics(logits, completion, config.sampling.temperature)
         return log_probs, entropy, values
 
     return forward
@@ -505,10 +505,10 @@ def make(
         scores = scores - hp.missing_eos_penalty * (1.0 - ended.astype(jnp.float32))
 
         old_log_probs, _, old_values = jax.lax.stop_gradient(forward(state.params, batch))
-        reference_log_probs, _ = jax.lax.stop_gradient(
+        reference_log_probs = jax.lax.stop_gradient(
             completion_log_probs(
                 reference, inputs.reference_params, batch, config.sampling.temperature
-            )
+            ).log_probs
         )
         mask = completion.mask
         rewards = kl_penalized_rewards(

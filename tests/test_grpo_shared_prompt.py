@@ -89,7 +89,7 @@ def _assert_shared_equals_per_row(settings, mesh_shape=(1, 1, 1)):
 @pytest.mark.parametrize(
     "settings",
     [
-        dict(variant="grpo", kl_beta=0.05, entropy_coef=0.01),
+        dict(variant="grpo", kl_beta=0.05, entropy_coef=0.01, uniform_kl_coef=0.02),
         pytest.param(dict(variant="dr_grpo", kl_beta=0.05), marks=pytest.mark.slow),
         pytest.param(dict(variant="dapo", num_epochs=2, entropy_coef=0.01), marks=pytest.mark.slow),
         pytest.param(dict(variant="rloo", kl_beta=0.05), marks=pytest.mark.slow),

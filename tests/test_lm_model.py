@@ -173,8 +173,19 @@ def test_remat_gives_the_same_gradients_and_bf16_stays_close(params):
     hidden = Transformer(CONFIG).apply({"params": params}, tokens, hidden_only=True)[0]
     whole = token_log_probs(Transformer(CONFIG).apply({"params": params}, tokens)[0], tokens)
     # Chunks of 3 positions (two rows x 3 x vocab 64 elements each), the last one padded.
-    chunked, _ = head_log_probs(CONFIG, params, hidden[:, :-1], tokens[:, 1:], 1.0, 2 * 3 * 64)
-    np.testing.assert_allclose(chunked, whole[:, 1:], atol=1e-6)
+    chunked = head_log_probs(CONFIG, params, hidden[:, :-1], tokens[:, 1:], 0.7, 2 * 3 * 64)
+    logits = np.asarray(Transformer(CONFIG).apply({"params": params}, tokens)[0])[:, :-1] / 0.7
+    # NumPy reference at temperature 0.7: log p, entropy, KL(uniform || p) = mean(log(u / p)).
+    log_p = logits - logits.max(-1, keepdims=True)
+    log_p = log_p - np.log(np.exp(log_p).sum(-1, keepdims=True))
+    picked = np.take_along_axis(log_p, np.asarray(tokens)[:, 1:, None], -1)[..., 0]
+    uniform = 1.0 / CONFIG.vocab_size
+    np.testing.assert_allclose(chunked.log_probs, picked, atol=1e-5)
+    np.testing.assert_allclose(chunked.entropy, -(np.exp(log_p) * log_p).sum(-1), atol=1e-5)
+    kl = (uniform * (np.log(uniform) - log_p)).sum(-1)
+    np.testing.assert_allclose(chunked.uniform_kl, kl, atol=1e-5)
+    at_one = head_log_probs(CONFIG, params, hidden[:, :-1], tokens[:, 1:], 1.0, 2 * 3 * 64)
+    np.testing.assert_allclose(at_one.log_probs, whole[:, 1:], atol=1e-6)
     bf16 = dataclasses.replace(CONFIG, dtype="bfloat16")
     np.testing.assert_allclose(loss(bf16, params), loss(CONFIG, params), rtol=2e-2)
 

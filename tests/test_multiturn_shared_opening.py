@@ -20,8 +20,7 @@ from envs.text import multiturn as games
 from jaxrl import hparams, sharding
 from jaxrl.config import ConfigError
 from jaxrl.lm import dialogue, training
-from jaxrl.lm.log_probs import log_probs_and_entropy
-from jaxrl.lm.model import Transformer, param_shardings
+from jaxrl.lm.model import Transformer, param_shardings, token_statistics
 from jaxrl.lm.sampler import Sampling, SamplingConfig
 from tests.test_multiturn import BYTES, TINY, digits_model
 
@@ -84,8 +83,8 @@ def test_shared_opening_logits_and_log_probs_equal_per_episode(played):
     valid = np.asarray(gathered.valid)
     assert valid.sum() > 40 and valid[:, 0].all()  # first tokens predicted from the opening
     np.testing.assert_allclose(np.asarray(got)[valid], np.asarray(want)[valid], atol=ATOL)
-    got_lp, _ = log_probs_and_entropy(got, gathered.tokens, TEMPERATURE)
-    want_lp, _ = log_probs_and_entropy(want, gathered.tokens, TEMPERATURE)
+    got_lp = token_statistics(got, gathered.tokens, TEMPERATURE).log_probs
+    want_lp = token_statistics(want, gathered.tokens, TEMPERATURE).log_probs
     np.testing.assert_allclose(np.where(valid, got_lp, 0), np.where(valid, want_lp, 0), atol=ATOL)
     np.testing.assert_allclose(
         np.where(valid, got_lp, 0), gathered.sampled_log_probs, atol=2e-5
@@ -97,15 +96,15 @@ def test_shared_opening_logits_and_log_probs_equal_per_episode(played):
 
 @pytest.mark.parametrize("credit", ["episode", "turn"])
 def test_the_loss_and_its_gradients_equal_per_episode(played, credit):
-    """Multi-turn GRPO's loss (with the KL penalty to a reference and the entropy bonus) and
-    its gradients over a training batch of the played games, shared opening against per
-    episode."""
+    """Multi-turn GRPO's loss (with the KL penalty to a reference, the entropy bonus and the
+    uniform KL) and its gradients over a training batch of the played games, shared opening
+    against per episode."""
     params, episodes = played
     settings = dict(gamma=0.9) if credit == "turn" else {}
     config = multiturn.Config(
         batch_size=GAMES, group_size=GROUP, credit=credit, kl_beta=0.05, entropy_coef=0.01,
-        sampling=Sampling(max_new_tokens=BUDGET, temperature=TEMPERATURE), shared_prompt=True,
-        **settings,
+        uniform_kl_coef=0.02, shared_prompt=True,
+        sampling=Sampling(max_new_tokens=BUDGET, temperature=TEMPERATURE), **settings,
     )  # fmt: skip
     hp = hparams.hparams(config)
     capacity = ENV.max_turns * BUDGET
@@ -113,7 +112,7 @@ def test_the_loss_and_its_gradients_equal_per_episode(played, credit):
     assert np.abs(batch["advantages"]).max() > 0.1
     reference = jax.tree.map(lambda p: p * 0.9, params)
     per_episode = dialogue.PER_EPISODE
-    batch["reference_log_probs"] = log_probs_and_entropy(
+    batch["reference_log_probs"] = token_statistics(
         multiturn.policy_logits_of(Transformer(TINY), reference, batch, per_episode),
         batch["targets"],
         TEMPERATURE,
@@ -159,7 +158,7 @@ def test_minibatches_of_whole_games_equal_the_per_episode_pass_over_them(played)
 
     def per_episode_old_log_probs(p, b):
         logits = multiturn.policy_logits_of(model, p, b)
-        return jax.lax.stop_gradient(log_probs_and_entropy(logits, b["targets"], TEMPERATURE)[0])
+        return jax.lax.stop_gradient(token_statistics(logits, b["targets"], TEMPERATURE)[0])
 
     shared = multiturn.choose_policy_pass(config, ENV)
     per_episode_loss = multiturn.make_loss(model, config, capacity)

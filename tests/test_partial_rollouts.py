@@ -316,7 +316,7 @@ def test_carried_rows_continue_where_they_stopped():
         "completion_mask": slots.mask,
     }
     temperature = config.sampling.temperature
-    trainer, _ = completion_log_probs(Transformer(TINY), params, batch, temperature)
+    trainer = completion_log_probs(Transformer(TINY), params, batch, temperature).log_probs
     mask = np.asarray(slots.mask)
     versions = np.asarray(slots.versions)
     spans = [len(set(versions[row][mask[row]])) for row in range(mask.shape[0])]

@@ -140,7 +140,7 @@ def test_value_head_forward_reads_the_logits_grpo_reads():
     batch = completion_batch()
     config = ppo_lm.Config(sampling=Sampling(temperature=0.7))
     log_probs, entropy, values = ppo_lm.make_forward(TINY, None, None, config)(params, batch)
-    want, want_entropy = completion_log_probs(Transformer(TINY), lm, batch, 0.7)
+    want, want_entropy, _ = completion_log_probs(Transformer(TINY), lm, batch, 0.7)
     np.testing.assert_allclose(log_probs, want, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(entropy, want_entropy, rtol=1e-5, atol=1e-6)
     hidden, _ = Transformer(TINY).apply(

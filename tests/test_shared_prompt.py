@@ -51,13 +51,15 @@ def grouped_batch(groups: int, group_size: int, prompt: int, new: int, seed: int
 
 
 def make_loss(log_probs_fn):
-    """A scalar of both outputs: advantage-weighted masked log-probs plus an entropy bonus."""
+    """A scalar of all three outputs: advantage-weighted masked log-probs plus an entropy
+    bonus and a uniform-KL term."""
 
     def loss(params, model, batch):
-        log_probs, entropy = log_probs_fn(model, params, batch)
+        log_probs, entropy, uniform_kl = log_probs_fn(model, params, batch)
         mask = batch["completion_mask"]
         surrogate = jnp.sum(jnp.where(mask, log_probs * batch["advantages"][:, None], 0.0))
-        return surrogate + 0.1 * jnp.sum(jnp.where(mask, entropy, 0.0))
+        regularisers = 0.1 * entropy - 0.05 * uniform_kl
+        return surrogate + jnp.sum(jnp.where(mask, regularisers, 0.0))
 
     return loss
 
@@ -73,7 +75,7 @@ def grouped(group_size):
 
 
 def outputs_and_grads(kind, group_size, params, batch, model, wrap=lambda p: p):
-    """(log-probs, entropies, gradient w.r.t. params) of `kind` (per_row or grouped), jitted;
+    """(token statistics, gradient w.r.t. params) of `kind` (per_row or grouped), jitted;
     `wrap` maps the differentiated tree to the model's parameters (LoRA's attach)."""
     fn = kind(group_size)
 
@@ -87,10 +89,10 @@ def outputs_and_grads(kind, group_size, params, batch, model, wrap=lambda p: p):
 
 
 def assert_same(reference, candidate):
-    (ref_lp, ref_ent), ref_grads = reference
-    (lp, ent), grads = candidate
-    np.testing.assert_allclose(lp, ref_lp, atol=ATOL, rtol=0)
-    np.testing.assert_allclose(ent, ref_ent, atol=ATOL, rtol=0)
+    ref_statistics, ref_grads = reference
+    statistics, grads = candidate
+    for got, want in zip(statistics, ref_statistics, strict=True):  # log-probs, entropy, KL
+        np.testing.assert_allclose(got, want, atol=ATOL, rtol=0)
     for path, ref_g in jax.tree_util.tree_leaves_with_path(ref_grads):
         g = dict(jax.tree_util.tree_leaves_with_path(grads))[path]
         np.testing.assert_allclose(g, ref_g, atol=ATOL, rtol=1e-4, err_msg=str(path))

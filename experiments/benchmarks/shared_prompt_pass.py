@@ -79,7 +79,7 @@ def main() -> None:
 
     def step_of(log_probs_fn):
         def loss(params):
-            log_probs, _ = log_probs_fn(params)
+            log_probs = log_probs_fn(params).log_probs
             weighted = log_probs * batch["advantages"][:, None]
             return jnp.sum(jnp.where(batch["completion_mask"], weighted, 0.0))
 

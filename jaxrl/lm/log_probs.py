@@ -1,4 +1,5 @@
-"""Token log-probs of sampled completions under a model, their entropies, and the gap between
+"""Token log-probs of sampled completions under a model, with their distributions' entropy and
+uniform KL (`jaxrl.lm.model.TokenStatistics`), and the gap between
 the sampler's log-prob of a token and the trainer's: what every algorithm that trains on its own
 samples (GRPO and its relatives, multi-turn GRPO, PPO, online DPO) computes the same way.
 
@@ -22,16 +23,21 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxrl.lm.model import Transformer, head_log_probs, positions_from_mask
+from jaxrl.lm.model import (
+    TokenStatistics,
+    Transformer,
+    head_log_probs,
+    positions_from_mask,
+)
 
 Array = jax.Array
 
 
 def completion_log_probs(
     model: Transformer, params: Any, batch: dict[str, Array], temperature: float
-) -> tuple[Array, Array]:
+) -> TokenStatistics:
     """Log-probs of the completion tokens under the policy at the sampling temperature, and the
-    per-position entropy of that distribution; both [B, N]."""
+    per-position entropy and uniform KL of that distribution (`TokenStatistics`, each [B, N])."""
     completion_length = batch["completion_mask"].shape[1]
     # Position t predicts token t + 1: the hidden states before each completion token, and only
     # those (the head over the prompt positions would be most of the memory, for nothing); the
@@ -59,10 +65,10 @@ def grouped_completion_log_probs(
     batch: dict[str, Array],
     temperature: float,
     group_size: int,
-) -> tuple[Array, Array]:
+) -> TokenStatistics:
     """`completion_log_probs` of a batch whose rows come in contiguous groups of `group_size`
     that share their prompt (tokens and mask of the first P columns), with each group's prompt
-    run through the model once: log-probs and entropies [B, N] in the batch's row order.
+    run through the model once: its `TokenStatistics` [B, N] in the batch's row order.
 
     Each group of G rows becomes one sequence of P + G * N tokens, [prompt, completion 1, ...,
     completion G]: the prompt attends causally to itself (its left padding masked), completion
@@ -129,9 +135,9 @@ class LogProbPass:
     (`completion_log_probs`). G > 1: the rows come in contiguous groups of G that share their
     prompt, each group's prompt run once (`grouped_completion_log_probs`); whoever splits the
     batch (minibatches, micro-batches, length buckets, mesh shards) keeps groups whole and in
-    order. Both give the same log-probs and entropies up to rounding.
+    order. Both give the same log-probs, entropies and uniform KLs up to rounding.
 
-    Called as `log_prob_pass(model, params, batch, temperature) -> (log_probs, entropies)`, both
+    Called as `log_prob_pass(model, params, batch, temperature) -> TokenStatistics`, each
     [B, N]; `PER_ROW` is `LogProbPass(1)`."""
 
     group_size: int = 1
@@ -142,7 +148,7 @@ class LogProbPass:
 
     def __call__(
         self, model: Transformer, params: Any, batch: dict[str, Array], temperature: float
-    ) -> tuple[Array, Array]:
+    ) -> TokenStatistics:
         if self.group_size == 1:
             return completion_log_probs(model, params, batch, temperature)
         return grouped_completion_log_probs(model, params, batch, temperature, self.group_size)
@@ -155,15 +161,6 @@ class LogProbPass:
 
 
 PER_ROW = LogProbPass()  # today's pass: every row with its own copy of the prompt
-
-
-def log_probs_and_entropy(logits: Array, tokens: Array, temperature: float) -> tuple[Array, Array]:
-    """From the logits [B, N, vocab] before each of `tokens` [B, N]: each token's log-prob at the
-    sampling temperature and the entropy of that distribution, both [B, N]."""
-    log_softmax = jax.nn.log_softmax(logits / temperature, axis=-1)
-    log_probs = jnp.take_along_axis(log_softmax, tokens[..., None], axis=-1)[..., 0]
-    entropy = -jnp.sum(jnp.exp(log_softmax) * log_softmax, axis=-1)
-    return log_probs, entropy
 
 
 def log_prob_mismatch(

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -526,6 +526,27 @@ def head_logits(config: ModelConfig, params: dict, hidden: Array) -> Array:
 LOGITS_CHUNK_ELEMENTS = 1 << 26
 
 
+class TokenStatistics(NamedTuple):
+    """What a training loss reads of the policy's distribution before each completion token, all
+    [B, T]: the token's log-prob, the distribution's entropy, and KL(uniform over the vocabulary
+    || the distribution), which is -log(vocab) - the mean log-prob over the vocabulary (GRPO's
+    log-barrier regulariser, `algos.grpo.uniform_kl_penalty`)."""
+
+    log_probs: Array
+    entropy: Array
+    uniform_kl: Array
+
+
+def token_statistics(logits: Array, tokens: Array, temperature: float) -> TokenStatistics:
+    """`TokenStatistics` from the logits [..., vocab] before each of `tokens` [...], at the
+    sampling temperature."""
+    log_softmax = jax.nn.log_softmax(logits / temperature, axis=-1)
+    picked = jnp.take_along_axis(log_softmax, tokens[..., None], axis=-1)[..., 0]
+    entropy = -jnp.sum(jnp.exp(log_softmax) * log_softmax, axis=-1)
+    uniform_kl = -math.log(logits.shape[-1]) - jnp.mean(log_softmax, axis=-1)
+    return TokenStatistics(picked, entropy, uniform_kl)
+
+
 def head_log_probs(
     config: ModelConfig,
     params: dict,
@@ -533,10 +554,10 @@ def head_log_probs(
     targets: Array,
     temperature: float = 1.0,
     chunk_elements: int = LOGITS_CHUNK_ELEMENTS,
-) -> tuple[Array, Array]:
-    """log p(targets[:, t]) at `temperature` and the entropy of that distribution, both [B, T],
-    from final-normalised hidden states [B, T, hidden_size] (`Transformer(hidden_only=True)`)
-    that predict `targets` [B, T].
+) -> TokenStatistics:
+    """log p(targets[:, t]) at `temperature` and the entropy and uniform KL of that distribution
+    (`TokenStatistics`, each [B, T]), from final-normalised hidden states [B, T, hidden_size]
+    (`Transformer(hidden_only=True)`) that predict `targets` [B, T].
 
     The head runs over chunks of positions in a scan whose body is checkpointed, so the fp32
     logits [B, T, vocab] never exist whole, neither in the forward pass nor as residuals kept
@@ -554,21 +575,15 @@ def head_log_probs(
     targets = targets.reshape(batch, chunks, step).swapaxes(0, 1)
 
     @jax.checkpoint
-    def one_chunk(h: Array, tokens: Array) -> tuple[Array, Array]:
-        logits = head_logits(config, params, h) / temperature
-        log_softmax = jax.nn.log_softmax(logits, axis=-1)
-        picked = jnp.take_along_axis(log_softmax, tokens[..., None], axis=-1)[..., 0]
-        entropy = -jnp.sum(jnp.exp(log_softmax) * log_softmax, axis=-1)
-        return picked, entropy
+    def one_chunk(h: Array, tokens: Array) -> TokenStatistics:
+        return token_statistics(head_logits(config, params, h), tokens, temperature)
 
-    _, (log_probs, entropy) = jax.lax.scan(
-        lambda carry, xs: (carry, one_chunk(*xs)), None, (hidden, targets)
-    )
+    _, chunked = jax.lax.scan(lambda carry, xs: (carry, one_chunk(*xs)), None, (hidden, targets))
 
     def unchunk(x: Array) -> Array:
         return x.swapaxes(0, 1).reshape(batch, chunks * step)[:, :length]
 
-    return unchunk(log_probs), unchunk(entropy)
+    return TokenStatistics(*map(unchunk, chunked))
 
 
 def segment_attention(token_mask: Array, segment_ids: Array) -> Array:

@@ -260,7 +260,7 @@ def sequence_log_probs(
     if scored_length is None or scored_length >= length - 1:
         hidden, _ = model.apply({"params": params}, tokens, None, attention_mask, hidden_only=True)
         # Position t predicts token t + 1; the head runs in chunks (`head_log_probs`).
-        picked, _ = head_log_probs(model.config, params, hidden[:, :-1], tokens[:, 1:])
+        picked = head_log_probs(model.config, params, hidden[:, :-1], tokens[:, 1:]).log_probs
         per_token = picked * loss_mask[:, 1:]
         return per_token.sum(axis=-1), loss_mask.sum(axis=-1).astype(jnp.float32)
     # Window j of a row predicts token first + j from the logits at first + j - 1. A row with
