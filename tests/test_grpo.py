@@ -590,11 +590,16 @@ def test_grpo_learns_reverse_three_digits_from_random_init():
     assert final >= 0.9, rewards[::25]
 
 
+# Seed 1 stalls near 0.65 (a wrong copy learnt for some digit pairs, docs/results.md): issue 47
+# is open until it passes; strict, so the day it passes the xfail must go.
+SEED_1_STALLS = pytest.mark.xfail(reason="issue 47: seed 1 stalls near 0.65", strict=True)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [0, 1, 3, 4, 5, 6, 7])
+@pytest.mark.parametrize("seed", [0, pytest.param(1, marks=SEED_1_STALLS), 3, 4, 5, 6, 7])
 def test_grpo_learns_reverse_three_digits_from_random_init_on_every_seed(seed):
-    """With seed 2's test above, every seed 0-7: the same threshold (about 10 minutes each on
-    the 2-core host; `pytest --runslow -k on_every_seed`)."""
+    """With seed 2's test above, every seed 0-7: the same threshold (13-18 minutes each on one
+    core of the 2-core host; `pytest --runslow -k on_every_seed`)."""
     final, rewards = final_reverse_digits_reward(seed)
     assert final >= 0.9, rewards[::25]
 
