@@ -53,7 +53,7 @@ NOT_IN_CI = {
     "tests/test_smollm2_training.py::test_grpo_trains_smollm2_on_word_problems": 243,
     # learning tests: a cheaper one of the same update runs (named after the seconds)
     "tests/test_multiturn_learning.py::test_rl_teaches_the_tiny_model_to_call_the_calculator": 378,  # test_multiturn.py's update trains
-    "tests/test_grpo.py::test_grpo_learns_reverse_three_digits_from_random_init": 298,  # test_prompt_data's GRPO learns, PPO-LM, online DPO
+    "tests/test_grpo.py::test_grpo_learns_reverse_three_digits_from_random_init": 406,  # test_prompt_data's GRPO learns, PPO-LM, online DPO
     "tests/test_ppo_lm.py::test_remax_raises_the_answer_reward_of_the_same_starts": 182,  # the same GRPO update
     "tests/test_ppo.py::test_pendulum_continuous_learns": 172,  # CartPole; SAC on Pendulum
     "tests/test_hl_gauss.py::test_ppo_with_a_classifying_critic_learns_cartpole": 62,  # its losses against NumPy; PPO CartPole
