@@ -374,6 +374,13 @@ def uniform_kl_penalty(uniform_kl: Array, hp: HParams) -> Array:
     return hp.uniform_kl_coef * uniform_kl
 
 
+def regularisers(metrics: dict[str, Array], hp: HParams) -> Array:
+    """What GRPO's and multi-turn GRPO's losses add to the policy loss, from the batch's token
+    means `metrics["entropy"]` and `metrics["uniform_kl"]`: the uniform KL's penalty minus the
+    entropy bonus."""
+    return uniform_kl_penalty(metrics["uniform_kl"], hp) - entropy_bonus(metrics["entropy"], hp)
+
+
 def aggregate(
     per_token: Array,
     mask: Array,
@@ -683,8 +690,7 @@ def make_loss(
                 1,
                 all_tokens,
             )
-        barrier = uniform_kl_penalty(metrics["uniform_kl"], hp)
-        return loss - entropy_bonus(metrics["entropy"], hp) + barrier, metrics
+        return loss + regularisers(metrics, hp), metrics
 
     return loss_fn
 

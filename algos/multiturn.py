@@ -211,8 +211,7 @@ def make_loss(
         ones = jnp.ones_like(batch["weights"])
         metrics["entropy"] = grpo.aggregate(entropy, batch["valid"], ones, "token_mean", 1)
         metrics["uniform_kl"] = grpo.aggregate(uniform_kl, batch["valid"], ones, "token_mean", 1)
-        barrier = grpo.uniform_kl_penalty(metrics["uniform_kl"], hp)
-        return loss - grpo.entropy_bonus(metrics["entropy"], hp) + barrier, metrics
+        return loss + grpo.regularisers(metrics, hp), metrics
 
     return loss_fn
 
