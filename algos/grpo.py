@@ -292,7 +292,7 @@ class Config(GroupConfig):
             "use 0 (off) or fewer tokens than max_new_tokens",
         )
         optimizer_steps.validate_length_buckets(self)
-        optimizer_steps.validate_shared_prompt(self)
+        optimizer_steps.validate_shared_prompt(self, self.length_buckets)
         shards = training.check_mesh_shape(self.mesh_shape)
         require(
             self.spec.baseline != "greedy" or self.batch_size % shards == 0,

@@ -94,7 +94,7 @@ class Config(grpo.GroupConfig):
             "use grpo, dr_grpo, dapo or rloo",
         )
         require(self.lora_rank == 0, "lora_rank", "LoRA is not built for multi-turn yet", "use 0")
-        optimizer_steps.validate_shared_prompt(self)
+        optimizer_steps.validate_shared_prompt(self, None)
 
 
 # --- credit over turns ---------------------------------------------------------------------------

@@ -58,20 +58,19 @@ def validate_length_buckets(config: Any) -> None:
     )
 
 
-def validate_shared_prompt(config: Any) -> None:
+def validate_shared_prompt(config: Any, length_buckets: int | None) -> None:
     """With shared_prompt, every pass's rows must be whole groups on each batch shard: the
     micro-batch (or its length bucket) a multiple of group_size x the mesh's batch shards.
-    GRPO's Config and multi-turn GRPO's (games' episodes sharing their opening) both."""
+    GRPO's Config (its `length_buckets`) and multi-turn GRPO's (None: it has no length buckets;
+    games' episodes share their opening) both."""
     if not config.shared_prompt or config.group_size == 1:
         return
-    # Multi-turn GRPO's Config has no length buckets.
-    bucketed = hasattr(config, "length_buckets")
-    buckets = config.length_buckets if bucketed else 0
+    buckets = length_buckets or 0
     unit = config.micro_batch_size // max(buckets, 1)
     shards = training.check_mesh_shape(config.mesh_shape)
     what = "length bucket" if buckets else "micro-batch"
     fewer = "num_minibatches, grad_accum_steps or length_buckets"
-    if not bucketed:
+    if length_buckets is None:
         fewer = "num_minibatches or grad_accum_steps"
     require(
         unit % (config.group_size * shards) == 0,
