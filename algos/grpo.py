@@ -192,7 +192,7 @@ class GroupConfig(training.TrainConfig):
             self.entropy_floor == 0 or self.entropy_coef > 0,
             "entropy_floor",
             f"{self.entropy_floor} with entropy_coef 0 does nothing",
-            "set --config.entropy_coef too (e.g. 0.05)",
+            "set --config.entropy_coef too (e.g. 0.05), or entropy_floor=0 for no entropy bonus",
         )
         require(
             self.uniform_kl_coef >= 0,
