@@ -105,14 +105,17 @@ def time_weight_products(model: ModelConfig, params: Any, batch: int, repeats: i
         x = x + (x @ q) @ o + tiny * unused
         return x + ((x @ gate) * (x @ up)) @ down, None
 
-    def step(_: int, x: jax.Array) -> jax.Array:
-        x, _ = jax.lax.scan(layer, x, weights)
-        logits = x @ head.T if model.tie_embeddings else x @ head
-        return x + tiny * logits[:, :d]
+    def run(x: jax.Array, weights: tuple, head: jax.Array) -> jax.Array:
+        # The weights are arguments: closed over, they would be compiled in as constants (GBs).
+        def step(_: int, x: jax.Array) -> jax.Array:
+            x, _ = jax.lax.scan(layer, x, weights)
+            logits = x @ head.T if model.tie_embeddings else x @ head
+            return x + tiny * logits[:, :d]
 
-    run = jax.jit(lambda x: jax.lax.fori_loop(0, steps, step, x))
+        return jax.lax.fori_loop(0, steps, step, x)
+
     x = jnp.full((batch, d), 0.01, model.dtype)
-    return _best_time(run, x, repeats=repeats) / steps
+    return _best_time(jax.jit(run), x, weights, head, repeats=repeats) / steps
 
 
 def time_decoding(
@@ -154,6 +157,12 @@ def main() -> None:
         "--peak_n", type=int, default=2048, help="matrix size of the matmul peak (GPU: 8192)"
     )
     parser.add_argument("--json", default="", help="also write the results to this file")
+    parser.add_argument(
+        "--trace",
+        default="",
+        help="also write a jax.profiler trace (Perfetto) of one decode call at --trace_batch here",
+    )
+    parser.add_argument("--trace_batch", type=int, default=32)
     args = parser.parse_args()
 
     model = ModelConfig(**SHAPES[args.model], dtype=args.dtype, param_dtype=args.dtype)
@@ -205,21 +214,45 @@ def main() -> None:
             f"{products_ms:.2f} ({row['weight_products_ratio']:.2f})  {timing['compile_s']:.1f}",
             flush=True,
         )
-    if args.json:
-        report = dict(
-            model=args.model,
-            dtype=args.dtype,
-            prompt_length=args.prompt_length,
-            new_tokens=args.new_tokens,
-            bandwidth_bytes_per_s=bandwidth,
-            matmul_peak_flops=peak,
-            weight_bytes=weight_bytes,
-            device=jax.devices()[0].device_kind,
-            peak_n=args.peak_n,
-            rows=rows,
+        if args.json:  # after every row: a run stopped at its time limit keeps the rows so far
+            report = dict(
+                model=args.model,
+                dtype=args.dtype,
+                prompt_length=args.prompt_length,
+                new_tokens=args.new_tokens,
+                bandwidth_bytes_per_s=bandwidth,
+                matmul_peak_flops=peak,
+                weight_bytes=weight_bytes,
+                device=jax.devices()[0].device_kind,
+                peak_n=args.peak_n,
+                rows=rows,
+            )
+            Path(args.json + ".tmp").write_text(json.dumps(report, indent=1))
+            Path(args.json + ".tmp").replace(args.json)
+    if args.trace:
+        trace_decoding(
+            model, params, args.trace_batch, args.prompt_length, args.new_tokens, args.trace
         )
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
+
+
+def trace_decoding(
+    model: ModelConfig, params: Any, batch: int, prompt_length: int, new_tokens: int, where: str
+) -> None:
+    """One compiled decode call (prefill + `new_tokens` steps) under jax.profiler, written as a
+    Perfetto trace (`*.trace.json.gz`) under `where`: the kernels of a step and their times."""
+    prompts = jnp.zeros((batch, prompt_length), jnp.int32)
+    mask = jnp.ones((batch, prompt_length), bool)
+    sampling = SamplingConfig(max_new_tokens=new_tokens, eos_id=model.vocab_size, pad_id=0)
+    fn = jax.jit(lambda p, t, m, k: generate(model, p, t, m, k, sampling).tokens)
+    compiled = fn.lower(params, prompts, mask, jax.random.key(0)).compile()
+    jax.block_until_ready(compiled(params, prompts, mask, jax.random.key(0)))
+    try:
+        with jax.profiler.trace(where, create_perfetto_trace=True):
+            jax.block_until_ready(compiled(params, prompts, mask, jax.random.key(1)))
+    except Exception as error:  # a profiler the machine lacks (CUPTI) must not lose the rows
+        print(f"trace: not written ({type(error).__name__}: {error})")
+        return
+    print(f"trace: batch {batch}, {new_tokens} new tokens, under {where}")
 
 
 if __name__ == "__main__":

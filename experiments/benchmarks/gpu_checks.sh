@@ -11,7 +11,8 @@
 #   install  wheels into $SITE (--no-index --no-deps; the image's jax is never touched), the
 #            versions, `import jaxrl`, and experiments/grpo.py for 2 tiny updates on the GPU
 #            (issue 37: the GPU install that works, one LM script)
-#   gen17    generation.py, 1.7B shape, bf16, batches 1, 32, 128, roofline measured in the run
+#   gen17    generation.py, 1.7B shape, bf16, batches 1, 32, 128, 256 ($GEN_BATCHES), roofline
+#            measured in the run; a jax.profiler trace of one decode call at batch 32
 #   ckpt17   a random-weight 1.7B Hugging Face checkpoint (make_random_hf.py; without torch, our
 #            own exporter) with SmolLM2's tokenizer, for grpo17 and dpo17
 #   grpo17   grpo_throughput.py on it: ours (bf16 compute, defaults: no remat) against TRL 1.16
@@ -67,7 +68,7 @@ while (($#)); do
     --second) STEPS=$SECOND ;;
     --third) STEPS=$THIRD ;;
     -h | --help)
-        sed -n '2,44p' "$0"
+        sed -n '2,45p' "$0"
         exit 0
         ;;
     -*)
@@ -233,13 +234,15 @@ gen_args() { # MODEL: generation.py's flags
     if ((SMOKE)); then
         echo "--model tiny --batches 1,2 --prompt_length 8 --new_tokens 4 --repeats 1 --peak_n 256"
     else
-        echo "--model $1 --batches 1,32,128 --repeats 3 --peak_n 8192"
+        echo "--model $1 --batches ${GEN_BATCHES:-1,32,128,256} --repeats 3 --peak_n 8192"
     fi
 }
 
-step_gen17() {
+step_gen17() { # and a profile of one decode call (issue 46: "profile the 1.7B decode step")
+    local batch=32
+    ((SMOKE)) && batch=2
     "$PY" experiments/benchmarks/generation.py $(gen_args 1.7b) --dtype bfloat16 \
-        --json "$LOGS/gen17.json"
+        --json "$LOGS/gen17.json" --trace "$LOGS/gen17_trace" --trace_batch $batch
 }
 
 step_gen135() {
