@@ -190,6 +190,74 @@ def test_remat_gives_the_same_gradients_and_bf16_stays_close(params):
     np.testing.assert_allclose(loss(bf16, params), loss(CONFIG, params), rtol=2e-2)
 
 
+def test_packed_attention_equals_the_masked_pass(params, monkeypatch):
+    """The packed pass (each row's real tokens first, causal attention over their count: what
+    cuDNN's fused attention runs on a GPU) gives the masked pass's logits at every real token
+    and the same gradients, with left padding, right padding and a hole mid-row. Here XLA's
+    kernel runs the packed layout (cuDNN needs a GPU); "auto" on this CPU is the masked pass."""
+    import dataclasses
+
+    from jaxrl.lm import model as lm_model
+
+    tokens = jax.random.randint(jax.random.key(7), (4, 11), 2, 64)
+    mask = np.ones((4, 11), bool)
+    mask[0, :3] = False  # a left-padded prompt
+    mask[1, 8:] = False  # a right-padded completion
+    mask[2, :2] = mask[2, 9:] = False  # both
+    mask[3, 4:6] = False  # a hole
+    mask = jnp.asarray(mask)
+
+    def logits(p):
+        return Transformer(CONFIG).apply({"params": p}, tokens, token_mask=mask)[0]
+
+    def loss(p):  # tokens whose prediction is read at a real token (padding's is unspecified)
+        log_p = token_log_probs(logits(p), tokens)
+        read = mask & jnp.pad(mask[:, :-1], ((0, 0), (1, 0)))
+        return -jnp.sum(jnp.where(read, log_p, 0.0))
+
+    assert lm_model.packed_attention(CONFIG) is None  # "auto" off a GPU
+    masked, masked_grad = logits(params), jax.grad(loss)(params)
+    monkeypatch.setattr(lm_model, "packed_attention", lambda config: "xla")
+    packed, packed_grad = logits(params), jax.grad(loss)(params)
+    real = np.asarray(mask)
+    np.testing.assert_allclose(np.asarray(packed)[real], np.asarray(masked)[real], atol=1e-6)
+    assert np.isfinite(np.asarray(packed)).all()
+    for a, b in zip(jax.tree.leaves(masked_grad), jax.tree.leaves(packed_grad), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    monkeypatch.undo()
+    cudnn = dataclasses.replace(CONFIG, dtype="bfloat16", attention="cudnn")
+    assert lm_model.packed_attention(cudnn) == "cudnn"
+    assert lm_model.packed_attention(dataclasses.replace(cudnn, attention="xla")) is None
+    with pytest.raises(ConfigError, match="^attention: unknown implementation 'flash'"):
+        dataclasses.replace(CONFIG, attention="flash")
+
+
+def test_an_unrolled_decode_step_samples_what_the_scanned_one_does(params):
+    """`decode_unroll` (the GPU's default: the decode step's layers unrolled, so each layer's
+    weights are a fixed slice taken once per rollout) samples the same tokens with the same
+    log-probs as the scanned step, and "auto" scans off a GPU."""
+    import dataclasses
+
+    from jaxrl.lm.model import decode_unroll
+
+    prompts = np.array([[0, 0, 5, 6, 7], [3, 4, 5, 6, 7], [0, 9, 9, 2, 2]])
+    config = SamplingConfig(max_new_tokens=6, eos_id=EOS, pad_id=PAD, temperature=1.0)
+    outs = []
+    for unroll in (1, CONFIG.num_layers):
+        model = dataclasses.replace(CONFIG, decode_unroll=unroll)
+        outs.append(
+            jax.jit(lambda p, t, m, k, model=model: generate(model, p, t, m, k, config))(
+                params, jnp.array(prompts), jnp.array(prompts != PAD), jax.random.key(3)
+            )
+        )
+    np.testing.assert_array_equal(outs[0].tokens, outs[1].tokens)
+    np.testing.assert_allclose(outs[0].log_probs, outs[1].log_probs, atol=1e-6)
+    assert decode_unroll(CONFIG) == 1  # "auto" (0) off a GPU
+    assert decode_unroll(dataclasses.replace(CONFIG, decode_unroll=99)) == CONFIG.num_layers
+    with pytest.raises(ConfigError, match="^decode_unroll: got -1"):
+        dataclasses.replace(CONFIG, decode_unroll=-1)
+
+
 def test_layers_are_one_stacked_scan_and_older_per_layer_runs_still_load(tmp_path):
     import orbax.checkpoint as ocp
 

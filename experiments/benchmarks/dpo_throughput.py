@@ -142,9 +142,13 @@ def build_step(params: dict[str, Any]) -> harness.Step:
         model, weights = smollm2.load_model(params["hf_dir"])
         info["load_s"] = time.perf_counter() - start
         arrays = smollm2_arrays(params["data"])
-    # --dtype / --remat: the compute dtype (over fp32 weights) and what each layer keeps.
+    # --dtype / --remat / --attention: the compute dtype (over fp32 weights), what each layer
+    # keeps, and the attention of the step's passes.
     model = dataclasses.replace(
-        model, dtype=params.get("dtype", "float32"), remat=params.get("remat", "none")
+        model,
+        dtype=params.get("dtype", "float32"),
+        remat=params.get("remat", "none"),
+        attention=params.get("attention", "auto"),
     )
     config = dpo.Config(
         learning_rate=LEARNING_RATE,
@@ -258,7 +262,7 @@ def variants(args: argparse.Namespace) -> list[harness.Variant]:
     for reference in args.reference:
         for k in args.steps_per_call:
             params = dict(reference=reference, K=k, seed=args.seed, **extra)
-            params.update(dtype=args.dtype, remat=args.remat)
+            params.update(dtype=args.dtype, remat=args.remat, attention=args.attention)
             # The reference pass's logits are [2 x batch, 64, vocab] fp32: 400 MB for SmolLM2 at 16.
             params["ref_batch_size"] = args.ref_batch_size or (64 if args.model == "tiny" else 16)
             label, flops_per_step = f"ours {reference} K={k}", flops[reference]
@@ -291,6 +295,12 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
         default="none",
         choices=("none", "save_dots", "full"),
         help="ours: what each layer keeps for the backward pass (ModelConfig.remat)",
+    )
+    add(
+        "--attention",
+        default="auto",
+        choices=("auto", "xla", "cudnn"),
+        help="ours: ModelConfig.attention (auto: cuDNN on a GPU)",
     )
     smollm2.add_model_flags(parser, SMOLLM2_SIZES)
 

@@ -26,6 +26,7 @@ vocab 49,152: the SmolLM2-1.7B shape) and `tiny` (the peers' 3.2M-parameter Llam
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -42,7 +43,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from experiments.benchmarks.lm_shapes import MODEL_SHAPES  # noqa: E402
-from jaxrl.lm.model import ModelConfig, init_params  # noqa: E402
+from jaxrl.lm.model import ModelConfig, decode_unroll, init_params  # noqa: E402
 from jaxrl.lm.sampler import SamplingConfig, generate  # noqa: E402
 
 SHAPES = {name: MODEL_SHAPES[name] for name in ("tiny", "smollm2", "1.7b")}
@@ -163,6 +164,11 @@ def main() -> None:
         help="also write a jax.profiler trace (Perfetto) of one decode call at --trace_batch here",
     )
     parser.add_argument("--trace_batch", type=int, default=32)
+    parser.add_argument(
+        "--decode_unroll",
+        default="0",
+        help="ModelConfig.decode_unroll values to time, each at every batch (0: auto; 1: scan)",
+    )
     args = parser.parse_args()
 
     model = ModelConfig(**SHAPES[args.model], dtype=args.dtype, param_dtype=args.dtype)
@@ -180,13 +186,15 @@ def main() -> None:
         f"matmul peak {peak / 1e9:.0f} GFLOP/s; {jax.devices()[0].device_kind}"
     )
     print(
-        "batch  step ms  roofline ms  ratio  tokens/s  (weights+KV ms, matmul ms)  "
+        "unroll  batch  step ms  roofline ms  ratio  tokens/s  (weights+KV ms, matmul ms)  "
         "weight products alone ms (ratio)  compile s"
     )
-    rows = []
-    for batch in (int(b) for b in args.batches.split(",")):
+    rows, products = [], {}
+    unrolls = [int(u) for u in args.decode_unroll.split(",")]
+    for unroll, batch in ((u, int(b)) for u in unrolls for b in args.batches.split(",")):
+        unrolled = dataclasses.replace(model, decode_unroll=unroll)
         timing = time_decoding(
-            model, params, batch, args.prompt_length, args.new_tokens, args.repeats
+            unrolled, params, batch, args.prompt_length, args.new_tokens, args.repeats
         )
         context = args.prompt_length + args.new_tokens / 2
         kv_bytes = (
@@ -195,8 +203,11 @@ def main() -> None:
         read_ms = 1e3 * (weight_bytes + kv_bytes) / bandwidth
         matmul_ms = 1e3 * step_matmul_flops(model, batch, context) / peak
         roofline = max(read_ms, matmul_ms)
-        products_ms = 1e3 * time_weight_products(model, params, batch, args.repeats)
+        if batch not in products:  # the same for every unroll
+            products[batch] = 1e3 * time_weight_products(model, params, batch, args.repeats)
+        products_ms = products[batch]
         row = dict(
+            decode_unroll=decode_unroll(unrolled),
             batch=batch,
             **timing,
             read_ms=read_ms,
@@ -209,7 +220,8 @@ def main() -> None:
         )
         rows.append(row)
         print(
-            f"{batch:5d}  {row['step_ms']:7.2f}  {roofline:11.2f}  {row['ratio']:5.2f}  "
+            f"{row['decode_unroll']:6d}  {batch:5d}  {row['step_ms']:7.2f}  {roofline:11.2f}  "
+            f"{row['ratio']:5.2f}  "
             f"{row['tokens_per_s']:8.0f}  ({read_ms:.2f}, {matmul_ms:.2f})  "
             f"{products_ms:.2f} ({row['weight_products_ratio']:.2f})  {timing['compile_s']:.1f}",
             flush=True,
@@ -229,9 +241,10 @@ def main() -> None:
             )
             Path(args.json + ".tmp").write_text(json.dumps(report, indent=1))
             Path(args.json + ".tmp").replace(args.json)
-    if args.trace:
+    if args.trace:  # at the first --decode_unroll
+        unrolled = dataclasses.replace(model, decode_unroll=unrolls[0])
         trace_decoding(
-            model, params, args.trace_batch, args.prompt_length, args.new_tokens, args.trace
+            unrolled, params, args.trace_batch, args.prompt_length, args.new_tokens, args.trace
         )
 
 

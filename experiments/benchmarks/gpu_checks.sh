@@ -11,8 +11,10 @@
 #   install  wheels into $SITE (--no-index --no-deps; the image's jax is never touched), the
 #            versions, `import jaxrl`, and experiments/grpo.py for 2 tiny updates on the GPU
 #            (issue 37: the GPU install that works, one LM script)
-#   gen17    generation.py, 1.7B shape, bf16, batches 1, 32, 128, 256 ($GEN_BATCHES), roofline
-#            measured in the run; a jax.profiler trace of one decode call at batch 32
+#   gen17    generation.py, 1.7B shape, bf16, batches 32, 128, 1, 256 ($GEN_BATCHES), each with
+#            the decode step unrolled (decode_unroll 0: auto, the GPU's default) and scanned (1)
+#            ($GEN_UNROLL), roofline measured in the run; a jax.profiler trace of one decode call
+#            at batch 32, unrolled
 #   ckpt17   a random-weight 1.7B Hugging Face checkpoint (make_random_hf.py; without torch, our
 #            own exporter) with SmolLM2's tokenizer, for grpo17 and dpo17
 #   grpo17   grpo_throughput.py on it: ours (bf16 compute, defaults: no remat) against TRL 1.16
@@ -41,6 +43,8 @@
 # and named. Logs and JSON go to $WORK/out and, after every step, into $OUT/checks.tgz beside
 # $OUT/summary.txt (the device returns at most 8 files). A rerun can name only the missing steps.
 #
+# ATTENTION=xla, DECODE_UNROLL=1: the training steps with XLA's attention, the samplers with the
+# scanned decode step (ModelConfig.attention, .decode_unroll; default auto: cuDNN, unrolled).
 # --smoke: tiny sizes on this CPU in seconds to minutes ($PYTHON: a Python 3.12 venv mimicking
 # the image; $TRL_PYTHON: a Python with torch, transformers and TRL, or none: TRL rows left out).
 set -uo pipefail
@@ -68,7 +72,7 @@ while (($#)); do
     --second) STEPS=$SECOND ;;
     --third) STEPS=$THIRD ;;
     -h | --help)
-        sed -n '2,45p' "$0"
+        sed -n '2,49p' "$0"
         exit 0
         ;;
     -*)
@@ -111,6 +115,10 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
 # One process uses the GPU at a time (the harness runs workers one after another).
 export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.92}
 CKPT=$WORK/hf_1.7b
+# ModelConfig.attention and .decode_unroll of every training step: auto (cuDNN's fused
+# attention, the decode step unrolled) unless a rerun names xla or 1 (the scanned step).
+ATTENTION=${ATTENTION:-auto}
+DECODE_UNROLL=${DECODE_UNROLL:-0}
 PARTIAL_SHAPE=${PARTIAL_SHAPE:-1.7b}
 
 left() { echo $((DEADLINE - $(date +%s))); }
@@ -234,7 +242,8 @@ gen_args() { # MODEL: generation.py's flags
     if ((SMOKE)); then
         echo "--model tiny --batches 1,2 --prompt_length 8 --new_tokens 4 --repeats 1 --peak_n 256"
     else
-        echo "--model $1 --batches ${GEN_BATCHES:-1,32,128,256} --repeats 3 --peak_n 8192"
+        echo "--model $1 --batches ${GEN_BATCHES:-32,128,1,256} --repeats 3 --peak_n 8192" \
+            "--decode_unroll ${GEN_UNROLL:-0,1}"
     fi
 }
 
@@ -313,7 +322,8 @@ step_grpo17() {
     # shellcheck disable=SC2046
     "$PY" experiments/benchmarks/grpo_throughput.py --model smollm2 --smollm2_dir "$CKPT" \
         $sizes $timing --steps_per_call 1 --rollout_trials "${ROLLOUT_TRIALS:-0}" \
-        --dtype bfloat16 --peak_dtype bfloat16 $(trl_flags) --out "$LOGS/grpo17.json"
+        --dtype bfloat16 --peak_dtype bfloat16 --attention "$ATTENTION" \
+        --decode_unroll "$DECODE_UNROLL" $(trl_flags) --out "$LOGS/grpo17.json"
 }
 
 step_dpo17() {
@@ -330,7 +340,7 @@ step_dpo17() {
     # shellcheck disable=SC2046
     "$PY" experiments/benchmarks/dpo_throughput.py --model smollm2 --smollm2_dir "$CKPT" \
         $sizes $timing --steps_per_call 1 --reference in_step --dtype bfloat16 \
-        --peak_dtype bfloat16 $(trl_flags) --out "$LOGS/dpo17.json"
+        --peak_dtype bfloat16 --attention "$ATTENTION" $(trl_flags) --out "$LOGS/dpo17.json"
 }
 
 # Issue 46: trainer-only throughput at 16k tokens (prime-rl's benchmark) and the 7B LoRA update.
@@ -354,6 +364,7 @@ step_train06() {
             # shellcheck disable=SC2086
             timeout --foreground -k 5 "$full_s" \
                 "$PY" experiments/benchmarks/train_throughput.py $full $timing \
+                --attention "$ATTENTION" \
                 --json "$LOGS/train06.json" || rc=1
             ;;
         4b)
@@ -366,7 +377,7 @@ step_train06() {
             fi
             # shellcheck disable=SC2086
             timeout --foreground -k 5 "$lora_s" \
-                "$PY" experiments/benchmarks/train_throughput.py $lora \
+                "$PY" experiments/benchmarks/train_throughput.py $lora --attention "$ATTENTION" \
                 ${timing/--steps 3/--steps 2} --json "$LOGS/train06_4b.json" || rc=1
             ;;
         *)
@@ -383,6 +394,7 @@ step_lora7() {
     ((SMOKE)) && sizes="--shape tiny --prompt_len 8 --new_tokens 16"
     # shellcheck disable=SC2086
     "$PY" experiments/benchmarks/grpo_update.py $sizes --lora_rank 16 --prompts 2 --group_size 8 \
+        --attention "$ATTENTION" --decode_unroll "$DECODE_UNROLL" \
         --dtype bfloat16 --param_dtype bfloat16 --steps 2 --warmup 1 --json "$LOGS/lora7.json"
 }
 
@@ -480,7 +492,7 @@ fi
 echo "gpu_checks.sh: steps $STEPS, budget $BUDGET s, smoke $SMOKE, logs in $LOGS, archive" \
     "$OUT/checks.tgz ($(date -u +%Y-%m-%dT%H:%M:%SZ))"
 echo "--- gpu_checks.sh $STEPS, budget $BUDGET s ($(date -u +%H:%M:%S) UTC)" >>"$LOGS/summary.txt"
-declare -A LIMIT=([install]=120 [gen17]=150 [ckpt17]=120 [grpo17]=280 [dpo17]=150
+declare -A LIMIT=([install]=120 [gen17]=210 [ckpt17]=120 [grpo17]=280 [dpo17]=150
     [train06]=270 [lora7]=150 [gen135]=90 [psft]=170 [psync]=150 [ppartial]=150
     [pasync]=190 [main]=150)
 read -ra ORDER <<<"${STEPS//,/ }"

@@ -41,7 +41,8 @@ def generation(logs: Path) -> list[str]:
         lines.append(head)
         for row in report["rows"]:
             lines.append(
-                f"  batch {row['batch']:4d}: {row['step_ms']:7.2f} ms/step, roofline "
+                f"  unroll {row.get('decode_unroll', 1):2d} batch {row['batch']:4d}: "
+                f"{row['step_ms']:7.2f} ms/step, roofline "
                 f"{row['roofline_ms']:6.2f} ms, ratio {row['ratio']:5.2f}, "
                 f"{row['tokens_per_s']:9.0f} tok/s, weight products alone "
                 f"{row['weight_products_ratio']:.2f}x roofline, compile {row['compile_s']:.0f} s"
@@ -111,7 +112,8 @@ def trainer(logs: Path) -> list[str]:
             if peer and row["seq_len"] == 16384:
                 cells.append(f"{row['tokens_per_s'] / peer:.2f}x prime-rl")
             cells.append(
-                f"remat {row['remat']}, compile {row['compile_s']:.0f} s, memory: estimate "
+                f"remat {row['remat']}, attention {row.get('attention', 'xla')}, "
+                f"compile {row['compile_s']:.0f} s, memory: estimate "
                 f"{row['estimate_gib']}, XLA {row.get('xla_total_gib')}, device peak "
                 f"{row.get('device_peak_gib')} GiB"
             )

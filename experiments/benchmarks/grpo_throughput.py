@@ -152,8 +152,15 @@ def build_step(params: dict[str, Any]) -> harness.Step:
         # EOS id -1, a token no sample is: every completion runs max_new_tokens (TRL's worker
         # sets min_new_tokens to the same), so both sides generate and train on the same count.
         task = TextTask("text_windows", table_prompts(table), terms, -1, data["pad_id"])
-    # --dtype / --remat: the compute dtype (over fp32 weights) and what each layer keeps.
-    model = dataclasses.replace(model, dtype=params["dtype"], remat=params["remat"])
+    # --dtype / --remat / --attention / --decode_unroll: the compute dtype (over fp32 weights),
+    # what each layer keeps, the attention of the update's passes, the decode step's layer scan.
+    model = dataclasses.replace(
+        model,
+        dtype=params["dtype"],
+        remat=params["remat"],
+        attention=params.get("attention", "auto"),
+        decode_unroll=params.get("decode_unroll", 0),
+    )
     # Each sequence's real prompt tokens, reported through a reward term of weight 0.
     task = task.with_reward(RewardTerm("prompt_tokens", 0.0, prompt_token_count))
     config = grpo.Config(
@@ -287,7 +294,8 @@ def variants(args: argparse.Namespace) -> list[harness.Variant]:
         extra = dict(size, model="smollm2", hf_dir=directory, data=data)
     for k in args.steps_per_call:
         params = dict(K=k, seed=args.seed, variant=args.variant, **extra)
-        params.update(dtype=args.dtype, remat=args.remat)
+        params.update(dtype=args.dtype, remat=args.remat, attention=args.attention)
+        params["decode_unroll"] = args.decode_unroll
         params["rollout_trials"] = args.rollout_trials
         label = f"ours {args.variant} K={k}"
         rows.append(harness.Variant("", label, "ours", params, flops_per_step=flops, expect=expect))
@@ -310,6 +318,18 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
         default="none",
         choices=("none", "save_dots", "full"),
         help="ours: what each layer keeps for the backward pass (ModelConfig.remat)",
+    )
+    add(
+        "--attention",
+        default="auto",
+        choices=("auto", "xla", "cudnn"),
+        help="ours: ModelConfig.attention (auto: cuDNN on a GPU)",
+    )
+    add(
+        "--decode_unroll",
+        type=int,
+        default=0,
+        help="ours: ModelConfig.decode_unroll (0: auto, the step unrolled on a GPU; 1: scan)",
     )
     smollm2.add_model_flags(parser, SMOLLM2_SIZES)
 

@@ -44,6 +44,12 @@ def main() -> None:
     add("--prompt_len", type=int, default=128)
     add("--new_tokens", type=int, default=256)
     add("--dtype", default="bfloat16", choices=("float32", "bfloat16"), help="compute dtype")
+    add(
+        "--attention",
+        default="auto",
+        choices=("auto", "xla", "cudnn"),
+        help="ModelConfig.attention",
+    )
     add("--param_dtype", default="bfloat16", choices=("float32", "bfloat16"))
     add("--steps", type=int, default=2, help="timed updates")
     add("--warmup", type=int, default=1, help="untimed updates after compiling")
@@ -87,7 +93,13 @@ def measure(args: argparse.Namespace, report: dict[str, Any]) -> None:
     from jaxrl.lm.model import ModelConfig, init_params
     from jaxrl.lm.sampler import Sampling
 
-    model = ModelConfig(**MODEL_SHAPES[args.shape], dtype=args.dtype, param_dtype=args.param_dtype)
+    model = ModelConfig(
+        **MODEL_SHAPES[args.shape],
+        dtype=args.dtype,
+        param_dtype=args.param_dtype,
+        attention=args.attention,
+        decode_unroll=args.decode_unroll,
+    )
     config = grpo.Config(
         batch_size=args.prompts,
         group_size=args.group_size,

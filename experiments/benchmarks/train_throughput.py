@@ -28,12 +28,12 @@ TFLOP/s prime-rl divides by (its 11.1% for Qwen3-0.6B at 16k tokens is 11.9k tok
 `--fallback LEN[:REMAT],...`: when the step does not fit at `--seq_len` (XLA's plan exceeds the
 device's memory, or running it runs out), try these in turn (each its own compile), so a first
 run still gets a figure: e.g. `16384:full,8192` (the same length with remat "full", then 8,192
-tokens with the policy the memory check chooses). Compiled on the CPU (XLA:CPU's plan, compile
-only, 2026-11-27), Qwen3-0.6B's step at 16,384 tokens plans 81.6 GiB with remat none (75 of them
-temporaries: the attention's [heads, 16k, 16k] fp32 scores and their gradient, which
-`jax.nn.dot_product_attention`'s XLA kernel makes and the memory estimate, 25.9 GiB, does not
-count), 70.2 GiB with full, and 32.2 GiB at 8,192 tokens with none; Qwen3-4B with LoRA 16 at
-8,192 tokens plans 73.9 GiB with none.
+tokens with the policy the memory check chooses). `--attention` (`ModelConfig.attention`):
+"auto" runs cuDNN's fused attention on a GPU (`jaxrl.lm.model.packed_attention`), "xla" XLA's,
+which writes each layer's [heads, T, T] fp32 scores: compiled on the CPU (XLA:CPU's plan,
+compile only, 2026-11-27), Qwen3-0.6B's step at 16,384 tokens plans 81.6 GiB with remat none
+(75 of them temporaries, mostly the scores and their gradient), 70.2 GiB with full, and 32.2
+GiB at 8,192 tokens with none; on one H200 (2026-11-28, before cuDNN) 65.3 GiB with none.
 """
 
 from __future__ import annotations
@@ -139,11 +139,16 @@ def measure(args: argparse.Namespace, seq_len: int, remat: str) -> dict[str, Any
     from jaxrl import hparams
     from jaxrl.hparams import static
     from jaxrl.lm import memory, training
-    from jaxrl.lm.model import ModelConfig, Transformer, init_params
+    from jaxrl.lm.model import ModelConfig, Transformer, init_params, packed_attention
     from jaxrl.lm.sampler import Sampling
 
     new_tokens = seq_len - args.prompt_len
-    model = ModelConfig(**MODEL_SHAPES[args.shape], dtype=args.dtype, param_dtype=args.param_dtype)
+    model = ModelConfig(
+        **MODEL_SHAPES[args.shape],
+        dtype=args.dtype,
+        param_dtype=args.param_dtype,
+        attention=args.attention,
+    )
     # GRPO's settings for the loss and the optimizer: one prompt, `sequences` completions of it.
     config = grpo.Config(
         batch_size=1,
@@ -182,6 +187,7 @@ def measure(args: argparse.Namespace, seq_len: int, remat: str) -> dict[str, Any
         remat_chosen_by=chosen_by,
         params=model.num_params(),
         adapter_params=adapters,
+        attention=packed_attention(model) or "xla",
         estimate_gib=round(estimate.total / GIB, 2),
         flops_per_token=flops_per_token(model, seq_len, adapters),
     )
@@ -224,7 +230,8 @@ def measure(args: argparse.Namespace, seq_len: int, remat: str) -> dict[str, Any
         row["xla_total_gib"] = round(planned["total"] / GIB, 2)
     print(
         f"{args.shape} seq {seq_len} x {rows} (micro-batches of {config.micro_batch_size}), "
-        f"remat {remat} ({row['remat_chosen_by']}), estimate {row['estimate_gib']} GiB, XLA plan "
+        f"remat {remat} ({row['remat_chosen_by']}), attention {row['attention']}, "
+        f"estimate {row['estimate_gib']} GiB, XLA plan "
         f"{row.get('xla_total_gib')} GiB; compiled in {row['compile_s']:.1f} s",
         flush=True,
     )
@@ -276,6 +283,12 @@ def main() -> None:
     add("--grad_accum_steps", type=int, default=2, help="micro-batches per optimizer step")
     add("--lora_rank", type=int, default=0, help="0: every parameter trains")
     add("--dtype", default="bfloat16", choices=("float32", "bfloat16"), help="compute dtype")
+    add(
+        "--attention",
+        default="auto",
+        choices=("auto", "xla", "cudnn"),
+        help="ModelConfig.attention",
+    )
     add("--param_dtype", default="float32", choices=("float32", "bfloat16"))
     add("--remat", default="auto", choices=("auto", *REMAT_ORDER), help="auto: the memory check")
     add("--steps", type=int, default=3, help="timed optimizer steps")

@@ -6,14 +6,15 @@ The estimate adds what one update holds at its peak:
 - the state: parameters, AdamW's two moments (over the adapters only with LoRA), donated to
   the update, so its outputs reuse their buffers;
 - the larger of its two phases, which never overlap:
-  - the rollout (GRPO): the sampler's generation copy of the weights in the compute dtype, the
-    KV cache of every completion (prompt + new tokens), the prefill's cache before a group's
+  - the rollout (GRPO): the sampler's generation copy of the weights in the compute dtype (or
+    of their per-layer slices, with the decode step unrolled), the KV cache of every completion (prompt + new tokens), the prefill's cache before a group's
     samples share it, and the fp32 logits of one decode step;
   - the optimisation step: the gradients (and AdamW's update of them), the activations each
     layer keeps for the backward pass under `ModelConfig.remat` (`model_config.SAVED_NAMES` for
     "none"; the matmul outputs for "save_dots"; the layer's input for "full"), one layer's
-    working set while its backward pass runs, and the head's chunk of fp32 logits
-    (`model.LOGITS_CHUNK_ELEMENTS`).
+    working set while its backward pass runs (with XLA's attention, `model.packed_attention`,
+    at least its [heads, T, T] scores, their softmax and their gradient), and the head's chunk
+    of fp32 logits (`model.LOGITS_CHUNK_ELEMENTS`).
 
 With partial rollouts (`algos.partial`) the sampler's slots -- rollout_groups x group_size
 rows of KV cache, next-token logits and generated tokens -- are part of the state, held through
@@ -42,7 +43,7 @@ import numpy as np
 
 from jaxrl.config import ConfigError
 from jaxrl.lm.lora import DEFAULT_TARGETS, INPUT_DIMS, parameter_name
-from jaxrl.lm.model import LOGITS_CHUNK_ELEMENTS, ModelConfig
+from jaxrl.lm.model import LOGITS_CHUNK_ELEMENTS, ModelConfig, decode_unroll, packed_attention
 
 GIB = 1 << 30
 
@@ -193,10 +194,17 @@ def update_estimate(
     parts["kept_activations"] = activations
     parts["layer_working_set"] = working
     parts["head_chunks"] = head
+    scores = rows * model.num_heads * length * length * 4 / (batch_shards * width_shards)
     if attention_scores:
-        scores = rows * model.num_heads * length * length * 4 / (batch_shards * width_shards)
         parts["attention_scores"] = scores
         step += scores
+    elif packed_attention(model) is None and ROW_SCORE_COPIES * scores > working:
+        # XLA's attention of the per-row pass writes one layer's fp32 scores, their softmax and
+        # in the backward pass their gradient (cuDNN's fused attention, `packed_attention`,
+        # none of them). They are the layer's working set where they outgrow the MLP's: not at
+        # a few hundred tokens, most of the step at 16k.
+        parts["attention_scores"] = ROW_SCORE_COPIES * scores - working
+        step += ROW_SCORE_COPIES * scores - working
 
     rollout = 0.0
     if rollout_prompts:
@@ -206,8 +214,11 @@ def update_estimate(
         cache = 2 * layers * completions * slots * kv_elems * cb / (batch_shards * tensor)
         prefill = 2 * layers * rollout_prompts * slots * kv_elems * cb / (batch_shards * tensor)
         prefill += rollout_prompts * prompt_length * f * 4 / (batch_shards * tensor)
-        # The sampler's copy of the weights in the compute dtype (none when it is the params').
-        copy = n_params * cb / param_shards if (cb != pb or lora_rank) else 0.0
+        # The sampler's copy of the weights in the compute dtype (none when it is the params'),
+        # or of each layer's slice of them, taken before the decoding loop when its step is
+        # unrolled (`model.decode_unroll`).
+        copied = cb != pb or lora_rank or decode_unroll(model) > 1
+        copy = n_params * cb / param_shards if copied else 0.0
         logits = 2 * completions * vocab * 4 / batch_shards
         rollout = cache + prefill + copy + logits
         if lora_rank:
@@ -258,7 +269,7 @@ STEP_PARTS = (
     "kept_activations",
     "layer_working_set",
     "head_chunks",
-    "attention_scores",  # only where counted (shared prompts)
+    "attention_scores",  # XLA's attention (shared prompts; the per-row pass without cuDNN)
 )
 
 # Calibration against XLA's plans (module docstring); tests/test_memory.py holds it to 15%.
@@ -267,6 +278,10 @@ WORKING_MLP = 6.0
 WORKING_EMBED = 8.0
 WORKING_LORA_WEIGHTS = 3.0
 HEAD_COPIES = 3.0
+# XLA's plans of Qwen3-0.6B's optimizer step at 16,384 tokens (one row, 16 heads: 16 GiB of
+# fp32 scores a layer) exceed the estimate without scores by 2.5x them on an H200 (65.3 GiB
+# against 25.9) and 3.5x on XLA:CPU (81.6); the GPU's is the one that runs out.
+ROW_SCORE_COPIES = 2.5
 FIXED_BYTES = 64 * (1 << 20)
 
 

@@ -252,17 +252,23 @@ class Attention(nn.Module):
                 for name in ("k", "v")
             )
             query_slots = index + jnp.arange(length)
-        if key_mask.ndim == 3:  # the keys each query reads, given whole (`segment_attention`)
-            allowed = key_mask
+        if key_mask.ndim == 1:  # packed (`Transformer`): the first key_mask[b] tokens are real
+            implementation = packed_attention(cfg)
+            out = attend_packed(
+                q, keys.astype(dtype), values.astype(dtype), key_mask, implementation
+            )
         else:
-            key_slots = jnp.arange(key_mask.shape[1])
-            allowed = (key_slots[None, :] <= query_slots[:, None])[None] & key_mask[:, None, :]
-        if cache is not None and length == 1:
-            out = attend_one(q, keys, values, allowed[:, 0])
-        else:
-            if cache is not None:  # back to [B, S, kv_heads, D]
-                keys, values = keys.transpose(0, 3, 1, 2), values.transpose(0, 2, 1, 3)
-            out = attend(q, keys.astype(dtype), values.astype(dtype), allowed)
+            if key_mask.ndim == 3:  # the keys each query reads, given whole (`segment_attention`)
+                allowed = key_mask
+            else:
+                key_slots = jnp.arange(key_mask.shape[1])
+                allowed = (key_slots[None, :] <= query_slots[:, None])[None] & key_mask[:, None, :]
+            if cache is not None and length == 1:
+                out = attend_one(q, keys, values, allowed[:, 0])
+            else:
+                if cache is not None:  # back to [B, S, kv_heads, D]
+                    keys, values = keys.transpose(0, 3, 1, 2), values.transpose(0, 2, 1, 3)
+                out = attend(q, keys.astype(dtype), values.astype(dtype), allowed)
         out = _constrain(out, ("act_batch", "act_length", "act_heads", None), self.mesh, self.rules)
         out = _saved(out, "attention_out")
 
@@ -282,6 +288,70 @@ def attend(q: Array, keys: Array, values: Array, allowed: Array) -> Array:
     training memory (1.7B shape, 32 x 384 tokens: 0.6 GB per layer in fp32), and recomputing
     them costs one more attention forward, a small part of a layer's FLOPs."""
     return jax.nn.dot_product_attention(q, keys, values, mask=allowed[:, None])
+
+
+def decode_unroll(config: ModelConfig) -> int:
+    """Layers per iteration of a decode step's layer scan (`ModelConfig.decode_unroll`).
+
+    On a GPU a scanned step copies each layer's weights out of the stacked parameters in every
+    layer of every step and its matmuls read the copies: 37% of the 1.7B shape's step at batch
+    32 on an H200 (docs/speed.md, "Language models on one GPU"). Unrolled, the slices are the
+    same in every step and XLA takes them once before the decoding loop (one more copy of the
+    weights during a rollout; the compile grows with depth: 15 s against 4 for the 1.7B
+    sampler on XLA:CPU). Off a GPU the scan stays ("auto")."""
+    if config.decode_unroll:
+        return min(config.decode_unroll, config.num_layers)
+    return config.num_layers if jax.default_backend() == "gpu" else 1
+
+
+def packed_attention(config: ModelConfig) -> str | None:
+    """The `jax.nn.dot_product_attention` implementation that runs a pass without a cache on
+    its tokens packed (`Transformer`: each row's real tokens first, in order, so that causal
+    attention over their count is the padding mask), or None for the masked path (`attend`).
+
+    Packing is for cuDNN's fused (flash) attention, which never writes the [heads, T, S]
+    scores to memory but takes masks only as causal + sequence lengths. XLA's attention writes
+    them: 16 GiB in fp32 per layer for 16 heads at 16,384 tokens, most of a long sequence's
+    step time and memory on a GPU (docs/speed.md, "Language models on one GPU").
+    `ModelConfig.attention` "auto" packs where cuDNN runs it: an NVIDIA GPU (Ampere or later),
+    16-bit compute and a head width it takes (a multiple of 8, at most 128)."""
+    choice = config.attention
+    if choice == "auto":
+        dims = config.dims_per_head
+        fits = config.dtype in ("bfloat16", "float16") and dims % 8 == 0 and dims <= 128
+        choice = "cudnn" if fits and _cudnn_runs_here() else "xla"
+    return "cudnn" if choice == "cudnn" else None
+
+
+def _cudnn_runs_here() -> bool:
+    """An NVIDIA GPU of compute capability 8.0 or later (cuDNN's fused attention's)."""
+    device = jax.devices()[0]
+    try:
+        major = int(str(getattr(device, "compute_capability", "")).split(".")[0])
+    except ValueError:  # a CPU, TPU or ROCm device
+        return False
+    return device.platform == "gpu" and major >= 8
+
+
+def attend_packed(
+    q: Array, keys: Array, values: Array, lengths: Array, implementation: str
+) -> Array:
+    """Causal attention of q [B, T, heads, D] over keys and values [B, T, kv_heads, D] whose
+    first `lengths` [B] tokens are real and the rest padding: the same as `attend` with the
+    causal padding mask at every real query; a padding query's output is 0 (a kernel may leave
+    those rows unwritten). Not checkpointed: the fused kernel keeps O(T) statistics, not
+    scores."""
+    out = jax.nn.dot_product_attention(
+        q,
+        keys,
+        values,
+        is_causal=True,
+        query_seq_lengths=lengths,
+        key_value_seq_lengths=lengths,
+        implementation=implementation,
+    )
+    real = jnp.arange(q.shape[1])[None, :] < lengths[:, None]
+    return jnp.where(real[:, :, None, None], out, jnp.zeros((), out.dtype))
 
 
 def attend_one(q: Array, keys: Array, values: Array, allowed: Array) -> Array:
@@ -447,21 +517,39 @@ class Transformer(nn.Module):
 
         layer_type = nn.remat(DecoderLayer, policy=REMAT_POLICIES[cfg.remat], prevent_cse=False)
         # The layers are one scan over parameters stacked on a leading "layers" axis, so the
-        # program (and its compile time) is one layer's, whatever the depth.
+        # program (and its compile time) is one layer's, whatever the depth. A decode step may
+        # unroll it (`ModelConfig.decode_unroll`).
+        decoding = cache is not None and tokens.shape[1] == 1
         layers = nn.scan(
             layer_type,
             variable_axes={"params": 0},
             split_rngs={"params": True},
             in_axes=(nn.broadcast,) * 4,
             length=cfg.num_layers,
+            unroll=decode_unroll(cfg) if decoding else 1,
             metadata_params={nn.PARTITION_NAME: "layers"},
         )(cfg, self.mesh, self.rules, name="layers")
         if segment_ids is not None and cache is not None:
             raise ValueError("Transformer: segment_ids are for a call without a cache")
+        order = None
         if cache is None:
             kv, key_mask, index = None, token_mask, jnp.zeros((), jnp.int32)
             if segment_ids is not None:
                 key_mask = segment_attention(token_mask, segment_ids)
+            elif packed_attention(cfg) is not None:
+                # Each row's real tokens first, in their order (positions travel with them), so
+                # that attention is causal over their count (`packed_attention`); every other
+                # part of a layer works token by token. Unpacked after the last layer.
+                order = jnp.argsort(~token_mask, axis=-1, stable=True)
+                x = _constrain(
+                    jnp.take_along_axis(x, order[..., None], axis=1),
+                    ("act_batch", "act_length", "act_embed"),
+                    self.mesh,
+                    self.rules,
+                )
+                positions = jnp.take_along_axis(positions, order, axis=1)
+                token_mask = jnp.take_along_axis(token_mask, order, axis=1)
+                key_mask = jnp.sum(token_mask, axis=-1, dtype=jnp.int32)
         else:
             index = cache["index"]
             kv = {"k": cache["k"], "v": cache["v"]}
@@ -469,6 +557,8 @@ class Transformer(nn.Module):
         (x, kv, _), _ = layers(
             (x, kv, jnp.zeros((), jnp.int32)), positions, token_mask, key_mask, index
         )
+        if order is not None:
+            x = jnp.take_along_axis(x, jnp.argsort(order, axis=-1)[..., None], axis=1)
 
         if logits_for_last and logit_positions is not None:
             raise ValueError("Transformer: pass logits_for_last or logit_positions, not both")

@@ -12,6 +12,7 @@ import jax
 from jaxrl.config import is_finite_number, require, require_positive
 
 ROPE_TYPES = ("default", "llama3", "yarn")
+ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "cudnn")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +57,15 @@ class ModelConfig:
     rope_beta_slow: float = 1.0  # yarn: rotations bounding the interpolated (scaled) band
     rope_truncate: bool = True  # yarn: round the band edges outwards to whole dimensions
     rope_attention_factor: float | None = None  # yarn: cos/sin scale; None: 0.1 ln(factor) + 1
+    # The attention of a pass without a cache (training, scoring): "cudnn" (cuDNN's fused
+    # attention, GPU and 16-bit compute only), "xla" (XLA's, which writes each layer's scores
+    # to memory), or "auto": cuDNN where it runs (`jaxrl.lm.model.packed_attention`).
+    attention: str = "auto"
+    # Layers per iteration of the layer scan in a decode step (one new token per row against a
+    # cache): num_layers unrolls the step whole, so that each layer's weights are a fixed slice
+    # of the stack, taken once per rollout rather than copied out in every layer of every step;
+    # 0 ("auto"): num_layers on a GPU, 1 elsewhere (`jaxrl.lm.model.decode_unroll`).
+    decode_unroll: int = 0
 
     def __post_init__(self) -> None:
         # The older boolean field, as Python or as a command-line string.
@@ -81,6 +91,12 @@ class ModelConfig:
             "max_position_embeddings",
         )
         require(
+            isinstance(self.decode_unroll, int) and self.decode_unroll >= 0,
+            "decode_unroll",
+            f"got {self.decode_unroll!r}",
+            "use 0 (auto), 1 (a scan over the layers) or up to num_layers",
+        )
+        require(
             self.num_heads % self.num_kv_heads == 0,
             "num_kv_heads",
             f"{self.num_kv_heads} does not divide num_heads={self.num_heads}",
@@ -101,6 +117,12 @@ class ModelConfig:
             "use an even head_dim",
         )
         self._validate_rope()
+        require(
+            self.attention in ATTENTION_IMPLEMENTATIONS,
+            "attention",
+            f"unknown implementation {self.attention!r}",
+            f"use one of {', '.join(ATTENTION_IMPLEMENTATIONS)}",
+        )
         for field in ("dtype", "param_dtype"):
             value = getattr(self, field)
             require(
