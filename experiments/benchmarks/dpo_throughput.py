@@ -167,11 +167,13 @@ def build_step(params: dict[str, Any]) -> harness.Step:
     state = algorithm.init(jax.random.key(seed), hp)  # its own copy: `weights` stay the reference
     in_step = weights
     if reference == "precomputed":  # one pass of the reference over the dataset, timed apart
-        sample = {key: value[: params["ref_batch_size"]] for key, value in arrays.items()}
+        # Batches of at most the dataset's rows: the pass pads a short last batch to its size.
+        ref_batch = min(params["ref_batch_size"], len(next(iter(arrays.values()))))
+        sample = {key: value[:ref_batch] for key, value in arrays.items()}
         score = jax.jit(dpo.make_score(model, scored_length=window))
         score, info["ref_compile_s"] = harness.compile_timed(score, weights, sample)
         start = time.perf_counter()
-        table = dpo.reference_log_probs(score, weights, arrays, params["ref_batch_size"])
+        table = dpo.reference_log_probs(score, weights, arrays, ref_batch)
         arrays, in_step = {**arrays, **table}, None
         info["ref_pass_s"] = time.perf_counter() - start
 

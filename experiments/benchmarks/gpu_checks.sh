@@ -20,7 +20,8 @@
 #   grpo17   grpo_throughput.py on it: ours (bf16 compute, defaults: no remat) against TRL 1.16
 #            GRPOTrainer bf16 on the GPU, 4 prompts x 8 x (128 + 256) tokens (issue 35)
 #   dpo17    dpo_throughput.py on it: ours bf16 against TRL bf16, 8 pairs of 128 + 128 tokens,
-#            MFU against the bf16 matmul peak (issue 35: training >= 35% of the bf16 peak)
+#            MFU against the bf16 matmul peak; the reference in each step (TRL's default) and
+#            precomputed (dpo.Config's default), a row each
 #   train06  train_throughput.py: trainer-only tokens/s and MFU (prime-rl's FLOP count) of our GRPO
 #            optimizer step, Qwen3-0.6B shape, every parameter, bf16 over fp32 weights, 2 sequences
 #            of 16,384 tokens per step (micro-batches of 1), remat chosen by the memory check; if
@@ -72,7 +73,7 @@ while (($#)); do
     --second) STEPS=$SECOND ;;
     --third) STEPS=$THIRD ;;
     -h | --help)
-        sed -n '2,49p' "$0"
+        sed -n '2,50p' "$0"
         exit 0
         ;;
     -*)
@@ -240,7 +241,8 @@ EOF
 
 gen_args() { # MODEL: generation.py's flags
     if ((SMOKE)); then
-        echo "--model tiny --batches 1,2 --prompt_length 8 --new_tokens 4 --repeats 1 --peak_n 256"
+        echo "--model tiny --batches 1,2 --prompt_length 8 --new_tokens 4 --repeats 1 --peak_n 256" \
+            "--decode_unroll 0,4"
     else
         echo "--model $1 --batches ${GEN_BATCHES:-32,128,1,256} --repeats 3 --peak_n 8192" \
             "--decode_unroll ${GEN_UNROLL:-0,1}"
@@ -339,7 +341,7 @@ step_dpo17() {
     fi
     # shellcheck disable=SC2046
     "$PY" experiments/benchmarks/dpo_throughput.py --model smollm2 --smollm2_dir "$CKPT" \
-        $sizes $timing --steps_per_call 1 --reference in_step --dtype bfloat16 \
+        $sizes $timing --steps_per_call 1 --reference in_step,precomputed --dtype bfloat16 \
         --peak_dtype bfloat16 --attention "$ATTENTION" $(trl_flags) --out "$LOGS/dpo17.json"
 }
 

@@ -44,6 +44,7 @@ def main() -> None:
     add("--prompt_len", type=int, default=128)
     add("--new_tokens", type=int, default=256)
     add("--dtype", default="bfloat16", choices=("float32", "bfloat16"), help="compute dtype")
+    add("--decode_unroll", type=int, default=0, help="ModelConfig.decode_unroll (0: auto)")
     add(
         "--attention",
         default="auto",

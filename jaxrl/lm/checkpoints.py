@@ -56,7 +56,8 @@ CHAT_TEMPLATES_DIR = "additional_chat_templates"
 
 
 # The model fields that apply to an imported checkpoint (how it runs, not what it is).
-RUNTIME_FIELDS = ("dtype", "param_dtype", "remat")
+# How a checkpoint is run, not what it is: a run may change these for any starting point.
+RUNTIME_FIELDS = ("dtype", "param_dtype", "remat", "attention", "decode_unroll")
 
 
 GGUF_MAGIC = b"GGUF"
@@ -86,7 +87,7 @@ class Checkpoint:
     pretrained: bool = False
 
     def with_runtime(self, section: Mapping[str, Any]) -> Checkpoint:
-        """The same checkpoint run with `section`'s dtype, param_dtype and remat."""
+        """The same checkpoint run with `section`'s `RUNTIME_FIELDS` (dtype, remat, ...)."""
         values = {field: section[field] for field in RUNTIME_FIELDS}
         try:
             return dataclasses.replace(self, model=dataclasses.replace(self.model, **values))

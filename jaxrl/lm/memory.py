@@ -7,8 +7,9 @@ The estimate adds what one update holds at its peak:
   the update, so its outputs reuse their buffers;
 - the larger of its two phases, which never overlap:
   - the rollout (GRPO): the sampler's generation copy of the weights in the compute dtype (or
-    of their per-layer slices, with the decode step unrolled), the KV cache of every completion (prompt + new tokens), the prefill's cache before a group's
-    samples share it, and the fp32 logits of one decode step;
+    of their per-layer slices, with the decode step unrolled), the KV cache of every completion
+    (prompt + new tokens), the prefill's cache before a group's samples share it, and the fp32
+    logits of one decode step;
   - the optimisation step: the gradients (and AdamW's update of them), the activations each
     layer keeps for the backward pass under `ModelConfig.remat` (`model_config.SAVED_NAMES` for
     "none"; the matmul outputs for "save_dots"; the layer's input for "full"), one layer's

@@ -18,7 +18,7 @@
   list[float]`), `game` (a text-game class: `reset(seed) -> opening`, `step(utterance) ->
   (answer, reward, done)`, as envs/text/host_env.py plays it); control trainers take
   `num_seeds` and `seed`. A model given (`model`) brings its architecture: a changed model
-  field other than dtype, param_dtype and remat beside it is refused.
+  field other than dtype, param_dtype, remat, attention and decode_unroll beside it is refused.
 
 Everything the script does happens here, in the same order: validation, the run directory,
 checkpoints and resume, metrics, evaluation, summary.json and plots. A bad setting, file or part

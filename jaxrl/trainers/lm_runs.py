@@ -114,13 +114,13 @@ def setup(
     check_rollout: Callable[[Any, Any], None] | None = None,
 ) -> Setup:
     """Check the config, and make the mesh, task, starting checkpoint and tokenizer (each problem
-    one error line). With init_from, the architecture comes from the checkpoint and only the
-    model section's dtype, param_dtype and remat apply; the tokenizer comes from the checkpoint
-    unless config.task.tokenizer names one, and must fit the model's vocabulary. `workdir` None
-    is runs/<name>-<task>-<date>-<time>. An algorithm with rollout modes passes its
-    `check_rollout`: the config file's rollout settings become the Setup's `rollout` object
-    (`rollout_modes`). config.run.keep_final_state left None is filled by starting point
-    (`keeps_final_state`). Where `workdir` holds this run finished, `Finished` is raised with
+    one error line). With init_from, the architecture comes from the checkpoint and only the model
+    section's runtime fields (dtype, param_dtype, remat, attention, decode_unroll) apply; the
+    tokenizer comes from the checkpoint unless config.task.tokenizer names one, and must fit the
+    model's vocabulary. `workdir` None is runs/<name>-<task>-<date>-<time>. An algorithm with
+    rollout modes passes its `check_rollout`: the config file's rollout settings become the Setup's
+    `rollout` object (`rollout_modes`). config.run.keep_final_state left None is filled by starting
+    point (`keeps_final_state`). Where `workdir` holds this run finished, `Finished` is raised with
     its recorded result, which the trainer returns (`jaxrl.trainers.base.lm_trainer`)."""
     # Only the algorithms with rollout modes import them (and through them envs, 2 s).
     from jaxrl.trainers import rollout_modes
@@ -355,11 +355,12 @@ def make_text_task(flat: ml_collections.ConfigDict, given: type | None = None) -
 def start_checkpoint(
     flat: ml_collections.ConfigDict, given: Checkpoint | None = None
 ) -> Checkpoint:
-    """Where a run starts: the config's model (random init), init_from's, or parameters `given`
-    in memory, which bring their architecture; a model field other than dtype / param_dtype /
-    remat would then be ignored, so it is an error where it differs from the config files' tiny
-    model, unless the checkpoint agrees with it. A preset that raises the tiny model's positions
-    (`grpo.py:repeat_digit_long`) so starts from a checkpoint that has at least as many."""
+    """Where a run starts: the config's model (random init), init_from's, or parameters `given` in
+    memory, which bring their architecture; a model field other than the runtime ones
+    (`RUNTIME_FIELDS`) would then be ignored, so it is an error where it differs from the config
+    files' tiny model, unless the checkpoint agrees with it. A preset that raises the tiny model's
+    positions (`grpo.py:repeat_digit_long`) so starts from a checkpoint that has at least as
+    many."""
     if given is None and not flat.init_from:
         model = model_config(flat.model)
         return Checkpoint("random", "", model, BYTE, "random init")
@@ -368,7 +369,8 @@ def start_checkpoint(
         fail(
             f"config.model.{field}: the architecture comes from --config.init_from="
             f"{flat.init_from}, so this flag would be ignored; drop it (only model.dtype, "
-            "model.param_dtype and model.remat apply to an imported model)"
+            "model.param_dtype, model.remat, model.attention and model.decode_unroll apply to an "
+            "imported model)"
         )
 
     source = given

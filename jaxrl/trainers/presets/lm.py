@@ -11,7 +11,7 @@ from jaxrl.config import config_dict, run_section
 # A tiny Llama-shaped model that learns reverse-digits on a CPU in a minute or two. For a real
 # model, pass --config.init_from=<a run directory, a Hugging Face directory or a .gguf file>: its
 # architecture replaces this one (setting another field here is then an error), and only dtype,
-# param_dtype and remat below apply to it.
+# param_dtype, remat, attention and decode_unroll below apply to it.
 TINY_MODEL = dict(
     vocab_size=259,  # the byte tokenizer: 256 bytes + pad/bos/eos
     hidden_size=64,
@@ -28,6 +28,8 @@ TINY_MODEL = dict(
     dtype="float32",
     param_dtype="float32",
     remat="none",
+    attention="auto",  # cuDNN's fused attention on an NVIDIA GPU with 16-bit compute
+    decode_unroll=0,  # auto: a decode step's layers unrolled on a GPU
 )
 
 
