@@ -5,12 +5,14 @@
 #     bash experiments/benchmarks/gpu_checks.sh [--smoke] [--budget S] [--second | --third | STEPS]
 #
 # STEPS: a comma list, run in the order given. Default: the first call's (FIRST below: install,
-# gen17, ckpt17, grpo17, dpo17); --third: issue 46's second call (install, train06, lora7);
+# equal, gen17, ckpt17, grpo17, dpo17); --third: issue 46's second call (install, train06, lora7);
 # --second: issue 39's (install, psft, psync, ppartial, pasync, gen135, main).
 # The steps:
 #   install  wheels into $SITE (--no-index --no-deps; the image's jax is never touched), the
 #            versions, `import jaxrl`, and experiments/grpo.py for 2 tiny updates on the GPU
 #            (issue 37: the GPU install that works, one LM script)
+#   equal    gpu_equalities.py: cuDNN's attention against XLA's (logits, gradients) and the
+#            unrolled decode step against the scanned one, on a small bf16 model (seconds)
 #   gen17    generation.py, 1.7B shape, bf16, batches 32, 128, 1, 256 ($GEN_BATCHES), each with
 #            the decode step unrolled (decode_unroll 0: auto, the GPU's default) and scanned (1)
 #            ($GEN_UNROLL), roofline measured in the run; a jax.profiler trace of one decode call
@@ -52,7 +54,7 @@ set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
-FIRST=install,gen17,ckpt17,grpo17,dpo17
+FIRST=install,equal,gen17,ckpt17,grpo17,dpo17
 SECOND=install,psft,psync,ppartial,pasync,gen135,main
 THIRD=install,train06,lora7
 SMOKE=${GPU_CHECKS_SMOKE:-0}
@@ -73,7 +75,7 @@ while (($#)); do
     --second) STEPS=$SECOND ;;
     --third) STEPS=$THIRD ;;
     -h | --help)
-        sed -n '2,50p' "$0"
+        sed -n '2,52p' "$0"
         exit 0
         ;;
     -*)
@@ -86,7 +88,7 @@ while (($#)); do
 done
 for step in ${STEPS//,/ }; do
     case $step in
-    install | gen17 | ckpt17 | grpo17 | dpo17 | train06 | lora7 | gen135 | psft | psync | \
+    install | equal | gen17 | ckpt17 | grpo17 | dpo17 | train06 | lora7 | gen135 | psft | psync | \
         ppartial | pasync | main) ;;
     *)
         echo "error: gpu_checks.sh: unknown step '$step'; choose from $FIRST,$SECOND,$THIRD" >&2
@@ -237,6 +239,10 @@ EOF
         --config.batch_size=16 --config.run.num_chunks=1 --config.run.log_every=1 \
         --config.run.progress=False --config.run.tensorboard=False --config.task.num_eval=16 2>&1 |
         tail -4
+}
+
+step_equal() { # the GPU's defaults (cuDNN attention, unrolled decode) against the older engine
+    "$PY" experiments/benchmarks/gpu_equalities.py
 }
 
 gen_args() { # MODEL: generation.py's flags
@@ -494,7 +500,7 @@ fi
 echo "gpu_checks.sh: steps $STEPS, budget $BUDGET s, smoke $SMOKE, logs in $LOGS, archive" \
     "$OUT/checks.tgz ($(date -u +%Y-%m-%dT%H:%M:%SZ))"
 echo "--- gpu_checks.sh $STEPS, budget $BUDGET s ($(date -u +%H:%M:%S) UTC)" >>"$LOGS/summary.txt"
-declare -A LIMIT=([install]=120 [gen17]=210 [ckpt17]=120 [grpo17]=280 [dpo17]=150
+declare -A LIMIT=([install]=120 [equal]=90 [gen17]=210 [ckpt17]=120 [grpo17]=280 [dpo17]=150
     [train06]=270 [lora7]=150 [gen135]=90 [psft]=170 [psync]=150 [ppartial]=150
     [pasync]=190 [main]=150)
 read -ra ORDER <<<"${STEPS//,/ }"
