@@ -291,19 +291,6 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="ours: pairs per batch of the reference pass (default 64; smollm2 16)",
     )
-    add("--dtype", default="float32", choices=("float32", "bfloat16"), help="ours: compute dtype")
-    add(
-        "--remat",
-        default="none",
-        choices=("none", "save_dots", "full"),
-        help="ours: what each layer keeps for the backward pass (ModelConfig.remat)",
-    )
-    add(
-        "--attention",
-        default="auto",
-        choices=("auto", "xla", "cudnn"),
-        help="ours: ModelConfig.attention (auto: cuDNN on a GPU)",
-    )
     smollm2.add_model_flags(parser, SMOLLM2_SIZES)
 
 

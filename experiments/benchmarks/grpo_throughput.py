@@ -312,19 +312,6 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
         help="ours: algos.grpo variant (TRL's default loss_type is dapo; same compute)",
     )
     add("--rollout_trials", type=int, default=5, help="ours: timed rollout calls (0: skip)")
-    add("--dtype", default="float32", choices=("float32", "bfloat16"), help="ours: compute dtype")
-    add(
-        "--remat",
-        default="none",
-        choices=("none", "save_dots", "full"),
-        help="ours: what each layer keeps for the backward pass (ModelConfig.remat)",
-    )
-    add(
-        "--attention",
-        default="auto",
-        choices=("auto", "xla", "cudnn"),
-        help="ours: ModelConfig.attention (auto: cuDNN on a GPU)",
-    )
     add(
         "--decode_unroll",
         type=int,

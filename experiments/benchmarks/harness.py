@@ -592,8 +592,22 @@ def rejax_without_eval(algo: Any, evaluate: bool) -> Any:
 
 
 def add_lm_flags(parser: argparse.ArgumentParser) -> None:
-    """The flags of both LM drivers: our dispatch sizes and a second TRL row."""
+    """The flags of both LM drivers: our model's runtime fields, our dispatch sizes and a second
+    TRL row."""
     add = parser.add_argument
+    add("--dtype", default="float32", choices=("float32", "bfloat16"), help="ours: compute dtype")
+    add(
+        "--remat",
+        default="none",
+        choices=("none", "save_dots", "full"),
+        help="ours: what each layer keeps for the backward pass (ModelConfig.remat)",
+    )
+    add(
+        "--attention",
+        default="auto",
+        choices=("auto", "xla", "cudnn"),
+        help="ours: ModelConfig.attention (auto: cuDNN on a GPU)",
+    )
     steps = comma_list(positive(int))
     add("--steps_per_call", type=steps, default="1,10", help="ours: steps per dispatch, a row each")
     add("--trl_extra", default="", help='flags of a second TRL row, e.g. "--bf16 --grad_ckpt"')

@@ -12,6 +12,7 @@ take AdamW steps on the Bradley-Terry loss.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -37,6 +38,9 @@ def build_step(params: dict[str, Any]) -> harness.Step:
     start = time.perf_counter()
     model, weights = smollm2.load_model(params["hf_dir"])
     info: dict[str, Any] = {"load_s": time.perf_counter() - start, "batch_pairs": batch}
+    # --dtype / --remat / --attention (harness.add_lm_flags): how our model runs.
+    runtime = {name: params[name] for name in ("dtype", "remat", "attention") if name in params}
+    model = dataclasses.replace(model, **runtime)
     arrays = dpo_throughput.smollm2_arrays(params["data"])
     arrays = {key: value for key, value in arrays.items() if "loss_mask" not in key}
     config = reward_model.Config(
@@ -90,6 +94,7 @@ def variants(args: argparse.Namespace) -> list[harness.Variant]:
     rows = smollm2.trl_rows(args, "reward", flags, flops, expect)
     for k in args.steps_per_call:
         params = dict(K=k, seed=args.seed, hf_dir=directory, data=data, **size)
+        params.update(dtype=args.dtype, remat=args.remat, attention=args.attention)
         rows.append(
             harness.Variant("", f"ours K={k}", "ours", params, flops_per_step=flops, expect=expect)
         )
