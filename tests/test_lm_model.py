@@ -215,10 +215,11 @@ def test_packed_attention_equals_the_masked_pass(params, monkeypatch):
         read = mask & jnp.pad(mask[:, :-1], ((0, 0), (1, 0)))
         return -jnp.sum(jnp.where(read, log_p, 0.0))
 
+    both = lambda p: (logits(p), jax.grad(loss)(p))  # noqa: E731
     assert lm_model.packed_attention(CONFIG) is None  # "auto" off a GPU
-    masked, masked_grad = logits(params), jax.grad(loss)(params)
+    masked, masked_grad = jax.jit(both)(params)
     monkeypatch.setattr(lm_model, "packed_attention", lambda config: "xla")
-    packed, packed_grad = logits(params), jax.grad(loss)(params)
+    packed, packed_grad = jax.jit(both)(params)
     real = np.asarray(mask)
     np.testing.assert_allclose(np.asarray(packed)[real], np.asarray(masked)[real], atol=1e-6)
     assert np.isfinite(np.asarray(packed)).all()
