@@ -296,9 +296,10 @@ def decode_unroll(config: ModelConfig) -> int:
     On a GPU a scanned step copies each layer's weights out of the stacked parameters in every
     layer of every step and its matmuls read the copies: 37% of the 1.7B shape's step at batch
     32 on an H200 (docs/speed.md, "Language models on one GPU"). Unrolled, the slices are the
-    same in every step and XLA takes them once before the decoding loop (one more copy of the
-    weights during a rollout; the compile grows with depth: 15 s against 4 for the 1.7B
-    sampler on XLA:CPU). Off a GPU the scan stays ("auto")."""
+    same in every step, and XLA moves them out of the decoding loop, taking them once (seen in
+    XLA:CPU's optimised program; not yet measured on a GPU): one more copy of the weights during
+    a rollout, and a compile that grows with depth (14.6 s against 4.6 for the 1.7B sampler on
+    XLA:CPU). Off a GPU the scan stays ("auto")."""
     if config.decode_unroll:
         return min(config.decode_unroll, config.num_layers)
     return config.num_layers if jax.default_backend() == "gpu" else 1
