@@ -73,6 +73,8 @@ CASES = [
     # no close name at all: the bare KeyError, still named by its flag
     ("sft.py", "--config.run.workdir=/tmp/x", "--config.run.workdir: not a setting"),
     ("grpo.py", "--config.zzz=1", "--config.zzz: not a setting"),
+    # cuDNN's attention asked for where it cannot run (fp32 compute; off an NVIDIA GPU)
+    ("sft.py", "--config.model.attention=cudnn", "config.model.attention: cudnn takes bfloat16"),
     # --- PPO settings: type, range, finiteness, cross-field
     ("ppo.py", "--config.learning_rate=inf", "config.learning_rate: must be a finite number"),
     ("ppo.py", "--config.learning_rate=nan", "config.learning_rate: must be a finite number"),

@@ -30,7 +30,7 @@ import numpy as np
 
 from jaxrl.config import ConfigError, fail
 from jaxrl.lm import ByteTokenizer, Tokenizer, load_tokenizer, training
-from jaxrl.lm.model import ModelConfig, init_params, param_shardings
+from jaxrl.lm.model import ModelConfig, check_attention, init_params, param_shardings
 from jaxrl.logging import RunDirectory, shorten
 
 PARAMS_DIR = "params"  # final parameters of a run, where the next stage (DPO, GRPO) reads them
@@ -90,7 +90,9 @@ class Checkpoint:
         """The same checkpoint run with `section`'s `RUNTIME_FIELDS` (dtype, remat, ...)."""
         values = {field: section[field] for field in RUNTIME_FIELDS}
         try:
-            return dataclasses.replace(self, model=dataclasses.replace(self.model, **values))
+            model = dataclasses.replace(self.model, **values)
+            check_attention(model)
+            return dataclasses.replace(self, model=model)
         except ConfigError as error:
             fail(f"config.model.{error}")
 

@@ -33,7 +33,7 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from jaxrl import sharding
-from jaxrl.config import ConfigError
+from jaxrl.config import ConfigError, require
 from jaxrl.lm.model_config import REMAT_POLICIES, ModelConfig
 
 Array = jax.Array
@@ -322,6 +322,26 @@ def packed_attention(config: ModelConfig) -> str | None:
         fits = config.dtype in ("bfloat16", "float16") and dims % 8 == 0 and dims <= 128
         choice = "cudnn" if fits and _cudnn_runs_here() else "xla"
     return "cudnn" if choice == "cudnn" else None
+
+
+def check_attention(config: ModelConfig) -> None:
+    """`ModelConfig.attention` "cudnn" where cuDNN's fused attention cannot run here: one
+    ConfigError line, before anything compiles ("auto" falls back to XLA's by itself)."""
+    if config.attention != "cudnn":
+        return
+    require(
+        config.dtype in ("bfloat16", "float16"),
+        "attention",
+        f"cudnn takes bfloat16 or float16 compute, got dtype={config.dtype}",
+        "set dtype=bfloat16, or attention=auto",
+    )
+    require(
+        _cudnn_runs_here(),
+        "attention",
+        f"cudnn needs an NVIDIA GPU of compute capability 8.0 or later; this runs on "
+        f"{jax.devices()[0].device_kind}",
+        "use auto (cuDNN wherever it runs) or xla",
+    )
 
 
 def _cudnn_runs_here() -> bool:

@@ -43,7 +43,7 @@ from jaxrl.lm.checkpoints import (
     tokenizer_bytes,
     write_json,
 )
-from jaxrl.lm.model import ModelConfig, init_params
+from jaxrl.lm.model import ModelConfig, check_attention, init_params
 from jaxrl.logging import RunDirectory
 from jaxrl.loop import Algorithm
 from jaxrl.trainers.presets.lm import (
@@ -304,7 +304,9 @@ def job(
 def model_config(section: ml_collections.ConfigDict) -> ModelConfig:
     """The `model` section as a `ModelConfig`."""
     try:
-        return ModelConfig(**section.to_dict())
+        model = ModelConfig(**section.to_dict())
+        check_attention(model)
+        return model
     except ConfigError as error:
         fail(f"config.model.{error}")
     except TypeError as error:
