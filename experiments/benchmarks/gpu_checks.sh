@@ -5,7 +5,8 @@
 #     bash experiments/benchmarks/gpu_checks.sh [--smoke] [--budget S] [--second | --third | STEPS]
 #
 # STEPS: a comma list, run in the order given. Default: the first call's (FIRST below: install,
-# equal, gen17, ckpt17, grpo17, dpo17); --third: issue 46's second call (install, train06, lora7);
+# equal, gen17, ckpt17, grpo17, dpo17); --third: issue 46's second call (install, attn17,
+# train06, lora7);
 # --second: issue 39's (install, psft, psync, ppartial, pasync, gen135, main).
 # The steps:
 #   install  wheels into $SITE (--no-index --no-deps; the image's jax is never touched), the
@@ -17,6 +18,8 @@
 #            the decode step unrolled (decode_unroll 0: auto, the GPU's default) and scanned (1)
 #            ($GEN_UNROLL), roofline measured in the run; a jax.profiler trace of one decode call
 #            at batch 32, unrolled
+#   attn17   decode_attention.py: a decode step's attention alone at the 1.7B shape, batch 32 and
+#            128, keys as the sampler keeps them ([D, S]), as [S, D], and through cuDNN
 #   ckpt17   a random-weight 1.7B Hugging Face checkpoint (make_random_hf.py; without torch, our
 #            own exporter) with SmolLM2's tokenizer, for grpo17 and dpo17
 #   grpo17   grpo_throughput.py on it: ours (bf16 compute, defaults: no remat) against TRL 1.16
@@ -56,7 +59,7 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
 FIRST=install,equal,gen17,ckpt17,grpo17,dpo17
 SECOND=install,psft,psync,ppartial,pasync,gen135,main
-THIRD=install,train06,lora7
+THIRD=install,attn17,train06,lora7
 SMOKE=${GPU_CHECKS_SMOKE:-0}
 BUDGET=540
 STEPS=$FIRST
@@ -75,7 +78,7 @@ while (($#)); do
     --second) STEPS=$SECOND ;;
     --third) STEPS=$THIRD ;;
     -h | --help)
-        sed -n '2,52p' "$0"
+        sed -n '2,55p' "$0"
         exit 0
         ;;
     -*)
@@ -88,7 +91,7 @@ while (($#)); do
 done
 for step in ${STEPS//,/ }; do
     case $step in
-    install | equal | gen17 | ckpt17 | grpo17 | dpo17 | train06 | lora7 | gen135 | psft | psync | \
+    install | equal | gen17 | attn17 | ckpt17 | grpo17 | dpo17 | train06 | lora7 | gen135 | psft | psync | \
         ppartial | pasync | main) ;;
     *)
         echo "error: gpu_checks.sh: unknown step '$step'; choose from $FIRST,$SECOND,$THIRD" >&2
@@ -260,6 +263,13 @@ step_gen17() { # and a profile of one decode call (issue 46: "profile the 1.7B d
     ((SMOKE)) && batch=2
     "$PY" experiments/benchmarks/generation.py $(gen_args 1.7b) --dtype bfloat16 \
         --json "$LOGS/gen17.json" --trace "$LOGS/gen17_trace" --trace_batch $batch
+}
+
+step_attn17() { # a decode step's attention alone, per cache layout
+    local args="--batches 32,128 --repeats 5"
+    ((SMOKE)) && args="--model tiny --batches 2 --repeats 1 --dtype float32"
+    # shellcheck disable=SC2086
+    "$PY" experiments/benchmarks/decode_attention.py $args --json "$LOGS/attn17.json"
 }
 
 step_gen135() {
@@ -500,7 +510,7 @@ fi
 echo "gpu_checks.sh: steps $STEPS, budget $BUDGET s, smoke $SMOKE, logs in $LOGS, archive" \
     "$OUT/checks.tgz ($(date -u +%Y-%m-%dT%H:%M:%SZ))"
 echo "--- gpu_checks.sh $STEPS, budget $BUDGET s ($(date -u +%H:%M:%S) UTC)" >>"$LOGS/summary.txt"
-declare -A LIMIT=([install]=120 [equal]=90 [gen17]=210 [ckpt17]=120 [grpo17]=280 [dpo17]=150
+declare -A LIMIT=([install]=120 [equal]=90 [gen17]=210 [attn17]=90 [ckpt17]=120 [grpo17]=280 [dpo17]=150
     [train06]=270 [lora7]=150 [gen135]=90 [psft]=170 [psync]=150 [ppartial]=150
     [pasync]=190 [main]=150)
 read -ra ORDER <<<"${STEPS//,/ }"

@@ -7,7 +7,8 @@ Issue 35: decoding step / roofline at batch 32 and 128 (gen17, gen135; want <= 2
 per update ours against TRL bf16 (grpo17; want TRL / ours >= 4), DPO MFU against the bf16 matmul
 peak (dpo17; want >= 35%). Issue 46: trainer-only tokens/s and MFU at 16k-token sequences
 (train06, train06_4b; prime-rl: 11.9k tokens/s, 11.1% MFU for Qwen3-0.6B; want >= 1.5x), seconds
-per 7B LoRA GRPO update and XLA's planned memory (lora7). Issue 39: trained tokens/s of sync,
+per 7B LoRA GRPO update and XLA's planned memory (lora7), a decode step's attention per cache
+layout (attn17). Issue 39: trained tokens/s of sync,
 partial and async GRPO on repeat_digit_long (partial_*.jsonl, the updates after the first
 `--skip`). Standard library only."""
 
@@ -25,6 +26,23 @@ def load(path: Path) -> dict[str, Any] | None:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+
+
+def decode_attention(logs: Path) -> list[str]:
+    """attn17: a decode step's attention alone per cache layout, against reading the cache."""
+    report = load(logs / "attn17.json")
+    if report is None:
+        return []
+    lines = [f"attn17: decode attention on {report['device']}"]
+    for row in report["rows"]:
+        if "error" in row:
+            lines.append(f"  batch {row['batch']:4d} {row['variant']:6s}: {row['error']}")
+            continue
+        lines.append(
+            f"  batch {row['batch']:4d} {row['variant']:6s}: {row['us_per_layer']:6.1f} us a "
+            f"layer, {row['ratio']:.2f}x reading the cache, output gap {row['relative_gap']:.1e}"
+        )
+    return lines
 
 
 def generation(logs: Path) -> list[str]:
@@ -179,6 +197,7 @@ def main() -> None:
     parser.add_argument("--skip", type=int, default=3, help="partial: first updates left out")
     args = parser.parse_args()
     lines = generation(args.logs)
+    lines += decode_attention(args.logs)
     lines += harness_rows(
         args.logs,
         "grpo17",
