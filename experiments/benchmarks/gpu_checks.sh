@@ -31,7 +31,8 @@
 #            optimizer step, Qwen3-0.6B shape, every parameter, bf16 over fp32 weights, 2 sequences
 #            of 16,384 tokens per step (micro-batches of 1), remat chosen by the memory check; if
 #            that runs out of memory, remat full, then 8,192 tokens; then, when the call's time
-#            allows, the Qwen3-4B shape with LoRA rank 16 over bf16 weights ($TRAIN06_ROWS)
+#            allows, the Qwen3-4B shape with LoRA rank 16 over bf16 weights ($TRAIN06_ROWS); a
+#            profile of one more step of the 0.6B row (dpo17 profiles its rows too)
 #   lora7    grpo_update.py: one GRPO update of the 7B Llama shape, LoRA rank 16, bf16 weights,
 #            2 prompts x 8 x (128 + 256) tokens, the defaults: s/update, XLA's planned peak memory
 #   gen135   generation.py, SmolLM2-135M shape, bf16, batches 1, 32, 128
@@ -78,7 +79,7 @@ while (($#)); do
     --second) STEPS=$SECOND ;;
     --third) STEPS=$THIRD ;;
     -h | --help)
-        sed -n '2,55p' "$0"
+        sed -n '2,56p' "$0"
         exit 0
         ;;
     -*)
@@ -134,7 +135,9 @@ pack() { # the logs and JSON so far, in the one archive the device returns
     for metrics in "$(partial_dir)"/{sync,partial,async}/metrics.jsonl; do
         [[ -f $metrics ]] && cp "$metrics" "$LOGS/partial_$(basename "$(dirname "$metrics")").jsonl"
     done
-    tar -czf "$OUT/checks.tgz.tmp" -C "$WORK" out && mv "$OUT/checks.tgz.tmp" "$OUT/checks.tgz"
+    # Profiles travel as Perfetto traces; their xplane.pb twins (several MB each) stay.
+    tar -czf "$OUT/checks.tgz.tmp" --exclude='*.xplane.pb' -C "$WORK" out &&
+        mv "$OUT/checks.tgz.tmp" "$OUT/checks.tgz"
 }
 
 step() { # NAME LIMIT RESERVE: runs the function step_NAME in its own process group, at most
@@ -358,7 +361,8 @@ step_dpo17() {
     # shellcheck disable=SC2046
     "$PY" experiments/benchmarks/dpo_throughput.py --model smollm2 --smollm2_dir "$CKPT" \
         $sizes $timing --steps_per_call 1 --reference in_step,precomputed --dtype bfloat16 \
-        --peak_dtype bfloat16 --attention "$ATTENTION" $(trl_flags) --out "$LOGS/dpo17.json"
+        --peak_dtype bfloat16 --attention "$ATTENTION" --trace "$LOGS/dpo17_trace" $(trl_flags) \
+        --out "$LOGS/dpo17.json"
 }
 
 # Issue 46: trainer-only throughput at 16k tokens (prime-rl's benchmark) and the 7B LoRA update.
@@ -382,7 +386,7 @@ step_train06() {
             # shellcheck disable=SC2086
             timeout --foreground -k 5 "$full_s" \
                 "$PY" experiments/benchmarks/train_throughput.py $full $timing \
-                --attention "$ATTENTION" \
+                --attention "$ATTENTION" --trace "$LOGS/train06_trace" \
                 --json "$LOGS/train06.json" || rc=1
             ;;
         4b)

@@ -327,6 +327,19 @@ def time_calls(step: Step, steps: int, warmup: int) -> tuple[Any, dict[str, Any]
     }
 
 
+def trace_call(step: Step, state: Any, where: str) -> str:
+    """One more call of `step` under jax.profiler, a Perfetto trace under `where`; what became
+    of it, in words (a profiler the machine lacks must not lose the row)."""
+    import jax
+
+    try:
+        with jax.profiler.trace(where, create_perfetto_trace=True):
+            jax.block_until_ready(step.call(state, 0)[0])
+    except Exception as error:  # noqa: BLE001
+        return f"not written ({type(error).__name__}: {error})"[:300]
+    return where
+
+
 def run_worker(
     builders: dict[str, Callable[[dict[str, Any]], Step]], params: dict[str, Any]
 ) -> dict[str, Any]:
@@ -342,6 +355,8 @@ def run_worker(
     result.update(timings, peak_rss_mib=peak_rss_mib())
     if step.after is not None:
         result.update(step.after(state, result))
+    if params.get("trace"):  # one more call, untimed, under the profiler (--trace)
+        result["trace"] = trace_call(step, state, params["trace"])
     result.update(total_script_s=time.perf_counter() - start, loadavg_start=load_start)
     result.update(loadavg_end=os.getloadavg()[0], xla_flags=os.environ.get("XLA_FLAGS", ""))
     if "jax" in sys.modules:
@@ -468,6 +483,11 @@ def run_benchmark(workload: Workload, args: argparse.Namespace) -> None:
     peak_spec = {"side": "peak", "n": args.peak_n, "dtype": args.peak_dtype}
     peak_command.append(json.dumps({**peak_spec, "steps": 8, "warmup": 2}))
     peaks: list[dict[str, Any]] = []
+    if getattr(args, "trace", ""):  # our rows' workers each trace one more call
+        for v in variants:
+            if v.side == "ours" and v.script is None:
+                slug = "".join(c if c.isalnum() else "_" for c in v.label)
+                v.params = {**v.params, "trace": str(Path(args.trace) / slug)}
     for repeat in range(args.repeats):
         for v in variants:
             command = v.command(workload.script, args.steps, args.warmup)
@@ -611,6 +631,7 @@ def add_lm_flags(parser: argparse.ArgumentParser) -> None:
     steps = comma_list(positive(int))
     add("--steps_per_call", type=steps, default="1,10", help="ours: steps per dispatch, a row each")
     add("--trl_extra", default="", help='flags of a second TRL row, e.g. "--bf16 --grad_ckpt"')
+    add("--trace", default="", help="ours: a jax.profiler trace of one more call, DIR/<row>")
     add(
         "--skip_trl_fp32",
         action="store_true",

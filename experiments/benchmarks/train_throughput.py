@@ -260,6 +260,11 @@ def measure(args: argparse.Namespace, seq_len: int, remat: str) -> dict[str, Any
         return dict(row, status="oom", message=f"{type(error).__name__}: {error}"[-600:])
     window = time.perf_counter() - begin
     metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+    if args.trace:  # one more step, untimed, under the profiler
+        from experiments.benchmarks.harness import Step, trace_call
+
+        one = Step(lambda state, _: (compiled(state, batch)[0], {}))
+        row["trace"] = trace_call(one, state, args.trace)
     tokens = rows * seq_len * args.steps
     row.update(
         status="ok",
@@ -297,6 +302,7 @@ def main() -> None:
     add("--peak_n", type=int, default=8192, help="matrix size of the bf16 matmul peak")
     add("--seed", type=int, default=0)
     add("--json", default="", help="also write the report to this file")
+    add("--trace", default="", help="a jax.profiler trace of one more step of the row that ran")
     args = parser.parse_args()
 
     import jax
