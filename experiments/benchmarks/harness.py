@@ -612,8 +612,8 @@ def rejax_without_eval(algo: Any, evaluate: bool) -> Any:
 
 
 def add_lm_flags(parser: argparse.ArgumentParser) -> None:
-    """The flags of both LM drivers: our model's runtime fields, our dispatch sizes and a second
-    TRL row."""
+    """The flags of the LM drivers (GRPO, DPO, reward model): our model's runtime fields, our
+    dispatch sizes, a second TRL row and our rows' profiles."""
     add = parser.add_argument
     add("--dtype", default="float32", choices=("float32", "bfloat16"), help="ours: compute dtype")
     add(
