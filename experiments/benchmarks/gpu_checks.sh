@@ -20,6 +20,8 @@
 #            at batch 32, unrolled
 #   attn17   decode_attention.py: a decode step's attention alone at the 1.7B shape, batch 32 and
 #            128, keys as the sampler keeps them ([D, S]), as [S, D], and through cuDNN
+#   share17  issue 47: shared_prompt_update.py, GRPO's whole update with and without shared
+#            prompts, 1.7B shape, bf16, 4 prompts x 8 of 256 + 64 tokens (not in a preset)
 #   ckpt17   a random-weight 1.7B Hugging Face checkpoint (make_random_hf.py; without torch, our
 #            own exporter) with SmolLM2's tokenizer, for grpo17 and dpo17
 #   grpo17   grpo_throughput.py on it: ours (bf16 compute, defaults: no remat) against TRL 1.16
@@ -79,7 +81,7 @@ while (($#)); do
     --second) STEPS=$SECOND ;;
     --third) STEPS=$THIRD ;;
     -h | --help)
-        sed -n '2,56p' "$0"
+        sed -n '2,58p' "$0"
         exit 0
         ;;
     -*)
@@ -92,7 +94,7 @@ while (($#)); do
 done
 for step in ${STEPS//,/ }; do
     case $step in
-    install | equal | gen17 | attn17 | ckpt17 | grpo17 | dpo17 | train06 | lora7 | gen135 | psft | psync | \
+    install | equal | gen17 | attn17 | share17 | ckpt17 | grpo17 | dpo17 | train06 | lora7 | gen135 | psft | psync | \
         ppartial | pasync | main) ;;
     *)
         echo "error: gpu_checks.sh: unknown step '$step'; choose from $FIRST,$SECOND,$THIRD" >&2
@@ -273,6 +275,16 @@ step_attn17() { # a decode step's attention alone, per cache layout
     ((SMOKE)) && args="--model tiny --batches 2 --repeats 1 --dtype float32"
     # shellcheck disable=SC2086
     "$PY" experiments/benchmarks/decode_attention.py $args --json "$LOGS/attn17.json"
+}
+
+step_share17() { # issue 47: GRPO's update with and without shared prompts at the 1.7B shape
+    local args="--model 1.7b --dtype bfloat16 --batch_size 4 --group_size 8 --grad_accum_steps 4"
+    args+=" --prompt 256 --new 64 --repeats 2"
+    ((SMOKE)) && args="--model tiny --batch_size 2 --group_size 2 --grad_accum_steps 1 --prompt 8"
+    ((SMOKE)) && args+=" --new 4 --repeats 1"
+    # shellcheck disable=SC2086
+    JAX_PLATFORMS=${JAX_PLATFORMS:-} "$PY" experiments/benchmarks/shared_prompt_update.py $args \
+        --out "$LOGS/share17.json"
 }
 
 step_gen135() {
@@ -514,7 +526,7 @@ fi
 echo "gpu_checks.sh: steps $STEPS, budget $BUDGET s, smoke $SMOKE, logs in $LOGS, archive" \
     "$OUT/checks.tgz ($(date -u +%Y-%m-%dT%H:%M:%SZ))"
 echo "--- gpu_checks.sh $STEPS, budget $BUDGET s ($(date -u +%H:%M:%S) UTC)" >>"$LOGS/summary.txt"
-declare -A LIMIT=([install]=120 [equal]=90 [gen17]=210 [attn17]=90 [ckpt17]=120 [grpo17]=280 [dpo17]=150
+declare -A LIMIT=([install]=120 [equal]=90 [gen17]=210 [attn17]=90 [share17]=240 [ckpt17]=120 [grpo17]=280 [dpo17]=150
     [train06]=270 [lora7]=150 [gen135]=90 [psft]=170 [psync]=150 [ppartial]=150
     [pasync]=190 [main]=150)
 read -ra ORDER <<<"${STEPS//,/ }"

@@ -15,6 +15,8 @@ median of the others), and the parameter gap is the two arms' after the last of 
     python experiments/benchmarks/shared_prompt_update.py --model tiny --repeats 5
 
 The machine's load average is printed before and after: on a shared host the times move with it.
+It runs on the CPU unless JAX_PLATFORMS names another backend (`gpu_checks.sh`'s share17 step:
+the 1.7B shape, bf16 compute, 4 prompts x 8 of 256 + 64 tokens).
 """
 
 from __future__ import annotations
@@ -89,6 +91,7 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=96)
     parser.add_argument("--new", type=int, default=12)
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument("--out", default="", help="write the figures as JSON here too")
     args = parser.parse_args()
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -102,7 +105,7 @@ def main() -> None:
     from jaxrl import hparams
     from jaxrl.lm.model import ModelConfig, init_params
 
-    model = ModelConfig(**MODEL_SHAPES[args.model])
+    model = ModelConfig(**MODEL_SHAPES[args.model], dtype=args.dtype)
     task = fixed_length_task(args.prompt, model.vocab_size)
     params = init_params(model, jax.random.key(0))
     today = per_row_config(args.batch_size, args.group_size, args.grad_accum_steps, args.new)
