@@ -42,6 +42,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from experiments.benchmarks.harness import Step, trace_call  # noqa: E402
 from experiments.benchmarks.lm_shapes import MODEL_SHAPES  # noqa: E402
 from jaxrl.lm.model import ModelConfig, decode_unroll, init_params  # noqa: E402
 from jaxrl.lm.sampler import SamplingConfig, generate  # noqa: E402
@@ -259,13 +260,8 @@ def trace_decoding(
     fn = jax.jit(lambda p, t, m, k: generate(model, p, t, m, k, sampling).tokens)
     compiled = fn.lower(params, prompts, mask, jax.random.key(0)).compile()
     jax.block_until_ready(compiled(params, prompts, mask, jax.random.key(0)))
-    try:
-        with jax.profiler.trace(where, create_perfetto_trace=True):
-            jax.block_until_ready(compiled(params, prompts, mask, jax.random.key(1)))
-    except Exception as error:  # a profiler the machine lacks (CUPTI) must not lose the rows
-        print(f"trace: not written ({type(error).__name__}: {error})")
-        return
-    print(f"trace: batch {batch}, {new_tokens} new tokens, under {where}")
+    one = Step(lambda _, __: (compiled(params, prompts, mask, jax.random.key(1)), {}))
+    print(f"trace: batch {batch}, {new_tokens} new tokens: {trace_call(one, None, where)}")
 
 
 if __name__ == "__main__":

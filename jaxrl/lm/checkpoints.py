@@ -56,7 +56,6 @@ CHAT_TEMPLATES_DIR = "additional_chat_templates"
 
 
 # The model fields that apply to an imported checkpoint (how it runs, not what it is).
-# How a checkpoint is run, not what it is: a run may change these for any starting point.
 RUNTIME_FIELDS = ("dtype", "param_dtype", "remat", "attention", "decode_unroll")
 
 

@@ -205,7 +205,7 @@ def update_estimate(
         # none of them). They are the layer's working set where they outgrow the MLP's: not at
         # a few hundred tokens, most of the step at 16k.
         parts["attention_scores"] = ROW_SCORE_COPIES * scores - working
-        step += ROW_SCORE_COPIES * scores - working
+        step += parts["attention_scores"]
 
     rollout = 0.0
     if rollout_prompts:
