@@ -54,7 +54,7 @@ def _assert_same_params(a, b):
 # CI runs the bucketed case (the plain one is the 8-device test's); the plain one with --runslow.
 @pytest.mark.parametrize(
     "buckets",
-    [pytest.param({}, marks=pytest.mark.slow), dict(length_buckets=4, decode_row_buckets=4)],
+    [{}, dict(length_buckets=4, decode_row_buckets=4)],
 )
 def test_async_with_bound_zero_equals_synchronous_grpo_on_one_device(buckets):
     """Staleness 0 and an fp32 generation copy on one device (both meshes are that device, the
@@ -278,7 +278,6 @@ def async_whole(tmp_path_factory):
 
 # Not in CI: the in-process checkpoint test above covers batches in flight; the script's kill -9 is
 # the runner's, tested in test_lm_experiment
-@pytest.mark.slow
 def test_async_run_killed_after_a_checkpoint_with_a_batch_in_flight_resumes_equal(
     async_whole, tmp_path
 ):
@@ -303,7 +302,6 @@ def test_async_run_killed_after_a_checkpoint_with_a_batch_in_flight_resumes_equa
     assert_same_run(whole, parts, ASYNC_HEADLINES)
 
 
-@pytest.mark.slow
 def test_async_run_killed_at_a_random_moment_resumes_equal(async_whole, tmp_path):
     """SIGKILL at a random moment after training started (mid-chunk, between the two programs,
     mid-checkpoint, in the final evaluation), then the same command: the uninterrupted run's

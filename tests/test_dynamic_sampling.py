@@ -88,14 +88,9 @@ def _rollout(config, reward_fn, seed=0):
     return jax.device_get(jax.jit(rollout)(params, jax.random.PRNGKey(seed), hp))
 
 
-# CI runs RLOO (its advantages are the strictest about uniform groups); the others with --runslow.
 @pytest.mark.parametrize(
     "variant",
-    [
-        pytest.param("grpo", marks=pytest.mark.slow),
-        pytest.param("dapo", marks=pytest.mark.slow),
-        "rloo",
-    ],
+    ["grpo", "dapo", "rloo"],
 )
 def test_every_kept_group_varies_when_enough_drawn_ones_do(variant):
     config = grpo.Config(

@@ -367,7 +367,7 @@ def _run_update(config, mesh, params, terms=None, reference=None):
 
 
 # CI runs the (2, 2, 2) mesh (all three axes sharded); (1, 4, 2) with --runslow.
-@pytest.mark.parametrize("mesh_shape", [pytest.param((1, 4, 2), marks=pytest.mark.slow), (2, 2, 2)])
+@pytest.mark.parametrize("mesh_shape", [(1, 4, 2), (2, 2, 2)])
 def test_sharded_update_equals_single_device(mesh_shape):
     config = grpo.Config(
         batch_size=8, group_size=4, sampling=Sampling(max_new_tokens=5), learning_rate=1e-3,
@@ -644,18 +644,12 @@ def _optimize_once(config, params, reference=None, lora=False):
 @pytest.mark.parametrize(
     "settings",
     [
-        # CI runs the token_mean case (epochs, minibatches, the reference); the others with
-        # --runslow.
-        pytest.param(dict(variant="grpo"), marks=pytest.mark.slow),  # sequence_mean
+        dict(variant="grpo"),  # sequence_mean
         # token_mean, two epochs of two minibatches (old log-probs in buckets), a reference
         dict(variant="dapo", num_epochs=2, num_minibatches=2, kl_beta=0.1, entropy_coef=0.01),
-        pytest.param(  # constant_length, LoRA
-            dict(variant="dr_grpo", grad_accum_steps=2, lora_rank=2), marks=pytest.mark.slow
-        ),
+        dict(variant="dr_grpo", grad_accum_steps=2, lora_rank=2),  # constant_length, LoRA
         # 8 simulated devices: 2 sub-batches of 4 completions, each split over 4 batch shards
-        pytest.param(
-            dict(variant="grpo", mesh_shape=(2, 2, 2), length_buckets=2), marks=pytest.mark.slow
-        ),
+        dict(variant="grpo", mesh_shape=(2, 2, 2), length_buckets=2),
     ],
     ids=["sequence_mean", "token_mean_epochs_kl", "constant_length_accum_lora", "mesh"],
 )

@@ -82,22 +82,16 @@ def _assert_shared_equals_per_row(settings, mesh_shape=(1, 1, 1)):
 
 
 # gspo and cispo differ from grpo only when the ratio is not 1: two epochs, so the old
-# policy's pass runs (shared too) and the second epoch's ratios move. CI runs grpo (sequence
-# mean, KL and entropy) and the LoRA case below (constant_length, dr_grpo); the rest, and the
-# cases tests/conftest.py's NOT_IN_CI names, with --runslow (55-70 s each on the loaded 2-core
-# host).
+# policy's pass runs (shared too) and the second epoch's ratios move.
 @pytest.mark.parametrize(
     "settings",
     [
         dict(variant="grpo", kl_beta=0.05, entropy_coef=0.01, uniform_kl_coef=0.02),
-        pytest.param(dict(variant="dr_grpo", kl_beta=0.05), marks=pytest.mark.slow),
-        pytest.param(dict(variant="dapo", num_epochs=2, entropy_coef=0.01), marks=pytest.mark.slow),
-        pytest.param(dict(variant="rloo", kl_beta=0.05), marks=pytest.mark.slow),
-        pytest.param(dict(variant="remax"), marks=pytest.mark.slow),
-        pytest.param(
-            dict(variant="gspo", num_epochs=2, clip_low=3e-4, clip_high=4e-4),
-            marks=pytest.mark.slow,
-        ),
+        dict(variant="dr_grpo", kl_beta=0.05),
+        dict(variant="dapo", num_epochs=2, entropy_coef=0.01),
+        dict(variant="rloo", kl_beta=0.05),
+        dict(variant="remax"),
+        dict(variant="gspo", num_epochs=2, clip_low=3e-4, clip_high=4e-4),
         dict(variant="cispo", num_epochs=2, kl_beta=0.05),
     ],
     ids=["grpo", "dr_grpo", "dapo", "rloo", "remax", "gspo", "cispo"],

@@ -21,11 +21,7 @@ def run(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-# CI runs ppo.py's: test_docs_commands starts every script the docs run (all of them) with
-# --helpfull, which imports and parses what --help does; the others with --runslow.
-@pytest.mark.parametrize(
-    "script", [pytest.param(s, marks=[] if s == "ppo.py" else [pytest.mark.slow]) for s in SCRIPTS]
-)
+@pytest.mark.parametrize("script", SCRIPTS)
 def test_help_exits_0_with_the_usage(script):
     result = run(os.path.join("experiments", script), "--help")
     assert result.returncode == 0, result.stderr[-2000:]

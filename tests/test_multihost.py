@@ -28,8 +28,14 @@ def command(script, workdir, args):
     return [sys.executable, path, f"--workdir={workdir}", MESH, *args, *QUIET]
 
 
+def xla_flags(devices: int) -> str:
+    """The test run's XLA flags (conftest's compile settings) with `devices` simulated devices."""
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f]
+    return " ".join([*flags, f"--xla_force_host_platform_device_count={devices}"])
+
+
 def run_single(script, workdir, *args):
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    env = dict(os.environ, XLA_FLAGS=xla_flags(8))
     env.pop("JAXRL_DISTRIBUTED", None)
     result = subprocess.run(
         command(script, workdir, args), env=env, capture_output=True, text=True, timeout=600
@@ -43,7 +49,7 @@ def run_two_processes(script, workdir, *args):
     for process_id in range(2):
         env = dict(
             os.environ,
-            XLA_FLAGS="--xla_force_host_platform_device_count=4",
+            XLA_FLAGS=xla_flags(4),
             JAXRL_DISTRIBUTED="1",
             JAX_COORDINATOR_ADDRESS=f"localhost:{port}",
             JAXRL_NUM_PROCESSES="2",

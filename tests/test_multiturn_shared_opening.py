@@ -138,7 +138,6 @@ def test_the_loss_and_its_gradients_equal_per_episode(played, credit):
     assert max(np.abs(g).max() for g in jax.tree.leaves(want_grads)) > 100 * ATOL
 
 
-@pytest.mark.slow  # 55 s on the loaded 2-core host; GRPO's counterpart is out of CI too
 def test_minibatches_of_whole_games_equal_the_per_episode_pass_over_them(played):
     """num_minibatches = 3 over the 3 played games, two epochs: the shared update shuffles whole
     games into minibatches (the per-episode update shuffles episodes: not the same minibatches).
@@ -255,7 +254,6 @@ def test_shared_update_equals_the_per_episode_update(settings, mesh_shape):
     assert max(np.abs(w - p).max() for w, p in leaves) > 10 * ATOL
 
 
-@pytest.mark.slow
 def test_partial_with_bound_zero_equals_synchronous_multiturn_grpo_with_shared_openings():
     """Partial rollouts at staleness 0 with shared openings: the same parameters and losses, bit
     for bit, as synchronous multi-turn GRPO with them (the games it trains are whole and in
@@ -285,7 +283,6 @@ def test_shared_prompt_refused_where_a_pass_would_split_a_game():
     multiturn.Config(batch_size=2, group_size=4, grad_accum_steps=4)  # off: nothing to split
 
 
-@pytest.mark.slow
 def test_async_with_bound_zero_equals_synchronous_multiturn_grpo_with_shared_openings():
     """Async at staleness 0 (fp32 generation copy, one device) with shared openings: the same
     returns, losses and parameters, bit for bit, as synchronous multi-turn GRPO with them (its

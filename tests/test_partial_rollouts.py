@@ -165,7 +165,6 @@ def _updates(config, count, params=None, seed=3, mesh=None, rollout=None):
     return states, metrics
 
 
-@pytest.mark.slow  # Not in CI: the 8-device test below is the same equality on a mesh
 def test_partial_with_bound_zero_equals_synchronous_grpo():
     """Staleness 0 (so the budget covers max_new_tokens): the same samples in every update and
     the same parameters after it, bit for bit, as synchronous GRPO."""
@@ -444,7 +443,6 @@ def kill_after_first_checkpoint(flags, workdir):
 
 
 # Not in CI: test_checkpoint_mid_rollout_resumes_equal_to_an_uninterrupted_run covers carried rows
-@pytest.mark.slow
 def test_partial_run_killed_after_a_checkpoint_mid_rollout_resumes_equal(partial_whole, tmp_path):
     """SIGKILL right after the first chunk's checkpoint, which holds half-decoded rows (the
     carried rollouts are in the checkpoint); the same command resumes and ends where the
@@ -484,7 +482,6 @@ def summary_prompt_length(workdir):
     return jax.eval_shape(sample, jax.random.key(0)).tokens.shape[1]
 
 
-@pytest.mark.slow
 def test_partial_run_killed_at_a_random_moment_resumes_equal(partial_whole, tmp_path):
     """SIGKILL at a random moment after training started (mid-chunk, mid-checkpoint, in the
     final evaluation), then the same command: the uninterrupted run's rows, summary and
@@ -496,7 +493,6 @@ def test_partial_run_killed_at_a_random_moment_resumes_equal(partial_whole, tmp_
     assert_same_run(whole, parts)
 
 
-@pytest.mark.slow  # 27 s on one core; test_grpo's length_buckets tests cover partial's columns
 def test_partial_with_length_buckets_equals_unbucketed():
     """Partial mode (carried rows, the decoupled loss) trained in length buckets: the same
     samples and metrics in every update, the parameters equal to Adam-amplified rounding."""
@@ -542,7 +538,6 @@ def test_partial_with_decode_row_buckets_samples_the_same(carrying_run):
 
 # Not in CI: 6 minutes; test_partial_with_decode_row_buckets_samples_the_same and the async bucketed
 # test cover the buckets
-@pytest.mark.slow
 def test_decode_row_buckets_on_8_devices_equal_one_device():
     """Sync and partial GRPO with 4 decode row buckets on a (2, 2, 2) mesh of 8 simulated
     devices (rows gathered across the batch shards): the same samples as on one device, the

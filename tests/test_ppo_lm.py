@@ -207,7 +207,7 @@ def test_an_ensemble_of_reward_models_is_combined_by_the_rule():
 
 
 # CI runs the (2, 2, 2) mesh (all three axes sharded); (1, 4, 2) with --runslow.
-@pytest.mark.parametrize("mesh_shape", [pytest.param((1, 4, 2), marks=pytest.mark.slow), (2, 2, 2)])
+@pytest.mark.parametrize("mesh_shape", [(1, 4, 2), (2, 2, 2)])
 def test_sharded_update_equals_single_device(mesh_shape):
     """Two updates (rollout by the reward model, 2 epochs x 2 minibatches) on 8 devices reach
     the single-device metrics and parameters within float tolerance."""

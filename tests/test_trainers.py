@@ -101,8 +101,6 @@ def test_ppo_from_python_equals_the_script(tmp_path):
     assert result.summary["num_seeds"] == 2 and np.isfinite(result.summary["final_eval_return"])
 
 
-# Not in CI: every script is its trainer's flag front end (test above); ppo, dpo and grpo run in CI
-@pytest.mark.slow
 def test_sac_from_python_equals_the_script(tmp_path):
     from jaxrl.trainers import sac
 
@@ -119,8 +117,6 @@ def test_sac_from_python_equals_the_script(tmp_path):
     assert_same_run(script_dir, result)
 
 
-# Not in CI: every script is its trainer's flag front end (test above); ppo, dpo and grpo run in CI
-@pytest.mark.slow
 def test_cql_from_python_equals_the_script(tmp_path):
     from jaxrl.trainers import cql
 
@@ -160,8 +156,6 @@ def sft_run(tmp_path_factory):
     return sft.train(configured(sft, None, SFT_SMALL), workdir)
 
 
-# Not in CI: every script is its trainer's flag front end (test above); ppo runs in CI
-@pytest.mark.slow
 def test_sft_from_python_equals_the_script(sft_run, tmp_path):
     script_dir = str(tmp_path / "sft-script")
     run_script("sft.py", *flags(SFT_SMALL), f"--workdir={script_dir}")
@@ -232,8 +226,6 @@ def test_dpo_from_python_equals_the_script(sft_run, dpo_run, tmp_path):
     assert 0.0 <= dpo_run.summary["eval_reward_accuracy"] <= 1.0
 
 
-# Not in CI: the test above returns a finished run at once; this one its early path (two DPO runs)
-@pytest.mark.slow
 def test_a_finished_run_from_a_checkpoint_is_recognised_before_reading_it(
     sft_run, dpo_run, monkeypatch
 ):
@@ -468,8 +460,6 @@ def test_grpo_from_python_equals_the_script(tmp_path):
     assert "eval_pass_at_k" in result.summary or any("pass_at" in k for k in result.summary)
 
 
-# Not in CI: every script is its trainer's flag front end (test above); ppo, dpo and grpo run in CI
-@pytest.mark.slow
 def test_multiturn_from_python_equals_the_script(tmp_path):
     from jaxrl.trainers import multiturn
 
