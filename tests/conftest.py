@@ -20,7 +20,9 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # test builds its own. So the suite shares one persistent compilation cache, made fresh for each
 # pytest run (the xdist workers and the scripts the tests start inherit it through the
 # environment), and a program that two tests or two runs of a script compile alike is compiled
-# once. The cached program is the same executable, so no number changes.
+# once. The cached program is the same executable, so no number changes. Cold is the default;
+# JAX_COMPILATION_CACHE_DIR=<a kept directory> runs warm from the second run on, and
+# JAX_ENABLE_COMPILATION_CACHE=false turns the cache off.
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     import atexit
     import shutil
@@ -29,8 +31,8 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     _cache_dir = tempfile.mkdtemp(prefix="jaxrl-tests-xla-cache-")
     atexit.register(shutil.rmtree, _cache_dir, ignore_errors=True)
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache_dir
-    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
-    os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "-1"
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")  # tiny programs too
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
 
 # Where each test's time goes (tests/compile_stats.py): one directory per run, shared by the workers.
 if "JAXRL_COMPILE_STATS" not in os.environ:
