@@ -135,6 +135,26 @@ NOT_IN_CI = {
 }
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem):
+    """A test marked xla_defaults (its tolerances were measured at XLA's default rounding, which
+    the compile settings above change) runs in a pytest of its own compiling at XLA's settings."""
+    if "xla_defaults" not in pyfuncitem.keywords or os.environ.get("JAXRL_TEST_XLA") == "default":
+        return None
+    import subprocess
+
+    env = {**os.environ, "JAXRL_TEST_XLA": "default"}
+    env.pop("JAXRL_COMPILE_STATS", None)  # its own rows: this test's are the outer run's
+    ours = [*FAST_COMPILE_FLAGS.split(), "--xla_force_host_platform_device_count=8"]
+    env["XLA_FLAGS"] = " ".join(f for f in env["XLA_FLAGS"].split() if f not in ours)
+    args = ["-p", "no:xdist", "-p", "no:cacheprovider", "-o", "addopts=", "-q", "--runslow"]
+    command = [sys.executable, "-m", "pytest", *args, pyfuncitem.nodeid]
+    result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise AssertionError(f"at XLA's default settings:\n{result.stdout[-6000:]}")
+    return True
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked slow (real-model runs of several minutes, with their measured times in the
     README) and the tests in NOT_IN_CI run only when asked: `pytest --runslow -m slow`. CI's
