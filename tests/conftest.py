@@ -16,7 +16,11 @@ import sys
 # workers crashed within the first fifth of the newest leg's tests at these settings, so there
 # the tests keep XLA's.
 FAST_COMPILE_FLAGS = "--xla_backend_optimization_level=1 --xla_cpu_use_fusion_emitters=false"
-_fast = os.environ.get("JAXRL_TEST_XLA", "fast") == "fast"
+_mode = os.environ.get("JAXRL_TEST_XLA", "fast")
+if _mode not in ("fast", "default"):
+    print(f"error: JAXRL_TEST_XLA: unknown setting {_mode!r}; use fast or default", file=sys.stderr)
+    sys.exit(2)
+_fast = _mode == "fast"
 if _fast and not importlib.metadata.version("jaxlib").startswith("0.10."):
     os.environ["JAXRL_TEST_XLA"] = "default"  # what the xla_defaults hook below reads too
     _fast = False
