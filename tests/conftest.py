@@ -30,6 +30,19 @@ os.environ["XLA_FLAGS"] = " ".join(
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+
+def _directory_for_this_run(variable: str, prefix: str) -> None:
+    """`variable` names a fresh directory, removed when the run ends, unless it is set already
+    (the xdist workers and the scripts the tests start inherit the controller's)."""
+    if variable not in os.environ:
+        import atexit
+        import shutil
+        import tempfile
+
+        os.environ[variable] = tempfile.mkdtemp(prefix=prefix)
+        atexit.register(shutil.rmtree, os.environ[variable], ignore_errors=True)
+
+
 # Compiling, not running, is most of a test's time on the CPU: the programs are tiny and each
 # test builds its own. So the suite shares one persistent compilation cache, made fresh for each
 # pytest run (the xdist workers and the scripts the tests start inherit it through the
@@ -37,26 +50,12 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # once. The cached program is the same executable, so no number changes. Cold is the default;
 # JAX_COMPILATION_CACHE_DIR=<a kept directory> runs warm from the second run on, and
 # JAX_ENABLE_COMPILATION_CACHE=false turns the cache off.
-if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
-    import atexit
-    import shutil
-    import tempfile
-
-    _cache_dir = tempfile.mkdtemp(prefix="jaxrl-tests-xla-cache-")
-    atexit.register(shutil.rmtree, _cache_dir, ignore_errors=True)
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache_dir
+_directory_for_this_run("JAX_COMPILATION_CACHE_DIR", "jaxrl-tests-xla-cache-")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")  # tiny programs too
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
 
 # Where each test's time goes (tests/compile_stats.py): one directory per run, shared by the workers.
-if "JAXRL_COMPILE_STATS" not in os.environ:
-    import atexit
-    import shutil
-    import tempfile
-
-    _stats_dir = tempfile.mkdtemp(prefix="jaxrl-tests-compile-stats-")
-    atexit.register(shutil.rmtree, _stats_dir, ignore_errors=True)
-    os.environ["JAXRL_COMPILE_STATS"] = _stats_dir
+_directory_for_this_run("JAXRL_COMPILE_STATS", "jaxrl-tests-compile-stats-")
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)

@@ -29,6 +29,15 @@ def run_script(script: str, *args: str, check: bool = True, timeout: int = 600):
     return result
 
 
+def xla_flags(devices: int | None = None) -> str:
+    """The test run's XLA_FLAGS (conftest's compile settings) with `devices` simulated CPU
+    devices in place of conftest's eight, or none (a process that sees the machine's own)."""
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f]
+    if devices is not None:
+        flags.append(f"--xla_force_host_platform_device_count={devices}")
+    return " ".join(flags)
+
+
 def tree_digest(path: str) -> str:
     """One hash of every file's name and bytes under `path` (is a directory untouched?)."""
     digest = hashlib.sha256()

@@ -12,6 +12,8 @@ import sys
 import numpy as np
 import pytest
 
+from tests.script_runs import xla_flags
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUIET = ["--config.run.progress=False", "--config.run.tensorboard=False"]
 MESH = "--config.mesh_shape=(4,2,1)"  # data 4 x fsdp 2 spans both processes' devices
@@ -26,12 +28,6 @@ def free_port() -> int:
 def command(script, workdir, args):
     path = os.path.join(REPO, "experiments", script)
     return [sys.executable, path, f"--workdir={workdir}", MESH, *args, *QUIET]
-
-
-def xla_flags(devices: int) -> str:
-    """The test run's XLA flags (conftest's compile settings) with `devices` simulated devices."""
-    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f]
-    return " ".join([*flags, f"--xla_force_host_platform_device_count={devices}"])
 
 
 def run_single(script, workdir, *args):

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.script_runs import xla_flags
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
 NOTEBOOKS = sorted(path.name for path in NOTEBOOK_DIR.glob("*.ipynb"))
@@ -190,8 +192,7 @@ def kernel_environment() -> dict[str, str]:
     (eight simulated CPU devices): a notebook sees one CPU device, as on a Colab CPU runtime. The
     repository goes first on the kernel's path, so the checkout under test is what it imports."""
     env = dict(os.environ)
-    flags = [f for f in env.get("XLA_FLAGS", "").split() if "host_platform_device_count" not in f]
-    env["XLA_FLAGS"] = " ".join(flags)
+    env["XLA_FLAGS"] = xla_flags()
     env.pop("MPLBACKEND", None)  # the kernel's inline backend produces the image/png outputs
     env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
     return env

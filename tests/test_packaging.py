@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.script_runs import xla_flags
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 LIBRARY = ("algos", "envs", "jaxrl")
 
@@ -24,8 +26,7 @@ def clean_environment(pythonpath: list[str]) -> dict[str, str]:
     """The test process's environment with only `pythonpath` on PYTHONPATH, one CPU device (not
     conftest.py's eight simulated ones) and no multi-host runtime."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "JAXRL_DISTRIBUTED")}
-    flags = [f for f in env.get("XLA_FLAGS", "").split() if "host_platform_device_count" not in f]
-    env |= {"XLA_FLAGS": " ".join(flags), "JAX_PLATFORMS": "cpu", "MPLBACKEND": "Agg"}
+    env |= {"XLA_FLAGS": xla_flags(), "JAX_PLATFORMS": "cpu", "MPLBACKEND": "Agg"}
     env["PYTHONPATH"] = os.pathsep.join(pythonpath)
     return env
 
