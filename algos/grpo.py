@@ -351,14 +351,20 @@ def k3_kl(log_probs: Array, reference_log_probs: Array) -> Array:
     return jnp.exp(log_ratio) - log_ratio - 1.0
 
 
-def entropy_bonus(entropy: Array, hp: HParams) -> Array:
+def entropy_bonus(entropy: Array, hp: HParams, share: float | Array = 1.0) -> Array:
     """The entropy term subtracted from the loss: entropy_coef x the mean token entropy, or with
     entropy_floor > 0, entropy_coef x min(entropy, entropy_floor), whose gradient is the bonus's
     while the entropy is below the floor and zero above it. A floor keeps the policy sampling
     alternatives where it would otherwise settle on one answer per prompt (all rewards of a
-    group equal: no gradient) without pulling it toward uniform while it is still broad."""
-    floored = jnp.where(hp.entropy_floor > 0, jnp.minimum(entropy, hp.entropy_floor), entropy)
-    return hp.entropy_coef * floored
+    group equal: no gradient) without pulling it toward uniform while it is still broad.
+
+    In a step accumulated over parts (micro-batches, length buckets) `entropy` is these rows'
+    share of the step's mean and `share` their share of its tokens: each part compares its own
+    mean (entropy / share) with the floor, since the step's mean is not known until every part
+    has run. That equals the step's floor whenever the parts' means lie on the same side of it."""
+    own = entropy / jnp.maximum(share, 1e-12)
+    above = (hp.entropy_floor > 0) & (own >= hp.entropy_floor)
+    return hp.entropy_coef * jnp.where(above, share * hp.entropy_floor, entropy)
 
 
 def uniform_kl_penalty(uniform_kl: Array, hp: HParams) -> Array:
@@ -374,11 +380,34 @@ def uniform_kl_penalty(uniform_kl: Array, hp: HParams) -> Array:
     return hp.uniform_kl_coef * uniform_kl
 
 
-def regularisers(metrics: dict[str, Array], hp: HParams) -> Array:
+def regularisers(metrics: dict[str, Array], hp: HParams, share: float | Array = 1.0) -> Array:
     """What GRPO's and multi-turn GRPO's losses add to the policy loss, from the batch's token
-    means `metrics["entropy"]` and `metrics["uniform_kl"]`: the uniform KL's penalty minus the
-    entropy bonus."""
-    return uniform_kl_penalty(metrics["uniform_kl"], hp) - entropy_bonus(metrics["entropy"], hp)
+    means `metrics["entropy"]` and `metrics["uniform_kl"]` (`token_means`; in a step of several
+    parts, these rows' shares, `share` of the step's tokens): the uniform KL's penalty minus
+    the entropy bonus."""
+    bonus = entropy_bonus(metrics["entropy"], hp, share)
+    return uniform_kl_penalty(metrics["uniform_kl"], hp) - bonus
+
+
+def token_means(
+    entropy: Array, uniform_kl: Array, batch: dict[str, Array], mask: str
+) -> dict[str, Array]:
+    """`regularisers`' metrics: the mean token entropy and KL(uniform || pi) over every token
+    `batch[mask]` marks (kept or not), as these rows' share of the step's (its
+    `norm_all_tokens`, when the batch carries the step's denominators)."""
+    count = (None, batch["norm_all_tokens"][0]) if "norm_all_tokens" in batch else None
+    ones = jnp.ones(batch[mask].shape[0])
+    return {
+        "entropy": aggregate(entropy, batch[mask], ones, "token_mean", 1, count),
+        "uniform_kl": aggregate(uniform_kl, batch[mask], ones, "token_mean", 1, count),
+    }
+
+
+def token_share(batch: dict[str, Array], mask: str) -> Array | float:
+    """These rows' share of the step's tokens (1 for a batch without the step's denominators)."""
+    if "norm_all_tokens" not in batch:
+        return 1.0
+    return batch[mask].astype(jnp.float32).sum() / batch["norm_all_tokens"][0]
 
 
 def aggregate(
@@ -650,9 +679,10 @@ def make_loss(
 
     def loss_fn(params: Any, batch: dict[str, Array], hp: HParams):
         log_probs, entropy, uniform_kl = log_prob_pass(model, params, batch, temperature)
-        # A length bucket: its share of the micro-batch's loss and metrics (`normalisers`).
-        bucketed = "norm_sequences" in batch
-        totals = (batch["norm_sequences"][0], batch["norm_tokens"][0]) if bucketed else None
+        # The step's denominators (`optimizer_steps.normalisers`): these rows' share of the
+        # step's loss and metrics. Absent (a batch of its own), its own means.
+        in_step = "norm_sequences" in batch
+        totals = (batch["norm_sequences"][0], batch["norm_tokens"][0]) if in_step else None
         # With one optimizer step per batch of samples the sampling policy is the current one,
         # so its log-probs are these, held constant (the ratio is 1, its gradient is not 0).
         old = batch.get("old_log_probs", jax.lax.stop_gradient(log_probs))
@@ -676,21 +706,12 @@ def make_loss(
             surrogate=spec.surrogate,
         )
         if "sampler_log_probs" in batch:
-            count = batch["norm_fresh"][0] if bucketed else None
+            count = batch["norm_fresh"][0] if in_step else None
             metrics.update(
                 log_prob_mismatch(batch["sampler_log_probs"], old, batch["fresh_mask"], count)
             )
-        all_tokens = (None, batch["norm_all_tokens"][0]) if bucketed else None
-        for name, per_token in (("entropy", entropy), ("uniform_kl", uniform_kl)):
-            metrics[name] = aggregate(
-                per_token,
-                batch["completion_mask"],
-                jnp.ones_like(batch["weights"]),
-                "token_mean",
-                1,
-                all_tokens,
-            )
-        return loss + regularisers(metrics, hp), metrics
+        metrics.update(token_means(entropy, uniform_kl, batch, "completion_mask"))
+        return loss + regularisers(metrics, hp, token_share(batch, "completion_mask")), metrics
 
     return loss_fn
 

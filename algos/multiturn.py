@@ -195,6 +195,10 @@ def make_loss(
             logits, batch["targets"], config.sampling.temperature
         )
         old = batch.get("old_log_probs", jax.lax.stop_gradient(log_probs))
+        # The step's denominators (`optimizer_steps.normalisers` over `valid`): these episodes'
+        # share of the step's loss and metrics. Absent (a batch of its own), its own means.
+        in_step = "norm_sequences" in batch
+        totals = (batch["norm_sequences"][0], batch["norm_tokens"][0]) if in_step else None
         loss, metrics = grpo.policy_loss(
             log_probs, old, batch["advantages"], batch["valid"], batch["weights"],
             clip_low=hp.clip_low, clip_high=grpo.upper_clip(spec, hp.clip_low, hp.clip_high),
@@ -204,14 +208,15 @@ def make_loss(
             # max_staleness > 0): AReaL's decoupled objective, with the clip around the
             # behaviour policy that one optimizer step per batch needs (`grpo.policy_loss`).
             behaviour_log_probs=batch.get("behaviour_log_probs"),
-            behaviour_clip=behaviour_clip, surrogate=spec.surrogate,
+            totals=totals, behaviour_clip=behaviour_clip, surrogate=spec.surrogate,
         )  # fmt: skip
         if "sampler_log_probs" in batch:
-            metrics.update(log_prob_mismatch(batch["sampler_log_probs"], old, batch["fresh_mask"]))
-        ones = jnp.ones_like(batch["weights"])
-        metrics["entropy"] = grpo.aggregate(entropy, batch["valid"], ones, "token_mean", 1)
-        metrics["uniform_kl"] = grpo.aggregate(uniform_kl, batch["valid"], ones, "token_mean", 1)
-        return loss + grpo.regularisers(metrics, hp), metrics
+            count = batch["norm_fresh"][0] if in_step else None
+            metrics.update(
+                log_prob_mismatch(batch["sampler_log_probs"], old, batch["fresh_mask"], count)
+            )
+        metrics.update(grpo.token_means(entropy, uniform_kl, batch, "valid"))
+        return loss + grpo.regularisers(metrics, hp, grpo.token_share(batch, "valid")), metrics
 
     return loss_fn
 
@@ -340,8 +345,15 @@ def make_optimize(
         return jax.lax.stop_gradient(log_probs)
 
     return optimizer_steps.optimize_with(
-        loss_fn, log_probs_of, config, mesh, group_size=policy_pass.group_size
-    )
+        loss_fn, log_probs_of, config, mesh, group_size=policy_pass.group_size,
+        denominators=step_normalisers,
+    )  # fmt: skip
+
+
+def step_normalisers(batch: dict[str, Array]) -> dict[str, Array]:
+    """GRPO's denominators (`optimizer_steps.normalisers`) over a step's conversations: their
+    policy tokens are the `valid` ones."""
+    return optimizer_steps.normalisers(batch, mask="valid")
 
 
 def unpack_inputs(inputs: Inputs | None) -> tuple[Any, None]:

@@ -184,6 +184,14 @@ class Inputs(NamedTuple):
     task_data: Any = None
 
 
+def step_pairs(batch: dict[str, Array]) -> dict[str, Array]:
+    """The denominator of online DPO's loss over an optimizer step's whole batch: its pairs that
+    carry a preference. A micro-batch's loss is then its share of one mean over the step
+    (`training.accumulated_gradient`): with tied pairs left out, micro-batches keep different
+    numbers of pairs, and averaging their own means would weigh pairs unequally."""
+    return {"norm_pairs": jnp.maximum(batch["weight"].sum(), 1.0)}
+
+
 def make(
     config: Config,
     model: ModelConfig,
@@ -220,7 +228,8 @@ def make(
         score_pairs = dpo.score_pairs
 
     def loss_fn(params: Any, batch: dict[str, Array], hp: HParams, reference_params: Any):
-        """dpo.py's loss, averaged over the pairs that carry a preference (weight 1)."""
+        """dpo.py's loss, averaged over the pairs that carry a preference (weight 1): over the
+        step's (`step_pairs`, on every row), these pairs' share of that mean."""
         policy = score_pairs(transformer, params, batch)
         if config.uses_reference:
             reference = score_pairs(transformer, jax.lax.stop_gradient(reference_params), batch)
@@ -240,7 +249,8 @@ def make(
             hp.simpo_gamma,
         )
         weight = batch["weight"]
-        mean = lambda x: jnp.sum(x * weight) / jnp.maximum(weight.sum(), 1.0)  # noqa: E731
+        count = batch["norm_pairs"][0] if "norm_pairs" in batch else jnp.maximum(weight.sum(), 1.0)
+        mean = lambda x: jnp.sum(x * weight) / count  # noqa: E731
         metrics = {
             "reward_accuracy": mean((chosen_reward > rejected_reward).astype(jnp.float32)),
             "reward_margin": mean(chosen_reward - rejected_reward),
@@ -337,6 +347,7 @@ def make(
         state, step_metrics = training.minibatch_epochs(
             lambda p, micro: loss_fn(p, micro, hp, inputs.reference_params), state, batch, hp,
             config, shuffle_key, config.num_epochs, config.num_minibatches, mesh, dropout_key,
+            denominators=step_pairs,
         )  # fmt: skip
         metrics.update(jax.tree.map(jnp.mean, step_metrics))
         if monitor is not None:

@@ -7,8 +7,12 @@ Length buckets (TRL's padding-free, verl's remove-padding, at fixed shapes):
 `Config.length_buckets` = k > 0 sorts each micro-batch's completions by the positions they need
 and splits them into k sub-batches, each run at the smallest of max_new_tokens / 8, / 4, / 2,
 / 1 that holds its longest completion (`jaxrl.lm.training`'s `LengthBuckets`). Every sub-batch
-carries the micro-batch's denominators (`normalisers`), so their gradients sum to the
-micro-batch's: the same update, up to rounding. The no-grad passes run in the same buckets.
+carries the step's denominators (`normalisers`), so their gradients sum to the step's: the
+same update, up to rounding. The no-grad passes run in the same buckets.
+
+One mean over the step's batch: every loss here is a mean over the optimizer step's whole
+batch (its kept sequences or tokens, `normalisers`), each micro-batch and length bucket giving
+its share, so grad_accum_steps and length_buckets change the memory and never the objective.
 
 Shared prompts (`Config.shared_prompt`, `log_prob_pass`): every pass takes the rows as
 contiguous groups of group_size sharing their prompt and runs each group's prompt once
@@ -119,21 +123,23 @@ def cut_batch(batch: dict[str, Array], length: int) -> dict[str, Array]:
     return {name: cut(x) for name, x in batch.items()}
 
 
-def normalisers(batch: dict[str, Array]) -> dict[str, Array]:
-    """The batch with the denominators of its loss and metrics, computed over all its rows and
-    repeated per row (so they follow the rows into length buckets): kept sequences, kept
-    tokens, all completion tokens, fresh tokens (`aggregate`'s and `log_prob_mismatch`'s)."""
-    rows = batch["weights"].shape[0]
-    mask = batch["completion_mask"].astype(jnp.float32)
-    kept_tokens = jnp.sum(mask * batch["weights"][:, None])
+def normalisers(batch: dict[str, Array], mask: str = "completion_mask") -> dict[str, Array]:
+    """The denominators of GRPO's loss and metrics over an optimizer step's whole batch (any
+    leading shape; the `mask` column [..., N] marks its tokens): kept sequences, kept tokens,
+    all tokens, fresh tokens (`grpo.aggregate`'s and `log_prob_mismatch`'s). The step puts them
+    on every row (`training.with_denominators`), so every micro-batch and length bucket computes
+    its share of one mean over the step's batch: DAPO's and CISPO's token mean counts every
+    token of the step, whatever grad_accum_steps and length_buckets are."""
+    weights = batch["weights"]
+    tokens = batch[mask].astype(jnp.float32)
     values = {
-        "norm_sequences": jnp.maximum(batch["weights"].sum(), 1.0),
-        "norm_tokens": jnp.maximum(kept_tokens, 1.0),
-        "norm_all_tokens": jnp.maximum(mask.sum(), 1.0),
+        "norm_sequences": jnp.maximum(weights.sum(), 1.0),
+        "norm_tokens": jnp.maximum(jnp.sum(tokens * weights[..., None]), 1.0),
+        "norm_all_tokens": jnp.maximum(tokens.sum(), 1.0),
     }
     if "fresh_mask" in batch:
         values["norm_fresh"] = jnp.maximum(batch["fresh_mask"].sum(), 1).astype(jnp.float32)
-    return dict(batch, **{k: jnp.broadcast_to(v, (rows,)) for k, v in values.items()})
+    return values
 
 
 def group_extent(completion_mask: Array, group_size: int) -> Array:
@@ -157,7 +163,6 @@ def length_buckets(
         lengths=bucket_lengths(config.sampling.max_new_tokens),
         row_lengths=lambda batch: group_extent(batch["completion_mask"], group_size),
         cut=cut_batch,
-        prepare=normalisers,
         mesh=mesh,
     )
 
@@ -194,6 +199,8 @@ def optimize_with(
     mesh: Any,
     buckets: training.LengthBuckets | None = None,
     group_size: int = 1,
+    *,
+    denominators: training.Denominators,
 ) -> Callable:
     """The optimizer steps on one sampled batch, as every rollout mode takes them (GRPO's single
     completions, multi-turn GRPO's conversations): `optimize(state, batch, hp, shuffle_key,
@@ -201,7 +208,8 @@ def optimize_with(
     (when samples are reused) and the reference's (when given) to the batch, each from
     `no_grad_log_probs(params, batch)`, then runs the minibatch epochs of `loss_fn(params,
     batch, hparams)` with this update's dropout stream (in length `buckets`, if given;
-    minibatches shuffling whole groups of `group_size` rows)."""
+    minibatches shuffling whole groups of `group_size` rows; each loss a mean over its step's
+    batch with `denominators`: `normalisers` over the batch's token mask)."""
 
     def optimize(state, batch, hp, shuffle_key, policy, reference_params):
         batch = dict(batch)
@@ -216,7 +224,7 @@ def optimize_with(
         return training.minibatch_epochs(
             lambda p, micro_batch: loss_fn(p, micro_batch, hp), state, batch, hp, config,
             shuffle_key, config.num_epochs, config.num_minibatches, mesh, dropout_key, buckets,
-            group_size,
+            group_size, denominators,
         )  # fmt: skip
 
     return optimize
@@ -252,4 +260,6 @@ def make_optimize(
             return jax.lax.stop_gradient(log_probs)
         return jax.lax.stop_gradient(log_probs_of(batch))
 
-    return optimize_with(loss_fn, no_grad_log_probs, config, mesh, buckets, group_size)
+    return optimize_with(
+        loss_fn, no_grad_log_probs, config, mesh, buckets, group_size, denominators=normalisers
+    )

@@ -231,10 +231,18 @@ def token_gae(
     return advantages.T * mask, returns.T * mask
 
 
-def masked_mean(x: Array, mask: Array) -> Array:
-    """The mean of x over the positions where mask is 1."""
+def masked_mean(x: Array, mask: Array, count: Array | None = None) -> Array:
+    """The mean of x over the positions where mask is 1; with `count` (a larger batch's marked
+    positions), these positions' share of that batch's mean."""
     mask = mask.astype(jnp.float32)
-    return jnp.sum(x * mask) / jnp.maximum(mask.sum(), 1.0)
+    return jnp.sum(x * mask) / (jnp.maximum(mask.sum(), 1.0) if count is None else count)
+
+
+def step_tokens(batch: dict[str, Array]) -> dict[str, Array]:
+    """The denominator of PPO-LM's losses over an optimizer step's whole batch: its completion
+    tokens. Every micro-batch's loss is then its share of one token mean over the step
+    (`training.accumulated_gradient`), whatever grad_accum_steps is."""
+    return {"norm_tokens": jnp.maximum(batch["completion_mask"].astype(jnp.float32).sum(), 1.0)}
 
 
 def masked_whiten(x: Array, mask: Array, eps: float = 1e-8) -> Array:
@@ -255,8 +263,10 @@ def ppo_lm_losses(
     mask: Array,
     clip_ratio: float | Array,
     clip_value: float | Array,
+    count: Array | None = None,
 ) -> tuple[Array, Array, dict[str, Array]]:
-    """(policy loss, value loss, metrics), each a mean over the masked tokens of [B, N] inputs.
+    """(policy loss, value loss, metrics), each a mean over the masked tokens of [B, N] inputs
+    (with `count`, the step's tokens: these rows' share of the step's mean).
 
     Policy: the clipped surrogate -min(ratio * A, clip(ratio, 1 - c, 1 + c) * A). Value: half the
     larger squared error of the new value and of the new value clipped to within clip_value of
@@ -271,13 +281,15 @@ def ppo_lm_losses(
     error = jnp.square(values - returns)
     clipped_error = jnp.square(clipped_values - returns)
     metrics = {
-        "clip_fraction": masked_mean(was_clipped.astype(jnp.float32), mask),
-        "value_clip_fraction": masked_mean((clipped_error > error).astype(jnp.float32), mask),
+        "clip_fraction": masked_mean(was_clipped.astype(jnp.float32), mask, count),
+        "value_clip_fraction": masked_mean(
+            (clipped_error > error).astype(jnp.float32), mask, count
+        ),
         # Schulman's low-variance estimate of KL(old || new), as control PPO logs it.
-        "approx_kl": masked_mean((ratio - 1.0) - log_ratio, mask),
+        "approx_kl": masked_mean((ratio - 1.0) - log_ratio, mask, count),
     }
-    policy_loss = masked_mean(surrogate, mask)
-    value_loss = 0.5 * masked_mean(jnp.maximum(error, clipped_error), mask)
+    policy_loss = masked_mean(surrogate, mask, count)
+    value_loss = 0.5 * masked_mean(jnp.maximum(error, clipped_error), mask, count)
     return policy_loss, value_loss, metrics
 
 
@@ -460,6 +472,7 @@ def make(
     def loss_fn(params: dict[str, Any], batch: dict[str, Array], hp: HParams):
         log_probs, entropy, values = forward(params, batch)
         mask = batch["completion_mask"]
+        count = batch["norm_tokens"][0] if "norm_tokens" in batch else None  # `step_tokens`
         policy_loss, value_loss, metrics = ppo_lm_losses(
             log_probs,
             batch["old_log_probs"],
@@ -470,9 +483,12 @@ def make(
             mask,
             hp.clip_ratio,
             hp.clip_value,
+            count,
         )
         metrics.update(
-            policy_loss=policy_loss, value_loss=value_loss, entropy=masked_mean(entropy, mask)
+            policy_loss=policy_loss,
+            value_loss=value_loss,
+            entropy=masked_mean(entropy, mask, count),
         )
         return policy_loss + hp.vf_coef * value_loss, metrics
 
@@ -554,6 +570,7 @@ def make(
         train_state, step_metrics = training.minibatch_epochs(
             lambda p, micro_batch: loss_fn(p, micro_batch, hp), train_state, batch, hp, config,
             shuffle_key, config.num_epochs, config.num_minibatches, mesh,
+            denominators=step_tokens,
         )  # fmt: skip
         metrics.update(jax.tree.map(jnp.mean, step_metrics))
 

@@ -153,7 +153,9 @@ def test_minibatches_of_whole_groups_equal_the_per_row_pass_over_them():
             return jax.lax.stop_gradient(log_prob_pass(model, p, b, temperature)[0])
 
         # Both shuffle whole groups of G rows; only the pass differs.
-        return optimizer_steps.optimize_with(loss_fn, no_grad, config, None, None, group)
+        return optimizer_steps.optimize_with(
+            loss_fn, no_grad, config, None, None, group, denominators=optimizer_steps.normalisers
+        )
 
     init = training.make_init(params, config)
     results = []

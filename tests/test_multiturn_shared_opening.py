@@ -164,7 +164,8 @@ def test_minibatches_of_whole_games_equal_the_per_episode_pass_over_them(played)
     optimizers = [
         # Both shuffle whole games of GROUP rows; only the pass differs.
         optimizer_steps.optimize_with(
-            per_episode_loss, per_episode_old_log_probs, config, None, group_size=GROUP
+            per_episode_loss, per_episode_old_log_probs, config, None, group_size=GROUP,
+            denominators=multiturn.step_normalisers,
         ),
         multiturn.make_optimize(
             model, multiturn.make_loss(model, config, capacity, policy_pass=shared), config,

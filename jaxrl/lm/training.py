@@ -325,16 +325,14 @@ class LengthBuckets(NamedTuple):
     The rows are sorted by `row_lengths` and split into `count` equal sub-batches; each runs at
     the smallest of `lengths` (static, ascending, the last one the batch's full length) that holds
     its longest row, `cut(batch, length)` giving the batch at that length. The loss of a
-    sub-batch must be its share of the whole micro-batch's loss, so that the shares' gradients
-    sum to the micro-batch's: `prepare(micro_batch)` adds what the loss needs for that (GRPO: the
-    micro-batch's normalisers), before the split. Metrics of the sub-batches are summed, except
-    those named `*_max`, whose maximum is taken."""
+    sub-batch must be its share of the step's loss, so that the shares' gradients sum to the
+    step's: buckets need `optimizer_step`'s `denominators`. Metrics of the sub-batches are
+    summed, except those named `*_max`, whose maximum is taken (`combine_shares`)."""
 
     count: int
     lengths: tuple[int, ...]
     row_lengths: Callable[[dict[str, Array]], Array]  # [B] positions each row needs
     cut: Callable[[dict[str, Array], int], dict[str, Array]]
-    prepare: Callable[[dict[str, Array]], dict[str, Array]]
     mesh: Any = None  # sub-batches split their rows over its batch axes
 
 
@@ -367,9 +365,69 @@ def at_bucket_length(
     return jax.lax.switch(index, branches, batch)
 
 
-def combine_bucket_metrics(metrics: dict[str, Array]) -> dict[str, Array]:
-    """The sub-batches' metrics [count] as the micro-batch's: sums, or maxima for `*_max`."""
+def combine_shares(metrics: dict[str, Array]) -> dict[str, Array]:
+    """The parts' metrics [count] (length buckets, micro-batches), each its share of the
+    whole's, as the whole's: sums, or maxima for `*_max`."""
     return {k: v.max(axis=0) if k.endswith("_max") else v.sum(axis=0) for k, v in metrics.items()}
+
+
+# The step's denominators: `denominators(batch) -> {name: scalar}` over the optimizer step's whole
+# batch [grad_accum_steps, micro_batch, ...], e.g. its kept tokens. Each is put on every row.
+Denominators = Callable[[dict[str, Array]], dict[str, Array]]
+
+
+def with_denominators(batch: dict[str, Array], denominators: Denominators) -> dict[str, Array]:
+    """The step's batch [accum, micro, ...] with `denominators(batch)` repeated on every row
+    (so they follow the rows into micro-batches and length buckets)."""
+    rows = jax.tree.leaves(batch)[0].shape[:2]
+    values = denominators(batch)
+    return dict(batch, **{name: jnp.broadcast_to(v, rows) for name, v in values.items()})
+
+
+def accumulated_gradient(
+    loss_fn: LossFn,
+    params: Any,
+    batch: dict[str, Array],
+    buckets: LengthBuckets | None = None,
+    denominators: Denominators | None = None,
+) -> tuple[Any, dict[str, Array]]:
+    """The gradient of one optimizer step over a batch shaped [grad_accum_steps, micro_batch,
+    ...] and its metrics (the loss function's, and `loss`).
+
+    With `denominators`, the loss is a mean over the step's whole batch: the loss function reads
+    the step's denominators from the batch (`with_denominators`) and returns each micro-batch's
+    (or length bucket's) share of the step's loss and metrics, so the gradients and metrics are
+    summed (`combine_shares`); accumulation then changes only the memory, never the objective.
+    Without, each micro-batch's loss is its own mean and they are averaged, which equals the
+    step's mean where every micro-batch has the same denominator (a fixed count of rows)."""
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    if buckets is not None and denominators is None:
+        raise ValueError("length buckets need the step's denominators: each bucket is a share")
+
+    def accumulate(grads_sum, micro_batch):
+        if buckets is None:
+            (loss, metrics), grads = grad_fn(params, micro_batch)
+            return jax.tree.map(jnp.add, grads_sum, grads), dict(metrics, loss=loss)
+        parts, index, _ = split_by_length(micro_batch, buckets)
+
+        def one_bucket(grads_sum, part_and_index):
+            part, i = part_and_index
+            (loss, metrics), grads = at_bucket_length(
+                lambda b: grad_fn(params, b), buckets, i, part
+            )
+            return jax.tree.map(jnp.add, grads_sum, grads), dict(metrics, loss=loss)
+
+        grads_sum, metrics = jax.lax.scan(one_bucket, grads_sum, (parts, index))
+        return grads_sum, combine_shares(metrics)
+
+    if denominators is not None:
+        batch = with_denominators(batch, denominators)
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    grads, metrics = jax.lax.scan(accumulate, zeros, batch)
+    if denominators is not None:
+        return grads, combine_shares(metrics)
+    accum = jax.tree.leaves(batch)[0].shape[0]
+    return jax.tree.map(lambda g: g / accum, grads), jax.tree.map(jnp.mean, metrics)
 
 
 def optimizer_step(
@@ -380,38 +438,15 @@ def optimizer_step(
     hp: HParams,
     config: TrainConfig,
     buckets: LengthBuckets | None = None,
+    denominators: Denominators | None = None,
 ) -> tuple[Any, Any, dict[str, Array]]:
     """One optimizer step (`make_optimizer(hp, config)`) over a batch shaped [grad_accum_steps,
-    micro_batch, ...], the gradients averaged over the micro-batches: returns (params, opt_state,
-    metrics). With `buckets`, each micro-batch's gradient is the sum of its length buckets'.
-
-    `metrics` are scalars: the loss function's metrics and `loss` averaged over the micro-batches,
-    plus `grad_norm` of the averaged gradient (before clipping).
+    micro_batch, ...] with `accumulated_gradient`'s gradient: returns (params, opt_state,
+    metrics). `metrics` are scalars: the loss function's metrics and `loss` over the step's
+    batch, plus `grad_norm` of the step's gradient (before clipping).
     """
-    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-
-    def accumulate(grads_sum, micro_batch):
-        if buckets is None:
-            (loss, metrics), grads = grad_fn(params, micro_batch)
-            return jax.tree.map(jnp.add, grads_sum, grads), dict(metrics, loss=loss)
-        parts, index, _ = split_by_length(buckets.prepare(micro_batch), buckets)
-
-        def one_bucket(grads_sum, part_and_index):
-            part, i = part_and_index
-            (loss, metrics), grads = at_bucket_length(
-                lambda b: grad_fn(params, b), buckets, i, part
-            )
-            return jax.tree.map(jnp.add, grads_sum, grads), dict(metrics, loss=loss)
-
-        grads_sum, metrics = jax.lax.scan(one_bucket, grads_sum, (parts, index))
-        return grads_sum, combine_bucket_metrics(metrics)
-
-    zeros = jax.tree.map(jnp.zeros_like, params)
-    grads_sum, metrics = jax.lax.scan(accumulate, zeros, batch)
-    accum = jax.tree.leaves(batch)[0].shape[0]
-    grads = jax.tree.map(lambda g: g / accum, grads_sum)
+    grads, metrics = accumulated_gradient(loss_fn, params, batch, buckets, denominators)
     updates, opt_state = make_optimizer(hp, config).update(grads, opt_state, params)
-    metrics = jax.tree.map(jnp.mean, metrics)
     metrics["grad_norm"] = optax.tree.norm(grads)
     return optax.apply_updates(params, updates), opt_state, metrics
 
@@ -424,9 +459,11 @@ def train_step(
     config: TrainConfig,
     dropout_key: Array | None = None,
     buckets: LengthBuckets | None = None,
+    denominators: Denominators | None = None,
 ) -> tuple[TrainState | LoraTrainState, dict[str, Array]]:
-    """`optimizer_step` (with `buckets`, if given) on what the state trains: its parameters, or
-    (LoRA) its adapters, the loss then seeing the base parameters with the adapters applied.
+    """`optimizer_step` (with `buckets` and `denominators`, if given) on what the state trains:
+    its parameters, or (LoRA) its adapters, the loss then seeing the base parameters with the
+    adapters applied.
     Returns the state with the new parameters (or adapters) and optimizer state, `step`
     unchanged, and the metrics.
 
@@ -434,7 +471,7 @@ def train_step(
     derives it from the state's key and step, which suits one optimizer step per update."""
     if isinstance(state, TrainState):
         params, opt_state, metrics = optimizer_step(
-            loss_fn, state.params, state.opt_state, batch, hp, config, buckets
+            loss_fn, state.params, state.opt_state, batch, hp, config, buckets, denominators
         )
         return state._replace(params=params, opt_state=opt_state), metrics
 
@@ -448,7 +485,7 @@ def train_step(
         return loss_fn(lora.attach(state.base, adapters, state.scale), micro_batch)
 
     adapters, opt_state, metrics = optimizer_step(
-        adapted_loss, state.adapters, state.opt_state, batch, hp, config, buckets
+        adapted_loss, state.adapters, state.opt_state, batch, hp, config, buckets, denominators
     )
     return state._replace(adapters=adapters, opt_state=opt_state), metrics
 
@@ -527,18 +564,20 @@ def minibatch_epochs(
     dropout_key: Array | None = None,
     buckets: LengthBuckets | None = None,
     group_size: int = 1,
+    denominators: Denominators | None = None,
 ) -> tuple[TrainState | LoraTrainState, dict[str, Array]]:
     """The RL algorithms' optimisation on one rollout (inside jit): num_epochs passes over the
     batch [B, ...], each in its own order from `shuffle_key` (in order with one minibatch;
     whole groups of `group_size` rows moved together), of num_minibatches `train_step`s (each
-    micro-batch in length buckets, with `buckets`). With config.lora_dropout > 0, optimizer
+    micro-batch in length buckets, with `buckets`; losses over the step's batch with
+    `denominators`, `accumulated_gradient`'s). With config.lora_dropout > 0, optimizer
     step i draws its masks from fold_in(dropout_key, i). Returns the state and the steps'
     metrics stacked [num_epochs, num_minibatches]."""
 
     def optimizer_step(carry, minibatch_and_index):
         minibatch, index = minibatch_and_index
         key = jax.random.fold_in(dropout_key, index) if config.lora_dropout > 0 else None
-        return train_step(loss_fn, carry, minibatch, hp, config, key, buckets)
+        return train_step(loss_fn, carry, minibatch, hp, config, key, buckets, denominators)
 
     def epoch(carry, epoch_and_key):
         index, epoch_key = epoch_and_key
