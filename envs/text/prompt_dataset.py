@@ -33,9 +33,10 @@ def sample_rows(key: Array, count: int, data: dict[str, Array]) -> PromptBatch:
     num_rows = data["tokens"].shape[0]
     row = jax.random.choice(key, num_rows, (count,), replace=count > num_rows).astype(jnp.int32)
     no_answer = jnp.zeros((count, 1), jnp.int32)
-    return PromptBatch(
-        data["tokens"][row], data["mask"][row], no_answer, jnp.zeros(count, jnp.int32), row
-    )
+    # The table may be the task's own NumPy arrays (closed over, as partial mode's shapes read
+    # it) or the update's traced input: index it as a JAX array either way.
+    tokens, mask = jnp.asarray(data["tokens"]), jnp.asarray(data["mask"])
+    return PromptBatch(tokens[row], mask[row], no_answer, jnp.zeros(count, jnp.int32), row)
 
 
 def prompt_dataset_task(name: str, table: PromptTable, tokenizer: Any) -> TextTask:
