@@ -72,6 +72,15 @@ def test_random_and_pretrained_values_of_the_presets():
     flat = config_of("grpo", "word_problems")  # SmolLM2's preset takes the pretrained value
     lm_runs.resolve_defaults(flat, checkpoint(True))
     assert flat.learning_rate == 2e-5
+    # The random-init preset's regularisers keep a random model's digits alive; a pretrained
+    # start (train(None, model=<pretrained>) takes this preset) gets none of them.
+    regularisers = ("uniform_kl_coef", "entropy_coef", "entropy_floor")
+    flat = config_of("grpo")
+    lm_runs.resolve_defaults(flat, checkpoint(False))
+    assert [flat[name] for name in regularisers] == [0.02, 0.5, 0.15]
+    flat = config_of("grpo")
+    lm_runs.resolve_defaults(flat, checkpoint(True))
+    assert [flat[name] for name in regularisers] == [0.0, 0.0, 0.0]
     flat = config_of("sft")
     flat.lora_rank = 8
     lm_runs.resolve_defaults(flat, checkpoint(True))
@@ -187,7 +196,6 @@ def test_smollm2_sft_at_the_defaults_improves_the_held_out_loss(tmp_path):
     assert summary["eval_loss"] < summary["initial_eval_loss"] - 1.0, summary
 
 
-@pytest.mark.slow
 @pytest.mark.smollm2
 def test_smollm2_defaults_improve_sft_and_dpo_and_sft_beats_the_random_model_value(tmp_path):
     """The direction, on SmolLM2 (three short runs, about 5 minutes on 2 cores, so marked
@@ -214,7 +222,6 @@ def test_smollm2_defaults_improve_sft_and_dpo_and_sft_beats_the_random_model_val
     assert random_sft["eval_loss"] > sft["eval_loss"] + 1.0, (random_sft, sft)
 
 
-@pytest.mark.slow
 @pytest.mark.smollm2
 def test_smollm2_grpo_at_the_defaults_improves_held_out_accuracy(tmp_path):
     """GRPO's word_problems preset from SmolLM2 with no learning rate given (the pretrained
