@@ -244,6 +244,8 @@ def main(script_main: Callable[[list[str]], None], positional: bool = False) -> 
                 sys.exit(Stopped.code)
             except KeyboardInterrupt:  # outside training (setup, final evaluation): one line
                 interrupted(record.run_dir)
+            finally:  # what is left is the teardown: nothing for a signal to stop
+                interrupts.finished()
 
     app.run(run, flags_parser=parse)
 

@@ -390,7 +390,10 @@ def report_host_failure(failure: host.HostFailure, record: RunRecord | None = No
 
 def interrupted_line(run_dir: RunDirectory | None) -> str:
     """The line a run interrupted outside its training loop ends with: whether checkpoints are
-    kept, and what to do."""
+    kept, and what to do; or, once its summary is written (its last steps close files), that
+    it had finished."""
+    if run_dir is not None and os.path.isfile(run_dir.file("summary.json")):
+        return f"Interrupted after the run finished; its results are in {run_dir.path}."
     if run_dir is not None and has_checkpoint(run_dir):
         return (
             f"Interrupted; the checkpoints in {run_dir.checkpoint_dir} are kept: run the same "
