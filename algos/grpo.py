@@ -81,7 +81,7 @@ from algos.rollouts import Learner, Sync
 from envs.text import PromptBatch, TextTask
 from envs.text.reward_terms import task_rewards
 from jaxrl import sharding
-from jaxrl.config import require, require_in_range, require_positive
+from jaxrl.config import require, require_finite, require_in_range, require_positive
 from jaxrl.hparams import HParams, static, swept
 from jaxrl.lm import memory, sampler, training
 from jaxrl.lm.log_probs import PER_ROW, LogProbPass, completion_log_probs, log_prob_mismatch
@@ -176,6 +176,10 @@ class GroupConfig(training.TrainConfig):
             f"got {self.group_size}; advantages compare completions within a group",
             "use 2 or more (or variant=remax, whose baseline is the greedy completion)",
         )
+        # A coefficient of inf or NaN passed the >= 0 checks below, compiled, and stopped at
+        # step 1 blaming the learning rate.
+        coefficients = ("clip_high", "kl_beta", "entropy_coef", "entropy_floor", "uniform_kl_coef")
+        require_finite(self, *coefficients, "weight_decay")
         require_in_range(self, "clip_low", 0.0, 1.0)  # 1.0: no lower bound
         require(self.clip_high >= 0, "clip_high", f"got {self.clip_high}", "use 0 or more")
         require(self.kl_beta >= 0, "kl_beta", f"got {self.kl_beta}", "use 0 (off) or more")

@@ -231,6 +231,11 @@ def test_config_errors_name_the_field():
         (dict(entropy_coef=0.05, entropy_floor=-1.0), "entropy_floor"),
         (dict(uniform_kl_coef=-0.1), "uniform_kl_coef"),
         (dict(uniform_kl_coef=float("nan")), "uniform_kl_coef"),
+        # inf passed the >= 0 checks, compiled and stopped at step 1 blaming the learning rate
+        (dict(uniform_kl_coef=float("inf")), "uniform_kl_coef"),
+        (dict(kl_beta=float("inf")), "kl_beta"),
+        (dict(entropy_coef=float("inf")), "entropy_coef"),
+        (dict(clip_high=float("inf")), "clip_high"),
     ]
     for settings, field in cases:
         with pytest.raises(ConfigError, match=f"^{field}:"):

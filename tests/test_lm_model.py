@@ -254,9 +254,14 @@ def test_an_unrolled_decode_step_samples_what_the_scanned_one_does(params):
     np.testing.assert_array_equal(outs[0].tokens, outs[1].tokens)
     np.testing.assert_allclose(outs[0].log_probs, outs[1].log_probs, atol=1e-6)
     assert decode_unroll(CONFIG) == 1  # "auto" (0) off a GPU
-    assert decode_unroll(dataclasses.replace(CONFIG, decode_unroll=99)) == CONFIG.num_layers
+    assert decode_unroll(dataclasses.replace(CONFIG, decode_unroll=CONFIG.num_layers)) == (
+        CONFIG.num_layers
+    )
     with pytest.raises(ConfigError, match="^decode_unroll: got -1"):
         dataclasses.replace(CONFIG, decode_unroll=-1)
+    # More than the layers was clamped silently, though the refusal of -1 says "up to".
+    with pytest.raises(ConfigError, match="^decode_unroll: got 99; .* up to num_layers = "):
+        dataclasses.replace(CONFIG, decode_unroll=99)
 
 
 def test_layers_are_one_stacked_scan_and_older_per_layer_runs_still_load(tmp_path):

@@ -286,6 +286,17 @@ def test_params_that_do_not_fit_their_model_config_are_one_line(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("field,value", [("num_seeds", "2"), ("seed", 1.5), ("num_seeds", True)])
+def test_a_control_trainers_seeds_of_the_wrong_type_are_one_line(field, value, tmp_path):
+    """`ppo.train(..., num_seeds="2")` ended in "TypeError: '<' not supported"."""
+    from jaxrl.trainers import ppo
+
+    with pytest.raises(InputError, match=f"^{field}: got {value!r}, a .*; pass an int") as error:
+        ppo.train(ppo.config(), tmp_path / "run", **{field: value})
+    assert "\n" not in str(error.value)
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_bad_input_from_python_raises_the_line_the_script_prints(tmp_path):
     """The script is the boundary: from Python the trainer raises InputError (a ConfigError)
     carrying the line the script prints after `error: ` (exit status 2); neither writes."""

@@ -91,10 +91,11 @@ class ModelConfig:
             "max_position_embeddings",
         )
         require(
-            isinstance(self.decode_unroll, int) and self.decode_unroll >= 0,
+            isinstance(self.decode_unroll, int)
+            and 0 <= self.decode_unroll <= max(self.num_layers, 1),
             "decode_unroll",
             f"got {self.decode_unroll!r}",
-            "use 0 (auto), 1 (a scan over the layers) or up to num_layers",
+            f"use 0 (auto), 1 (a scan over the layers) or up to num_layers = {self.num_layers}",
         )
         require(
             self.num_heads % self.num_kv_heads == 0,

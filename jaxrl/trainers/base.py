@@ -418,6 +418,12 @@ def control_trainer(algo: str, num_seeds: int = 4) -> Callable[[Callable], Calla
             try:
                 with runner.host_failures_as_input_errors() as record, stops(record) as watch:
                     flat = config_of(config, algo)
+                    for name, value in (("num_seeds", num_seeds), ("seed", seed)):
+                        if isinstance(value, bool) or not isinstance(value, int):
+                            fail(
+                                f"{name}: got {value!r}, a {type(value).__name__}; pass an "
+                                f"int, e.g. {name}={1 if name == 'num_seeds' else 0}"
+                            )
                     seeds = runner.make_seeds(num_seeds, seed, flat.run)
                     result = body(flat, workdir, seeds, kill_after_chunk)
                     watch.check(watch.stop_line)  # a request during the final evaluation
