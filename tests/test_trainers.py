@@ -596,3 +596,28 @@ def test_sft_on_a_game_s_demonstrations_runs(tmp_path):
     summary = result.summary
     assert summary["task"] == "multiplication" and summary["steps"] == 2, summary
     assert np.isfinite(summary["eval_loss"]) and summary["tokens"] > 0, summary
+
+
+@pytest.mark.parametrize(
+    "source,said",
+    [
+        ("def score(:\n    pass\n", r"bad\.py:1: .*; fix the file$"),
+        (
+            "import math\nraise RuntimeError('no GPU here')\n",
+            r"raised RuntimeError: no GPU here at ",
+        ),
+    ],
+    ids=["syntax_error", "raises_at_import"],
+)
+def test_a_user_file_that_fails_to_import_is_one_line(source, said, tmp_path):
+    """A reward or task file with a syntax error, or one that raises while imported, printed a
+    36-line traceback (only ImportError, AttributeError and ValueError were caught)."""
+    from jaxrl.trainers.base import loaded
+
+    path = tmp_path / "bad.py"
+    path.write_text(source)
+    with pytest.raises(InputError, match=f"^config.rewards.host: .*{said}") as error:
+        loaded(f"{path}:score", "config.rewards.host", "function")
+    assert "\n" not in str(error.value)
+    if "RuntimeError" in source:  # the user's line, not the import machinery's
+        assert f"{path}:2; fix the module" in str(error.value)

@@ -254,11 +254,33 @@ def loaded(spec: str, field: str, what: str) -> Any:
     edge where a string from the command line becomes the object the run uses."""
     try:
         return cli.load_named(spec)
+    except SyntaxError as error:  # the user's file does not parse
+        fail(
+            f"{field}: {error.filename}:{error.lineno}: {error.msg} (loading {spec!r}); fix the "
+            "file"
+        )
     except (ImportError, AttributeError, ValueError) as error:
         fail(
             f"{field}: cannot load {spec!r} ({error}); give 'module.path:{what}' importable from "
             f"the working directory, or 'path/to/file.py:{what}'"
         )
+    except Exception as error:  # noqa: BLE001  (the user's module raised while it was imported)
+        fail(
+            f"{field}: loading {spec!r} raised {type(error).__name__}: {error} at "
+            f"{raised_at(error)}; fix the module"
+        )
+
+
+def raised_at(error: BaseException) -> str:
+    """ "file:line" of the innermost frame of `error`'s traceback outside the import machinery
+    and this library: the user's line that raised (or the call of it into a library)."""
+    import traceback
+
+    frames = traceback.extract_tb(error.__traceback__)
+    own = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    outside = [f for f in frames if not f.filename.startswith(("<frozen", own))]
+    frame = (outside or frames)[-1]
+    return f"{frame.filename}:{frame.lineno}"
 
 
 def lm_parts(
