@@ -175,6 +175,21 @@ def repeated_overrides(args: list[str]) -> list[str]:
     return repeated
 
 
+@contextlib.contextmanager
+def quiet_callback_logs() -> Iterator[None]:
+    """JAX logs the traceback of a failing host callback before re-raising it (22-27 lines); the
+    exception itself reaches the run (a user's function failing: one line, its traceback in the
+    run's error.log), so that log is silenced while a run (a script's or a `train()` call's)
+    is open."""
+    logger = logging.getLogger("jax._src.callback")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def main(script_main: Callable[[list[str]], None], positional: bool = False) -> None:
     """`absl.app.run(script_main)` where any flag-parsing error is one `error:` line (exit 2) and
     positional arguments are refused (settings are flags) unless the script takes them."""
@@ -230,10 +245,7 @@ def main(script_main: Callable[[list[str]], None], positional: bool = False) -> 
         # and warns when a save waits for the one before ("Waiting for previous save to complete
         # took 7.3 seconds"): a fact of the schedule, not something to act on.
         drop_orbax_waits()
-        # JAX logs the traceback of a failing callback before re-raising it; the exception itself
-        # reaches us (a user's function failing: one line, its traceback in the run's error.log).
-        logging.getLogger("jax._src.callback").setLevel(logging.CRITICAL)
-        with run_scope() as record:
+        with quiet_callback_logs(), run_scope() as record:
             # Ctrl-C outside the training loop ends the script at once with this line
             # (`jaxrl.interrupts`; the script took the signals before its imports).
             interrupts.set_stop_line(lambda: interrupted_line(record.run_dir))

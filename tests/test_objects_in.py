@@ -120,9 +120,11 @@ def test_setting_a_run_up_from_parameters_in_memory_copies_no_weight_to_the_host
     assert read[-1] == leaves[0].shape
 
 
-def test_a_second_call_s_failure_is_logged_in_its_own_directory(tmp_path):
+def test_a_second_call_s_failure_is_logged_in_its_own_directory(tmp_path, caplog):
     """Nothing of the first run is kept for the second: its failing reward's traceback goes to
-    its own error.log, and its line names its own run."""
+    its own error.log, and its line names its own run. JAX's log of the failing callback (a
+    22-27-line traceback before the line) is kept out of the user's console, as the scripts
+    keep it out."""
     from jaxrl.trainers import grpo
 
     calls = []
@@ -144,4 +146,5 @@ def test_a_second_call_s_failure_is_logged_in_its_own_directory(tmp_path):
         failed.value
     )
     assert log.is_file() and "KeyError" in log.read_text()
+    assert not [r for r in caplog.records if r.name == "jax._src.callback"]
     assert not (tmp_path / "first" / "error.log").exists() and first.summary["steps"] == 2

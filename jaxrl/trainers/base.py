@@ -403,7 +403,11 @@ def lm_trainer(algo: str) -> Callable[[Callable], Callable[..., Result]]:
             from jaxrl.trainers import lm_runs
 
             try:
-                with runner.host_failures_as_input_errors() as record, stops(record) as watch:
+                with (
+                    cli.quiet_callback_logs(),
+                    runner.host_failures_as_input_errors() as record,
+                    stops(record) as watch,
+                ):
                     given = dict(model=model, train_data=train_data, eval_data=eval_data)
                     flat, parts = lm_parts(config, algo, rewards=rewards, game=game, **given)
                     where = None if workdir is None else os.fspath(workdir)
