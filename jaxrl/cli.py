@@ -115,6 +115,18 @@ def define_flags(script: str, default_config: str, seeds: bool = True) -> dict[s
     return handles
 
 
+# Spellings a setting has elsewhere (the library's objects, TRL) that the flat configs do not
+# take: the flag that does what the user meant.
+ELSEWHERE = {
+    "sampling": "sampling settings are flat: --config.max_new_tokens, --config.temperature, "
+    "--config.top_k, --config.top_p",
+    "rollout": "the rollout is --config.rollout_mode=sync|partial|async, with its settings flat "
+    "(--config.rollout_budget, --config.max_staleness, ...)",
+    "loss_type": "GRPO's loss is --config.variant (grpo, dr_grpo, dapo, rloo, remax, gspo, "
+    "cispo); loss_type is DPO's",
+}
+
+
 def flag_error_message(error: BaseException) -> str:
     """One line for an error raised while parsing flags or loading the config file: the line of
     an InputError the config file raised (`fail` in its get_config: an unknown preset), which
@@ -142,12 +154,10 @@ def flag_error_message(error: BaseException) -> str:
             (a.split("=")[0] for a in sys.argv[1:] if a.split("=")[0].endswith(f".{name}")),
             f"--config.{name}",
         )
-        hint = (
-            f"it is a flag of its own: --{name}=..."
-            if name in ("workdir", "kill_after_chunk")
-            else "check its spelling against the config file"
-        )
-        return f"{flag}: not a setting of this config; {hint}"
+        hint = "check its spelling against the config file"
+        if name in ("workdir", "kill_after_chunk"):
+            hint = f"it is a flag of its own: --{name}=..."
+        return f"{flag}: not a setting of this config; {ELSEWHERE.get(name, hint)}"
     unknown = re.search(r"Unknown command line flag '([^']+)'", text)
     if unknown:
         return f"--{unknown.group(1)}: unknown flag; see --helpfull for the flags this script takes"
