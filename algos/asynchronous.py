@@ -138,13 +138,19 @@ class Async:
         if len(devices) == 1 and train == generate == 1:
             return devices, devices
         if train + generate > len(devices):
+            count = len(devices)
+            # One device cannot be split: both meshes are then that device, taking turns.
+            fix = (
+                "use mesh_shape=(1,1,1) and generation_mesh_shape=(1,1,1) (the one device, "
+                "shared: the programs take turns)"
+                if count == 1
+                else f"shrink the meshes to {count} devices in all (e.g. mesh_shape="
+                f"({count // 2},1,1) and generation_mesh_shape=({count - count // 2},1,1))"
+            )
             raise ConfigError(
                 f"generation_mesh_shape: async mode puts the training mesh {config.mesh_shape} "
                 f"and the generation mesh {self.generation_mesh_shape} on disjoint devices, "
-                f"{train} + {generate} of them, but {len(devices)} are available; shrink the "
-                f"meshes to {len(devices)} devices in all (e.g. mesh_shape="
-                f"({len(devices) // 2},1,1) and generation_mesh_shape="
-                f"({len(devices) - len(devices) // 2},1,1))"
+                f"{train} + {generate} of them, but {count} are available; {fix}"
             )
         return devices[:train], devices[train : train + generate]
 

@@ -195,6 +195,9 @@ def test_devices_that_do_not_split_are_one_line_error():
         rollout.split_devices(config)
     device = jax.devices()[:1]
     assert Async().split_devices(SYNC, device) == (device, device)  # shared, one device
+    # On one device the fix named the settings that work there (it said mesh_shape=(0,1,1)).
+    with pytest.raises(ConfigError, match=r"; use mesh_shape=\(1,1,1\) and generation_mesh_"):
+        Async(generation_mesh_shape=(2, 1, 1)).split_devices(SYNC, device)
     split = dataclasses.replace(config, mesh_shape=(2, 2, 1))
     train, generate = Async(generation_mesh_shape=(4, 1, 1)).split_devices(split)
     assert train == jax.devices()[:4] and generate == jax.devices()[4:]
