@@ -621,3 +621,13 @@ def test_a_user_file_that_fails_to_import_is_one_line(source, said, tmp_path):
     assert "\n" not in str(error.value)
     if "RuntimeError" in source:  # the user's line, not the import machinery's
         assert f"{path}:2; fix the module" in str(error.value)
+
+
+def test_the_public_train_functions_take_no_testing_aid():
+    """`kill_after_chunk` (the scripts' --kill_after_chunk) was in every public signature."""
+    import importlib
+    import inspect
+
+    for name in ("ppo", "sac", "cql", "mappo", "sft", "dpo", "grpo", "multiturn", "ppo_lm"):
+        train = importlib.import_module(f"jaxrl.trainers.{name}").train
+        assert "kill_after_chunk" not in inspect.signature(train).parameters, name

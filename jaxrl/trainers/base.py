@@ -370,6 +370,11 @@ def stops(record: Any) -> Any:
     return interrupts.watching(lambda: runner.interrupted_line(record.run_dir))
 
 
+# The scripts' --kill_after_chunk (a testing aid: SIGKILL right after chunk K's checkpoint), set
+# by `run_script` for the process; not an argument of the public `train` functions.
+_KILL_AFTER_CHUNK: int | None = None
+
+
 def _public(body: Callable) -> Callable[[Callable], Callable]:
     """Like functools.wraps, but keeping the wrapper's own signature (what users call)."""
 
@@ -397,7 +402,6 @@ def lm_trainer(algo: str) -> Callable[[Callable], Callable[..., Result]]:
             eval_data: Any = None,
             rewards: Any = None,
             game: Any = None,
-            kill_after_chunk: int | None = None,
         ) -> Result:
             from jaxrl import runner
             from jaxrl.trainers import lm_runs
@@ -411,7 +415,7 @@ def lm_trainer(algo: str) -> Callable[[Callable], Callable[..., Result]]:
                     given = dict(model=model, train_data=train_data, eval_data=eval_data)
                     flat, parts = lm_parts(config, algo, rewards=rewards, game=game, **given)
                     where = None if workdir is None else os.fspath(workdir)
-                    result = body(flat, parts, where, kill_after_chunk)
+                    result = body(flat, parts, where, _KILL_AFTER_CHUNK)
                     watch.check(watch.stop_line)  # a request during the final evaluation
                     return result
             except lm_runs.Finished as finished:  # the run asked for had finished
@@ -439,7 +443,6 @@ def control_trainer(algo: str, num_seeds: int = 4) -> Callable[[Callable], Calla
             *,
             num_seeds: int = num_seeds,
             seed: int = 0,
-            kill_after_chunk: int | None = None,
         ) -> Result:
             try:
                 with runner.host_failures_as_input_errors() as record, stops(record) as watch:
@@ -451,7 +454,7 @@ def control_trainer(algo: str, num_seeds: int = 4) -> Callable[[Callable], Calla
                                 f"int, e.g. {name}={1 if name == 'num_seeds' else 0}"
                             )
                     seeds = runner.make_seeds(num_seeds, seed, flat.run)
-                    result = body(flat, workdir, seeds, kill_after_chunk)
+                    result = body(flat, workdir, seeds, _KILL_AFTER_CHUNK)
                     watch.check(watch.stop_line)  # a request during the final evaluation
                     return result
             except InputError as error:
@@ -469,12 +472,9 @@ def run_script(flags: dict[str, Any], train: Any) -> None:
     from Python are: a setting left to the preset may be fitted to the data, a given one not."""
     from absl import flags as absl_flags
 
+    global _KILL_AFTER_CHUNK
+    _KILL_AFTER_CHUNK = flags["kill_after_chunk"].value
     kwargs = {name: flags[name].value for name in ("num_seeds", "seed") if name in flags}
     config = flags["config"]
     overridden = absl_flags.FLAGS[config.name].override_values  # {"task.num_eval": 40, ...}
-    train(
-        mark_given(config.value, overridden),
-        flags["workdir"].value,
-        kill_after_chunk=flags["kill_after_chunk"].value,
-        **kwargs,
-    )
+    train(mark_given(config.value, overridden), flags["workdir"].value, **kwargs)
