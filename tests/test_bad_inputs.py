@@ -74,9 +74,22 @@ CASES = [
     ("sft.py", "--config.run.workdir=/tmp/x", "--config.run.workdir: not a setting"),
     ("grpo.py", "--config.zzz=1", "--config.zzz: not a setting"),
     # the objects' and TRL's spellings: the line names the flat flag that works
-    ("grpo.py", "--config.sampling.max_new_tokens=8", "flat: --config.max_new_tokens"),
-    ("grpo.py", "--config.rollout=partial", "--config.rollout_mode=sync|partial|async"),
-    ("grpo.py", "--config.loss_type=cispo", "GRPO's loss is --config.variant"),
+    (
+        "grpo.py",
+        "--config.sampling.max_new_tokens=8",
+        "--config.sampling: not a setting of this config; sampling settings are flat: "
+        "--config.max_new_tokens",
+    ),
+    (
+        "grpo.py",
+        "--config.rollout=partial",
+        "--config.rollout: not a setting of this config; the rollout is --config.rollout_mode",
+    ),
+    (
+        "grpo.py",
+        "--config.loss_type=cispo",
+        "--config.loss_type: not a setting of this config; GRPO's loss is --config.variant",
+    ),
     # cuDNN's attention asked for where it cannot run (fp32 compute; off an NVIDIA GPU)
     ("sft.py", "--config.model.attention=cudnn", "config.model.attention: cudnn takes bfloat16"),
     # --- PPO settings: type, range, finiteness, cross-field
