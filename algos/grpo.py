@@ -386,32 +386,50 @@ def uniform_kl_penalty(uniform_kl: Array, hp: HParams) -> Array:
 
 def regularisers(metrics: dict[str, Array], hp: HParams, share: float | Array = 1.0) -> Array:
     """What GRPO's and multi-turn GRPO's losses add to the policy loss, from the batch's token
-    means `metrics["entropy"]` and `metrics["uniform_kl"]` (`token_means`; in a step of several
+    means `metrics["entropy"]` and `metrics["uniform_kl"]` (`regularised`'s; in a step of several
     parts, these rows' shares, `share` of the step's tokens): the uniform KL's penalty minus
     the entropy bonus."""
     bonus = entropy_bonus(metrics["entropy"], hp, share)
     return uniform_kl_penalty(metrics["uniform_kl"], hp) - bonus
 
 
-def token_means(
-    entropy: Array, uniform_kl: Array, batch: dict[str, Array], mask: str
-) -> dict[str, Array]:
-    """`regularisers`' metrics: the mean token entropy and KL(uniform || pi) over every token
-    `batch[mask]` marks (kept or not), as these rows' share of the step's (its
-    `norm_all_tokens`, when the batch carries the step's denominators)."""
-    count = (None, batch["norm_all_tokens"][0]) if "norm_all_tokens" in batch else None
+def step_totals(batch: dict[str, Array]) -> tuple[Array, Array] | None:
+    """`aggregate`'s totals (kept sequences, kept tokens) from the step's denominators on the
+    batch (`optimizer_steps.normalisers`): these rows' share of the step's loss and metrics.
+    None for a batch of its own (its own means)."""
+    if "norm_sequences" not in batch:
+        return None
+    return batch["norm_sequences"][0], batch["norm_tokens"][0]
+
+
+def regularised(
+    loss: Array,
+    metrics: dict[str, Array],
+    batch: dict[str, Array],
+    mask: str,
+    per_token: tuple[Array, Array, Array],
+    hp: HParams,
+) -> tuple[Array, dict[str, Array]]:
+    """GRPO's and multi-turn GRPO's policy `loss` with `regularisers` added, and its metrics
+    with the sampler/trainer log-prob gap (where the batch records the sampler's) and the mean
+    token entropy and KL(uniform || pi) over every token `batch[mask]` marks (kept or not);
+    `per_token` is (old log-probs, entropy, uniform KL). With the step's denominators on the
+    batch each is these rows' share of the step's."""
+    old, entropy, uniform_kl = per_token
+    in_step = "norm_all_tokens" in batch
+    if "sampler_log_probs" in batch:
+        count = batch["norm_fresh"][0] if in_step else None
+        metrics.update(
+            log_prob_mismatch(batch["sampler_log_probs"], old, batch["fresh_mask"], count)
+        )
+    count = (None, batch["norm_all_tokens"][0]) if in_step else None
     ones = jnp.ones(batch[mask].shape[0])
-    return {
-        "entropy": aggregate(entropy, batch[mask], ones, "token_mean", 1, count),
-        "uniform_kl": aggregate(uniform_kl, batch[mask], ones, "token_mean", 1, count),
-    }
-
-
-def token_share(batch: dict[str, Array], mask: str) -> Array | float:
-    """These rows' share of the step's tokens (1 for a batch without the step's denominators)."""
-    if "norm_all_tokens" not in batch:
-        return 1.0
-    return batch[mask].astype(jnp.float32).sum() / batch["norm_all_tokens"][0]
+    metrics["entropy"] = aggregate(entropy, batch[mask], ones, "token_mean", 1, count)
+    metrics["uniform_kl"] = aggregate(uniform_kl, batch[mask], ones, "token_mean", 1, count)
+    share = 1.0
+    if in_step:  # these rows' share of the step's tokens, for the entropy floor
+        share = batch[mask].astype(jnp.float32).sum() / batch["norm_all_tokens"][0]
+    return loss + regularisers(metrics, hp, share), metrics
 
 
 def aggregate(
@@ -683,10 +701,6 @@ def make_loss(
 
     def loss_fn(params: Any, batch: dict[str, Array], hp: HParams):
         log_probs, entropy, uniform_kl = log_prob_pass(model, params, batch, temperature)
-        # The step's denominators (`optimizer_steps.normalisers`): these rows' share of the
-        # step's loss and metrics. Absent (a batch of its own), its own means.
-        in_step = "norm_sequences" in batch
-        totals = (batch["norm_sequences"][0], batch["norm_tokens"][0]) if in_step else None
         # With one optimizer step per batch of samples the sampling policy is the current one,
         # so its log-probs are these, held constant (the ratio is 1, its gradient is not 0).
         old = batch.get("old_log_probs", jax.lax.stop_gradient(log_probs))
@@ -705,17 +719,11 @@ def make_loss(
             # Present when the samples may be older than the proximal policy (partial
             # rollouts): AReaL's decoupled objective.
             behaviour_log_probs=batch.get("behaviour_log_probs"),
-            totals=totals,
+            totals=step_totals(batch),
             behaviour_clip=behaviour_clip,
             surrogate=spec.surrogate,
         )
-        if "sampler_log_probs" in batch:
-            count = batch["norm_fresh"][0] if in_step else None
-            metrics.update(
-                log_prob_mismatch(batch["sampler_log_probs"], old, batch["fresh_mask"], count)
-            )
-        metrics.update(token_means(entropy, uniform_kl, batch, "completion_mask"))
-        return loss + regularisers(metrics, hp, token_share(batch, "completion_mask")), metrics
+        return regularised(loss, metrics, batch, "completion_mask", (old, entropy, uniform_kl), hp)
 
     return loss_fn
 

@@ -45,7 +45,6 @@ from algos.rollouts import Learner, Sync
 from jaxrl.config import require
 from jaxrl.hparams import HParams, static, swept
 from jaxrl.lm import dialogue
-from jaxrl.lm.log_probs import log_prob_mismatch
 from jaxrl.lm.model import ModelConfig, Transformer, token_statistics
 from jaxrl.loop import Algorithm
 
@@ -195,10 +194,6 @@ def make_loss(
             logits, batch["targets"], config.sampling.temperature
         )
         old = batch.get("old_log_probs", jax.lax.stop_gradient(log_probs))
-        # The step's denominators (`optimizer_steps.normalisers` over `valid`): these episodes'
-        # share of the step's loss and metrics. Absent (a batch of its own), its own means.
-        in_step = "norm_sequences" in batch
-        totals = (batch["norm_sequences"][0], batch["norm_tokens"][0]) if in_step else None
         loss, metrics = grpo.policy_loss(
             log_probs, old, batch["advantages"], batch["valid"], batch["weights"],
             clip_low=hp.clip_low, clip_high=grpo.upper_clip(spec, hp.clip_low, hp.clip_high),
@@ -208,15 +203,12 @@ def make_loss(
             # max_staleness > 0): AReaL's decoupled objective, with the clip around the
             # behaviour policy that one optimizer step per batch needs (`grpo.policy_loss`).
             behaviour_log_probs=batch.get("behaviour_log_probs"),
-            totals=totals, behaviour_clip=behaviour_clip, surrogate=spec.surrogate,
+            totals=grpo.step_totals(batch), behaviour_clip=behaviour_clip,
+            surrogate=spec.surrogate,
         )  # fmt: skip
-        if "sampler_log_probs" in batch:
-            count = batch["norm_fresh"][0] if in_step else None
-            metrics.update(
-                log_prob_mismatch(batch["sampler_log_probs"], old, batch["fresh_mask"], count)
-            )
-        metrics.update(grpo.token_means(entropy, uniform_kl, batch, "valid"))
-        return loss + grpo.regularisers(metrics, hp, grpo.token_share(batch, "valid")), metrics
+        # The step's denominators (`optimizer_steps.normalisers` over `valid`): each term is
+        # these episodes' share of the step's.
+        return grpo.regularised(loss, metrics, batch, "valid", (old, entropy, uniform_kl), hp)
 
     return loss_fn
 

@@ -226,24 +226,30 @@ def test_a_second_ctrl_c_in_a_notebook_kernel_raises_at_once_without_ending_it(m
     assert not interrupts.WATCH.requested  # nothing carries into the next call
 
 
-def test_the_stop_line_is_said_while_a_checkpoint_read_silences_stderr(tmp_path):
-    """A script reading a checkpoint silences file descriptor 2 (orbax's threads print after a
-    failed read); a Ctrl-C then still ends it with its one stop line (exit 130)."""
+def run_as_a_script(tmp_path, body: str):
+    """`body` run as a script runs it: in a Python process of its own whose signals are the
+    watcher's (`interrupts.for_a_script`), with os, signal and time imported."""
     import subprocess
     import sys
 
-    program = tmp_path / "reads.py"
+    program = tmp_path / "program.py"
     program.write_text(
-        "import os, signal, time\n"
-        "from jaxrl import interrupts\n"
-        "interrupts.for_a_script()\n"
+        "import os, signal, time\nfrom jaxrl import interrupts\ninterrupts.for_a_script()\n" + body
+    )
+    return subprocess.run([sys.executable, str(program)], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+
+
+def test_the_stop_line_is_said_while_a_checkpoint_read_silences_stderr(tmp_path):
+    """A script reading a checkpoint silences file descriptor 2 (orbax's threads print after a
+    failed read); a Ctrl-C then still ends it with its one stop line (exit 130)."""
+    result = run_as_a_script(
+        tmp_path,
         "from jaxrl.lm.checkpoints import quiet_orbax\n"
         "with quiet_orbax():\n"
         "    os.kill(os.getpid(), signal.SIGINT)\n"
-        "    time.sleep(30)\n"
+        "    time.sleep(30)\n",
     )
-    result = subprocess.run([sys.executable, str(program)], capture_output=True, text=True,
-                            timeout=120)  # fmt: skip
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 130 and lines == [
         "Interrupted before any checkpoint; run the same command again to start."
@@ -257,23 +263,11 @@ def test_a_signal_after_the_run_is_over_ends_it_with_its_own_status_or_says_it_h
     teardown is ignored: the process ends with the run's status, not by the signal with no line
     (CI's sft.py at 5 s, when the whole run took 4). Before that, once its summary is written,
     the stop line says the run had finished, not to resume it."""
-    import subprocess
-    import sys
-
     from jaxrl.logging import RunDirectory
     from jaxrl.runner import interrupted_line
 
-    program = tmp_path / "after.py"
-    program.write_text(
-        "import os, signal, time\n"
-        "from jaxrl import interrupts\n"
-        "interrupts.for_a_script()\n"
-        "interrupts.finished()\n"
-        "os.kill(os.getpid(), signal.SIGINT)\n"
-        "time.sleep(0.5)\n"
-    )
-    result = subprocess.run([sys.executable, str(program)], capture_output=True, text=True,
-                            timeout=120)  # fmt: skip
+    body = "interrupts.finished()\nos.kill(os.getpid(), signal.SIGINT)\ntime.sleep(0.5)\n"
+    result = run_as_a_script(tmp_path, body)
     assert (result.returncode, result.stderr) == (0, "")
     run_dir = RunDirectory(str(tmp_path / "run"))
     run_dir.write_summary({"steps": 1})
